@@ -1,0 +1,37 @@
+"""``python -m app`` / the ``hearth`` command: open Hearth's main window."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from PySide6.QtWidgets import QApplication
+
+from app import create_window, log
+from app.icon import app_icon
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run Hearth until its window closes; returns the exit code."""
+    argv = list(sys.argv if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="hearth", description="Chat with local language models.")
+    parser.add_argument("--data-dir", help="where Hearth keeps its data (default: per-user data folder)")
+    parser.add_argument("--debug", action="store_true", help="log debug messages")
+    args, qt_args = parser.parse_known_args(argv[1:])
+
+    log.init_log(logging.DEBUG if args.debug else logging.INFO)
+    log.install_qt_handler()
+    QApplication.setApplicationName("Hearth")
+    QApplication.setApplicationDisplayName("Hearth")
+    QApplication.setDesktopFileName("hearth")
+    app = QApplication.instance() or QApplication(argv[:1] + qt_args)
+    app.setWindowIcon(app_icon())
+    window = create_window(args.data_dir)
+    window.show()
+    log.ui.info("Hearth started; data in %s", window.data_dir)
+    return app.exec()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+"""The model pane: pick, load and unload a model; engine and generation settings; hardware."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QFrame,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app import log
+from app.engine_bridge import DEVICES, DTYPES, EngineBridge, LoadSettings, ModelInfo
+from app.formatting import format_bytes
+
+DEFAULT_MODEL_TEXT = ("Leave the path empty to use the default model, "
+                      "a small chat model that comes with Hearth.")
+_DEVICE_LABELS = {"auto": "Automatic", "cpu": "CPU", "cuda": "NVIDIA GPU (CUDA)"}
+_DTYPE_LABELS = {"auto": "Automatic", "float32": "float32 (exact, large)",
+                 "bfloat16": "bfloat16 (half size)", "float16": "float16 (half size, GPU)"}
+
+
+class ModelPane(QWidget):
+    """Model choice and engine settings. Loading goes through :meth:`EngineBridge.load_model`.
+
+    Signals:
+        sampling_params_changed(dict): the generation settings changed (``SamplingParams`` kwargs).
+    """
+
+    sampling_params_changed = Signal(object)
+
+    def __init__(self, bridge: EngineBridge, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("modelPaneWidget")
+        self._bridge = bridge
+        self._build()
+        self._set_state(loaded=False, loading=False)
+
+    # -- layout -----------------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        content = QWidget()
+        layout = QVBoxLayout(content)
+        layout.setContentsMargins(8, 8, 8, 8)
+        layout.setSpacing(10)
+        layout.addWidget(self._build_model_group())
+        layout.addWidget(self._build_settings_group())
+        layout.addWidget(self._build_generation_group())
+        layout.addWidget(self._build_hardware_group())
+        layout.addStretch(1)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setWidget(content)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(scroll)
+
+    def _build_model_group(self) -> QGroupBox:
+        group = QGroupBox("Model")
+        self._path_edit = QLineEdit()
+        self._path_edit.setObjectName("modelPathEdit")
+        self._path_edit.setPlaceholderText("Default model")
+        self._path_edit.setClearButtonEnabled(True)
+        self._path_edit.setToolTip("A Hugging Face model folder or a .gguf file")
+        self._path_edit.returnPressed.connect(self._on_load_clicked)
+        folder_button = QPushButton("Folder…")
+        folder_button.setObjectName("browseFolderButton")
+        folder_button.setToolTip("Pick a Hugging Face model folder")
+        folder_button.clicked.connect(self._on_browse_folder_clicked)
+        file_button = QPushButton("GGUF…")
+        file_button.setObjectName("browseFileButton")
+        file_button.setToolTip("Pick a .gguf file")
+        file_button.clicked.connect(self._on_browse_file_clicked)
+        path_row = QHBoxLayout()
+        path_row.addWidget(self._path_edit, 1)
+        path_row.addWidget(folder_button)
+        path_row.addWidget(file_button)
+
+        hint = QLabel(DEFAULT_MODEL_TEXT)
+        hint.setObjectName("defaultModelLabel")
+        hint.setWordWrap(True)
+        hint.setEnabled(False)
+
+        self._device_combo = QComboBox()
+        self._device_combo.setObjectName("deviceCombo")
+        for device in DEVICES:
+            self._device_combo.addItem(_DEVICE_LABELS[device], device)
+        self._dtype_combo = QComboBox()
+        self._dtype_combo.setObjectName("dtypeCombo")
+        for dtype in DTYPES:
+            self._dtype_combo.addItem(_DTYPE_LABELS[dtype], dtype)
+        form = QFormLayout()
+        form.addRow("Device", self._device_combo)
+        form.addRow("Precision", self._dtype_combo)
+
+        self._load_button = QPushButton("Load model")
+        self._load_button.setObjectName("loadModelButton")
+        self._load_button.clicked.connect(self._on_load_clicked)
+        self._unload_button = QPushButton("Unload")
+        self._unload_button.setObjectName("unloadModelButton")
+        self._unload_button.setToolTip("Free the model's memory")
+        self._unload_button.clicked.connect(self._on_unload_clicked)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self._load_button, 1)
+        buttons.addWidget(self._unload_button)
+
+        self._progress = QProgressBar()
+        self._progress.setObjectName("modelLoadProgress")
+        self._progress.setRange(0, 1000)
+        self._progress.setTextVisible(False)
+        self._progress.setMaximumHeight(8)
+        self._stage_label = QLabel()
+        self._stage_label.setObjectName("modelStageLabel")
+        self._error_label = QLabel()
+        self._error_label.setObjectName("modelErrorLabel")
+        self._error_label.setWordWrap(True)
+        self._error_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self._error_label.setStyleSheet(
+            "QLabel { color: #b71c1c; background: #fdecea; border: 1px solid #f5c2c0;"
+            " border-radius: 4px; padding: 6px; }")
+        self._error_label.hide()
+        self._info_label = QLabel("No model loaded.")
+        self._info_label.setObjectName("modelInfoLabel")
+        self._info_label.setWordWrap(True)
+        self._info_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+
+        layout = QVBoxLayout(group)
+        layout.addLayout(path_row)
+        layout.addWidget(hint)
+        layout.addLayout(form)
+        layout.addLayout(buttons)
+        layout.addWidget(self._progress)
+        layout.addWidget(self._stage_label)
+        layout.addWidget(self._error_label)
+        layout.addWidget(self._info_label)
+        return group
+
+    def _build_settings_group(self) -> QGroupBox:
+        group = QGroupBox("Engine settings (used on the next load)")
+        defaults = LoadSettings()
+        self._batch_spin = QSpinBox()
+        self._batch_spin.setObjectName("maxBatchSizeSpin")
+        self._batch_spin.setRange(1, 256)
+        self._batch_spin.setValue(defaults.max_batch_size)
+        self._batch_spin.setToolTip("How many requests the engine runs together")
+        self._wait_spin = QDoubleSpinBox()
+        self._wait_spin.setObjectName("batchTimeoutSpin")
+        self._wait_spin.setRange(0.0, 1000.0)
+        self._wait_spin.setDecimals(1)
+        self._wait_spin.setSuffix(" ms")
+        self._wait_spin.setValue(defaults.max_wait_ms)
+        self._wait_spin.setToolTip("How long the engine waits to fill a batch")
+        self._kv_spin = QSpinBox()
+        self._kv_spin.setObjectName("kvCacheSpin")
+        self._kv_spin.setRange(0, 1024 * 1024)
+        self._kv_spin.setSingleStep(256)
+        self._kv_spin.setSuffix(" MiB")
+        self._kv_spin.setSpecialValueText("Automatic")
+        self._kv_spin.setValue(defaults.kv_cache_mb)
+        self._kv_spin.setToolTip("Memory for the KV cache; Automatic sizes it from free memory")
+        form = QFormLayout(group)
+        form.addRow("Max batch size", self._batch_spin)
+        form.addRow("Batch timeout", self._wait_spin)
+        form.addRow("KV-cache budget", self._kv_spin)
+        return group
+
+    def _build_generation_group(self) -> QGroupBox:
+        group = QGroupBox("Generation")
+        self._temperature_spin = QDoubleSpinBox()
+        self._temperature_spin.setObjectName("temperatureSpin")
+        self._temperature_spin.setRange(0.0, 2.0)
+        self._temperature_spin.setSingleStep(0.1)
+        self._temperature_spin.setValue(0.7)
+        self._temperature_spin.setToolTip("0 always picks the most likely word")
+        self._top_p_spin = QDoubleSpinBox()
+        self._top_p_spin.setObjectName("topPSpin")
+        self._top_p_spin.setRange(0.05, 1.0)
+        self._top_p_spin.setSingleStep(0.05)
+        self._top_p_spin.setValue(0.95)
+        self._max_tokens_spin = QSpinBox()
+        self._max_tokens_spin.setObjectName("maxTokensSpin")
+        self._max_tokens_spin.setRange(1, 32768)
+        self._max_tokens_spin.setValue(512)
+        for spin in (self._temperature_spin, self._top_p_spin, self._max_tokens_spin):
+            spin.valueChanged.connect(self._on_generation_changed)
+        form = QFormLayout(group)
+        form.addRow("Temperature", self._temperature_spin)
+        form.addRow("Top-p", self._top_p_spin)
+        form.addRow("Max reply tokens", self._max_tokens_spin)
+        return group
+
+    def _build_hardware_group(self) -> QGroupBox:
+        group = QGroupBox("This computer")
+        self._hardware_label = QLabel("Detecting hardware…")
+        self._hardware_label.setObjectName("hardwareLabel")
+        self._hardware_label.setWordWrap(True)
+        self._hardware_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        layout = QVBoxLayout(group)
+        layout.addWidget(self._hardware_label)
+        return group
+
+    # -- public API -------------------------------------------------------------------------------
+
+    def model_spec(self) -> str:
+        """The path in the box, or "default"."""
+        return self._path_edit.text().strip() or "default"
+
+    def load_settings(self) -> LoadSettings:
+        return LoadSettings(max_batch_size=self._batch_spin.value(), max_wait_ms=self._wait_spin.value(),
+                            kv_cache_mb=self._kv_spin.value())
+
+    def sampling_params(self) -> dict[str, Any]:
+        """``SamplingParams`` keyword arguments from the Generation box."""
+        return {"temperature": round(self._temperature_spin.value(), 3),
+                "top_p": round(self._top_p_spin.value(), 3),
+                "max_tokens": self._max_tokens_spin.value()}
+
+    def load(self) -> None:
+        """Load the chosen model with the chosen device, precision and settings."""
+        self._error_label.hide()
+        self._progress.setValue(0)
+        self._stage_label.setText("Starting…")
+        self._info_label.setText("Loading…")
+        self._set_state(loaded=False, loading=True)
+        self._bridge.load_model(self.model_spec(), self._device_combo.currentData(),
+                                self._dtype_combo.currentData(), self.load_settings())
+
+    # -- widget events ----------------------------------------------------------------------------
+
+    @Slot()
+    def _on_load_clicked(self) -> None:
+        self.load()
+
+    @Slot()
+    def _on_unload_clicked(self) -> None:
+        self._bridge.unload_model()
+        self._set_state(loaded=False, loading=False)
+        self._stage_label.setText("Unloading…")
+
+    @Slot()
+    def _on_browse_folder_clicked(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Choose a Hugging Face model folder",
+                                                  self._browse_start())
+        if folder:
+            self._path_edit.setText(folder)
+
+    @Slot()
+    def _on_browse_file_clicked(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Choose a GGUF model file", self._browse_start(),
+                                              "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self._path_edit.setText(path)
+
+    @Slot()
+    def _on_generation_changed(self) -> None:
+        self.sampling_params_changed.emit(self.sampling_params())
+
+    # -- engine events ----------------------------------------------------------------------------
+
+    @Slot(float, str)
+    def _on_model_load_progress(self, fraction: float, stage: str) -> None:
+        self._progress.setValue(int(max(0.0, min(fraction, 1.0)) * 1000))
+        stage = stage[:1].upper() + stage[1:]
+        self._stage_label.setText(f"{stage}…" if fraction < 1.0 else stage)
+
+    @Slot(object)
+    def _on_model_loaded(self, info: ModelInfo) -> None:
+        self._set_state(loaded=True, loading=False)
+        self._progress.setValue(1000)
+        self._stage_label.setText(f"Loaded in {info.load_s:.1f} s")
+        self._error_label.hide()
+        details = [f"<b>{html.escape(info.model_name)}</b>",
+                   f"runs on <b>{html.escape(info.device)}</b> in {html.escape(info.dtype)}"]
+        if info.weights_bytes:
+            details.append(f"{format_bytes(info.weights_bytes)} of weights")
+        text = " · ".join(details)
+        if info.device_reason:
+            text += f"<br><span style='color: #757575'>{html.escape(info.device_reason)}</span>"
+        self._info_label.setText(text)
+
+    @Slot(str)
+    def _on_model_load_failed(self, message: str) -> None:
+        self._set_state(loaded=False, loading=False)
+        self._progress.setValue(0)
+        self._stage_label.setText("")
+        self._info_label.setText("No model loaded.")
+        self._error_label.setText(f"Could not load the model. {message}")
+        self._error_label.show()
+        log.ui.info("showing load error: %s", message)
+
+    @Slot()
+    def _on_model_unloaded(self) -> None:
+        self._progress.setValue(0)
+        self._stage_label.setText("Model unloaded")
+        self._info_label.setText("No model loaded.")
+
+    @Slot(object)
+    def _on_hardware_detected(self, info: Any) -> None:
+        self._hardware_label.setText(describe_hardware(info))
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _set_state(self, *, loaded: bool, loading: bool) -> None:
+        self._load_button.setEnabled(not loading)
+        self._load_button.setText("Loading…" if loading else ("Load another" if loaded else "Load model"))
+        self._unload_button.setEnabled(loaded or loading)
+        self._progress.setVisible(loading or loaded)
+
+    def _browse_start(self) -> str:
+        current = Path(self._path_edit.text().strip()).expanduser()
+        if self._path_edit.text().strip() and current.exists():
+            return str(current if current.is_dir() else current.parent)
+        return str(Path.home())
+
+
+def describe_hardware(info: Any) -> str:
+    """Rich text for a ``hardware.detect()`` result, in plain words."""
+    if info is None:
+        return "Hardware could not be detected; the engine picks the device when it loads."
+    features = [name for name, present in (("AVX2", info.avx2), ("AVX-512", info.avx512),
+                                            ("AVX-512 BF16", info.avx512_bf16), ("AMX", info.amx)) if present]
+    lines = [f"<b>CPU</b>: {html.escape(str(info.cpu_model))}, {info.physical_cores} cores"
+             + (f" ({', '.join(features)})" if features else ""),
+             (f"<b>Memory</b>: {format_bytes(info.ram_available_bytes)} free of "
+              f"{format_bytes(info.ram_total_bytes)}")]
+    if info.gpus:
+        for gpu in info.gpus:
+            lines.append(f"<b>GPU {gpu.index}</b>: {html.escape(str(gpu.name))}, "
+                         f"{format_bytes(gpu.free_bytes)} free of {format_bytes(gpu.total_bytes)}")
+    else:
+        lines.append("<b>GPU</b>: none usable")
+    if info.gpu_reason:
+        lines.append(f"<span style='color: #757575'>{html.escape(str(info.gpu_reason))}</span>")
+    return "<br>".join(lines)

@@ -1,0 +1,47 @@
+"""Work-arounds for bugs in the Qt binding we ship.
+
+PySide6 6.12.0: ``SignalInstance.emit()`` returns ``True`` without taking a reference to it, so
+every emit drops one reference to ``True``. On Python >= 3.12 ``True`` is immortal and nothing
+happens; on 3.10/3.11 the count reaches zero after a few thousand emits and CPython aborts with
+"Fatal Python error: bool_dealloc". A streaming chat emits once per token, so that is minutes.
+
+:func:`apply` measures whether the running binding has the bug and, if so, gives ``True`` a
+reference count so large that the lost references can never drain it (what 3.12's immortal
+objects do). It changes nothing when the bug is absent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+from PySide6.QtCore import QObject, Signal
+
+_IMMORTAL_REFS = 1 << 40
+_applied = False
+
+
+class _Probe(QObject):
+    fired = Signal()
+
+
+def emit_steals_true() -> bool:
+    """Return True if ``Signal.emit()`` of this binding drops a reference to ``True``."""
+    probe = _Probe()
+    before = sys.getrefcount(True)
+    for _ in range(8):
+        probe.fired.emit()
+    return sys.getrefcount(True) < before - 4
+
+
+def apply() -> bool:
+    """Apply the work-around once if needed; returns whether it is in effect."""
+    global _applied
+    if _applied:
+        return True
+    if sys.version_info >= (3, 12) or sys.implementation.name != "cpython" or not emit_steals_true():
+        return False
+    refcnt = ctypes.c_ssize_t.from_address(id(True))  # ob_refcnt is the first field of PyObject
+    refcnt.value += _IMMORTAL_REFS
+    _applied = True
+    return True

@@ -1,0 +1,259 @@
+"""A small stand-in for the ``engine`` package, following its public API.
+
+``make_fake_api()`` returns an object with ``LLM``, ``SamplingParams``, ``ModelLoadError`` and
+``hardware`` that ``EngineBridge(api=...)`` accepts. The fake streams a canned reply one word
+per ``step()``, batches every running request in each step, honours ``handle.cancel()``, and
+reports ``metrics()`` with the real key set. It imports neither torch nor Qt.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+import time
+import types
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+FRANCE_REPLY = "The capital of France is **Paris**. It is also the largest city in France."
+LONG_REPLY = (
+    "Here is a longer answer, so there is time to stop it.\n\n"
+    + " ".join(f"Sentence {i} adds a few more words to the reply." for i in range(60))
+    + "\n\n```python\ndef greet(name):\n    return f\"Hello, {name}!\"  # friendly\n```\n"
+)
+
+_WORDS = re.compile(r"\s*\S+\s*")
+
+
+class ModelLoadError(Exception):
+    """Same role as ``engine.ModelLoadError``."""
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    max_tokens: int = 512
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must not be negative, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(slots=True)
+class StepOutput:
+    request_id: str
+    delta_text: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None = None
+    metrics: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class GpuInfo:
+    index: int
+    name: str
+    total_bytes: int
+    free_bytes: int
+    compute_capability: tuple[int, int]
+
+
+@dataclass(slots=True)
+class HardwareInfo:
+    cpu_model: str = "Fake CPU 9000"
+    physical_cores: int = 2
+    avx2: bool = True
+    avx512: bool = False
+    avx512_bf16: bool = False
+    amx: bool = False
+    ram_total_bytes: int = 8 * 1024**3
+    ram_available_bytes: int = 6 * 1024**3
+    gpus: list[GpuInfo] = field(default_factory=list)
+    gpu_reason: str = "No NVIDIA GPU was found (fake engine)."
+
+
+def reply_for(messages: list[dict[str, str]] | str) -> str:
+    """The fake model's answer: Paris for the France question, a long text otherwise."""
+    text = messages if isinstance(messages, str) else messages[-1]["content"]
+    return FRANCE_REPLY if "France" in text else LONG_REPLY
+
+
+class _Request:
+    def __init__(self, request_id: str, words: list[str], params: SamplingParams) -> None:
+        self.request_id = request_id
+        self.words = deque(words)
+        self.params = params
+        self.num_generated = 0
+        self.is_cancelled = False
+        self.submitted_at = time.monotonic()
+        self.first_token_at: float | None = None
+
+
+class FakeHandle:
+    def __init__(self, engine: FakeEngine, request: _Request) -> None:
+        self._engine = engine
+        self._request = request
+        self.request_id = request.request_id
+
+    def cancel(self) -> None:
+        with self._engine._lock:
+            self._request.is_cancelled = True
+
+
+class FakeEngine:
+    """Thread-safe submit/cancel, step() from one driver thread, like the real engine."""
+
+    def __init__(self, max_batch_size: int, step_delay_s: float) -> None:
+        self._lock = threading.Condition()
+        self._ids = itertools.count(1)
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Request] = []
+        self._max_batch_size = max_batch_size
+        self._step_delay_s = step_delay_s
+        self.num_steps = 0
+        #: Largest number of requests that produced a token in the same step.
+        self.max_batch_seen = 0
+        self.num_generated_total = 0
+        self.step_threads: set[str] = set()
+
+    def submit(self, messages: list[dict[str, str]] | str, params: SamplingParams,
+               priority: int = 0) -> FakeHandle:
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, not {type(params).__name__}")
+        words = _WORDS.findall(reply_for(messages))
+        with self._lock:
+            request = _Request(f"eng-{next(self._ids)}", words, params)
+            self._waiting.append(request)
+            self._lock.notify_all()
+        return FakeHandle(self, request)
+
+    def has_work(self) -> bool:
+        with self._lock:
+            return bool(self._waiting or self._running)
+
+    def wait_for_work(self, timeout_s: float) -> bool:
+        with self._lock:
+            return self._lock.wait_for(lambda: bool(self._waiting or self._running), timeout_s)
+
+    def step(self) -> list[StepOutput]:
+        self.step_threads.add(threading.current_thread().name)
+        with self._lock:
+            while self._waiting and len(self._running) < self._max_batch_size:
+                self._running.append(self._waiting.popleft())
+            batch = list(self._running)
+        if not batch:
+            return []
+        time.sleep(self._step_delay_s)
+        outputs: list[StepOutput] = []
+        with self._lock:
+            self.num_steps += 1
+            self.max_batch_seen = max(self.max_batch_seen, sum(not r.is_cancelled for r in batch))
+            for request in batch:
+                outputs.append(self._advance(request))
+                if outputs[-1].finished:
+                    self._running.remove(request)
+        return outputs
+
+    def _advance(self, request: _Request) -> StepOutput:
+        if request.is_cancelled:
+            return self._finish(request, "", "abort")
+        word = request.words.popleft()
+        request.num_generated += 1
+        self.num_generated_total += 1
+        if request.first_token_at is None:
+            request.first_token_at = time.monotonic()
+        if not request.words:
+            return self._finish(request, word, "stop")
+        if request.num_generated >= request.params.max_tokens:
+            return self._finish(request, word, "length")
+        return StepOutput(request.request_id, word, [request.num_generated], False)
+
+    @staticmethod
+    def _finish(request: _Request, text: str, reason: str) -> StepOutput:
+        now = time.monotonic()
+        e2e = now - request.submitted_at
+        ttft = (request.first_token_at or now) - request.submitted_at
+        decode_s = max(now - (request.first_token_at or now), 1e-6)
+        metrics = {"ttft_s": ttft, "e2e_s": e2e, "num_prompt_tokens": 12,
+                   "num_generated_tokens": request.num_generated,
+                   "tok_s": request.num_generated / decode_s}
+        ids = [request.num_generated] if text else []
+        return StepOutput(request.request_id, text, ids, True, reason, metrics)
+
+    def counts(self) -> tuple[int, int]:
+        with self._lock:
+            return len(self._running), len(self._waiting)
+
+
+class FakeLLM:
+    """``engine.LLM`` look-alike. ``model`` is "default" or an existing folder/.gguf path."""
+
+    instances: ClassVar[list[FakeLLM]] = []
+
+    def __init__(self, model: str, device: str = "auto", dtype: str = "auto", max_batch_size: int = 16,
+                 max_wait_ms: float = 5.0, kv_cache_bytes: int | None = None, progress: Any = None,
+                 start_loop: bool = True, *, load_delay_s: float = 0.0, step_delay_s: float = 0.01) -> None:
+        if start_loop:
+            raise AssertionError("the bridge drives the loop itself; it must pass start_loop=False")
+        stages = ["Reading config", "Loading weights", "Allocating KV cache"]
+        for i, stage in enumerate(stages):
+            if progress is not None:
+                progress(i / len(stages), stage)
+            time.sleep(load_delay_s / len(stages))
+            if i == 0 and model != "default" and not Path(model).exists():
+                raise ModelLoadError(f"No model found at {model}. "
+                                     "Pick a Hugging Face folder or a .gguf file.")
+        self.model_name = "fake-smollm" if model == "default" else Path(model).name
+        self.device = "cpu" if device == "auto" else device
+        self.dtype = "bfloat16" if dtype == "auto" else dtype
+        self.device_reason = "No GPU was found, so the model runs on the CPU."
+        self.weights_bytes = 270 * 1024 * 1024
+        self.max_batch_size = max_batch_size
+        self.kv_cache_bytes = kv_cache_bytes
+        self.engine = FakeEngine(max_batch_size, step_delay_s)
+        self.is_closed = False
+        self.started_at = time.monotonic()
+        FakeLLM.instances.append(self)
+
+    def metrics(self) -> dict[str, Any]:
+        running, waiting = self.engine.counts()
+        elapsed = max(time.monotonic() - self.started_at, 1e-6)
+        return {
+            "num_running": running, "num_waiting": waiting,
+            "kv_cache_usage": running / self.max_batch_size, "kv_blocks_used": running * 4,
+            "kv_blocks_total": self.max_batch_size * 4, "prefix_cache_hit_rate": 0.0,
+            "throughput_tok_s": self.engine.num_generated_total / elapsed, "requests_per_s": 0.0,
+            "ttft_p50": 0.01, "ttft_p90": 0.02, "ttft_p99": 0.03, "itl_p50": 0.01, "itl_p99": 0.02,
+            "e2e_p50": 0.5, "e2e_p99": 1.0, "batch_efficiency": 1.0, "num_preemptions": 0,
+        }
+
+    def close(self) -> None:
+        self.is_closed = True
+
+
+def make_fake_api(load_delay_s: float = 0.0, step_delay_s: float = 0.01) -> types.SimpleNamespace:
+    """Return an ``engine``-shaped namespace whose LLM loads and steps with the given delays."""
+
+    def llm(*args: Any, **kwargs: Any) -> FakeLLM:
+        return FakeLLM(*args, load_delay_s=load_delay_s, step_delay_s=step_delay_s, **kwargs)
+
+    llm_type: Any = llm
+    return types.SimpleNamespace(
+        LLM=llm_type,
+        SamplingParams=SamplingParams,
+        ModelLoadError=ModelLoadError,
+        hardware=types.SimpleNamespace(detect=HardwareInfo),
+    )

@@ -1,0 +1,220 @@
+"""EngineBridge against the fake engine: loading, streaming, cancel, metrics, shutdown."""
+
+from __future__ import annotations
+
+import ast
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.engine_bridge import EngineBridge, LoadSettings, ModelInfo, RequestInfo
+from tests.app.fake_engine import FRANCE_REPLY, FakeLLM, make_fake_api
+
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+LONG = [{"role": "user", "content": "Tell me a story."}]
+
+
+def collect_text(bridge: EngineBridge) -> dict[str, str]:
+    texts: dict[str, str] = {}
+
+    def on_delta(rid: str, text: str) -> None:
+        texts[rid] = texts.get(rid, "") + text
+
+    bridge.signals.token_delta.connect(on_delta)
+    return texts
+
+
+def test_load_reports_progress_and_model_info(qtbot: Any, bridge: EngineBridge) -> None:
+    stages: list[tuple[float, str]] = []
+    bridge.signals.model_load_progress.connect(lambda f, s: stages.append((f, s)))
+    with qtbot.wait_signal(bridge.signals.model_loaded, timeout=5000) as blocker:
+        bridge.load_model("default", "cpu", "float32", LoadSettings(max_batch_size=4, kv_cache_mb=64))
+    info = blocker.args[0]
+    assert isinstance(info, ModelInfo)
+    assert (info.model_name, info.device, info.dtype) == ("fake-smollm", "cpu", "float32")
+    assert bridge.model_info is info and not bridge.is_loading
+    llm = FakeLLM.instances[-1]
+    assert llm.max_batch_size == 4 and llm.kv_cache_bytes == 64 * 1024 * 1024
+    qtbot.wait_until(lambda: bool(stages) and stages[-1] == (1.0, "Ready"), timeout=2000)
+    assert "Loading weights" in [s for _, s in stages]
+
+
+def test_load_model_does_not_block(qtbot: Any) -> None:
+    bridge = EngineBridge(api=make_fake_api(load_delay_s=1.0))
+    try:
+        started = time.perf_counter()
+        bridge.load_model("default")
+        assert time.perf_counter() - started < 0.05
+        assert bridge.is_loading
+        with qtbot.wait_signal(bridge.signals.model_loaded, timeout=5000):
+            pass
+    finally:
+        bridge.shutdown()
+
+
+def test_bad_model_path_fails_with_readable_message(qtbot: Any, bridge: EngineBridge) -> None:
+    with qtbot.wait_signal(bridge.signals.model_load_failed, timeout=5000) as blocker:
+        bridge.load_model("/no/such/model.gguf")
+    assert "No model found at /no/such/model.gguf" in blocker.args[0]
+    assert bridge.model_info is None and not bridge.is_loading
+    with qtbot.wait_signal(bridge.signals.model_loaded, timeout=5000):
+        bridge.load_model("default")
+
+
+def test_submit_streams_and_finishes_with_metrics(qtbot: Any, loaded_bridge: EngineBridge) -> None:
+    texts = collect_text(loaded_bridge)
+    with qtbot.wait_signal(loaded_bridge.signals.request_finished, timeout=5000) as blocker:
+        rid = loaded_bridge.submit("c1", FRANCE, {"temperature": 0.0, "max_tokens": 64})
+    assert blocker.args[0] == rid
+    info = blocker.args[1]
+    assert isinstance(info, RequestInfo)
+    assert (info.conversation_id, info.finish_reason) == ("c1", "stop")
+    assert info.metrics["num_generated_tokens"] > 1 and info.metrics["tok_s"] > 0
+    assert texts[rid] == FRANCE_REPLY
+
+
+def test_engine_is_stepped_off_the_gui_thread(qtbot: Any, loaded_bridge: EngineBridge) -> None:
+    with qtbot.wait_signal(loaded_bridge.signals.request_finished, timeout=5000):
+        loaded_bridge.submit("c1", FRANCE, {})
+    assert threading.current_thread().name not in FakeLLM.instances[-1].engine.step_threads
+
+
+def test_two_requests_stream_in_the_same_steps(qtbot: Any, loaded_bridge: EngineBridge) -> None:
+    texts = collect_text(loaded_bridge)
+    finished: list[str] = []
+    loaded_bridge.signals.request_finished.connect(lambda rid, info: finished.append(rid))
+    first = loaded_bridge.submit("c1", LONG, {"max_tokens": 40})
+    second = loaded_bridge.submit("c2", LONG, {"max_tokens": 40})
+    qtbot.wait_until(lambda: set(finished) == {first, second}, timeout=5000)
+    assert FakeLLM.instances[-1].engine.max_batch_seen == 2
+    assert texts[first] == texts[second] and texts[first]
+
+
+def test_cancel_keeps_partial_text_and_finishes_with_abort(qtbot: Any, loaded_bridge: EngineBridge) -> None:
+    texts = collect_text(loaded_bridge)
+    rid = loaded_bridge.submit("c1", LONG, {})
+    qtbot.wait_until(lambda: len(texts.get(rid, "")) > 20, timeout=5000)
+    with qtbot.wait_signal(loaded_bridge.signals.request_finished, timeout=5000) as blocker:
+        loaded_bridge.cancel(rid)
+    assert blocker.args[1].finish_reason == "abort"
+    partial = texts[rid]
+    qtbot.wait(50)
+    assert texts[rid] == partial
+    qtbot.wait_until(lambda: loaded_bridge.last_metrics.get("num_running") == 0, timeout=3000)
+
+
+def test_bad_sampling_params_fail_the_request(qtbot: Any, loaded_bridge: EngineBridge) -> None:
+    with qtbot.wait_signal(loaded_bridge.signals.request_failed, timeout=5000) as blocker:
+        rid = loaded_bridge.submit("c1", FRANCE, {"temperature": -1.0})
+    assert blocker.args[0] == rid
+    assert "temperature" in blocker.args[1]
+
+
+def test_submit_without_a_model_fails_asynchronously(qtbot: Any, bridge: EngineBridge) -> None:
+    failed: list[tuple[str, str]] = []
+    bridge.signals.request_failed.connect(lambda rid, msg: failed.append((rid, msg)))
+    rid = bridge.submit("c1", FRANCE, {})
+    assert failed == []
+    qtbot.wait_until(lambda: bool(failed), timeout=2000)
+    assert failed[0][0] == rid and "No model is loaded" in failed[0][1]
+
+
+def test_request_submitted_while_loading_waits_for_the_model(qtbot: Any, bridge: EngineBridge) -> None:
+    bridge.load_model("default")
+    with qtbot.wait_signal(bridge.signals.request_finished, timeout=5000) as blocker:
+        rid = bridge.submit("c1", FRANCE, {})
+    assert blocker.args[0] == rid
+
+
+def test_metrics_are_emitted_about_once_a_second(qtbot: Any, loaded_bridge: EngineBridge) -> None:
+    with qtbot.wait_signal(loaded_bridge.signals.metrics_updated, timeout=3000) as blocker:
+        pass
+    snapshot = blocker.args[0]
+    assert {"num_running", "kv_cache_usage", "throughput_tok_s"} <= snapshot.keys()
+
+
+def test_unload_frees_the_model_and_fails_in_flight_requests(qtbot: Any, loaded_bridge: EngineBridge) -> None:
+    texts = collect_text(loaded_bridge)
+    rid = loaded_bridge.submit("c1", LONG, {})
+    qtbot.wait_until(lambda: rid in texts, timeout=5000)
+    with qtbot.wait_signals([loaded_bridge.signals.model_unloaded, loaded_bridge.signals.request_failed],
+                            timeout=5000):
+        loaded_bridge.unload_model()
+    assert loaded_bridge.model_info is None
+    assert FakeLLM.instances[-1].is_closed
+
+
+def test_reload_replaces_the_model(qtbot: Any, loaded_bridge: EngineBridge, tmp_path: Path) -> None:
+    first = FakeLLM.instances[-1]
+    with qtbot.wait_signal(loaded_bridge.signals.model_loaded, timeout=5000) as blocker:
+        loaded_bridge.load_model(str(tmp_path))
+    assert blocker.args[0].model_name == tmp_path.name
+    assert first.is_closed and not FakeLLM.instances[-1].is_closed
+
+
+def test_superseded_load_is_dropped(qtbot: Any, tmp_path: Path) -> None:
+    bridge = EngineBridge(api=make_fake_api(load_delay_s=0.3))
+    loaded: list[ModelInfo] = []
+    bridge.signals.model_loaded.connect(loaded.append)
+    try:
+        bridge.load_model("default")
+        bridge.load_model(str(tmp_path))
+        qtbot.wait_until(lambda: bool(loaded), timeout=5000)
+        qtbot.wait(400)
+        assert [info.model_name for info in loaded] == [tmp_path.name]
+        assert sum(not llm.is_closed for llm in FakeLLM.instances) == 1
+    finally:
+        bridge.shutdown()
+        FakeLLM.instances.clear()
+
+
+def test_hardware_detection(qtbot: Any, bridge: EngineBridge) -> None:
+    with qtbot.wait_signal(bridge.signals.hardware_detected, timeout=5000) as blocker:
+        bridge.detect_hardware()
+    assert blocker.args[0].cpu_model == "Fake CPU 9000"
+
+
+def test_shutdown_stops_streaming_and_closes_the_model(qtbot: Any, loaded_bridge: EngineBridge) -> None:
+    texts = collect_text(loaded_bridge)
+    rid = loaded_bridge.submit("c1", LONG, {})
+    qtbot.wait_until(lambda: rid in texts, timeout=5000)
+    started = time.perf_counter()
+    loaded_bridge.shutdown()
+    assert time.perf_counter() - started < 2
+    assert loaded_bridge.pool.activeThreadCount() == 0
+    assert FakeLLM.instances[-1].is_closed
+    loaded_bridge.shutdown()  # a second call is harmless
+
+
+def test_shutdown_abandons_a_slow_load(qtbot: Any) -> None:
+    bridge = EngineBridge(api=make_fake_api(load_delay_s=0.6))
+    bridge.load_model("default")
+    qtbot.wait(50)
+    bridge.shutdown()
+    assert bridge.pool.activeThreadCount() == 0
+    assert all(llm.is_closed for llm in FakeLLM.instances)
+    FakeLLM.instances.clear()
+
+
+def test_load_settings_validate() -> None:
+    with pytest.raises(ValueError, match="max_batch_size"):
+        LoadSettings(max_batch_size=0)
+    assert LoadSettings(kv_cache_mb=0).kv_cache_bytes is None
+
+
+def test_only_the_bridge_imports_engine() -> None:
+    app_dir = Path(__file__).parents[2] / "app"
+    importers = set()
+    for path in app_dir.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            if any(name == "engine" or name.startswith("engine.") for name in names):
+                importers.add(path.name)
+    assert importers == {"engine_bridge.py"}

@@ -1,0 +1,179 @@
+"""User-level scenarios on the main window, shared by the fake-engine and real-engine tests.
+
+Each flow drives the window the way a user would (typing, clicking, pressing Enter) and checks
+what the user would see. ``Timeouts`` lets the real-model tests wait longer than the fake ones.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import QDoubleSpinBox, QLabel, QLineEdit, QPushButton, QSpinBox
+
+from app.chat_input import ChatInput
+from app.conversations import STATUS_DONE, STATUS_STOPPED, STATUS_STREAMING, Message
+from app.main_window import MainWindow
+
+FRANCE_QUESTION = "What is the capital of France?"
+LONG_PROMPT = "Write a long story about a dragon who learns to bake bread. Use many paragraphs."
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    load_ms: int = 5000
+    reply_ms: int = 5000
+    first_token_ms: int = 5000
+
+
+def child(win: MainWindow, cls: type, name: str) -> Any:
+    widget = win.findChild(cls, name)
+    assert widget is not None, f"no {cls.__name__} named {name!r}"
+    return widget
+
+
+def load_model(qtbot: Any, win: MainWindow, path: str = "", timeouts: Timeouts = Timeouts()) -> None:
+    """Type ``path`` (empty = default model) and click Load; wait until it is loaded."""
+    edit = child(win, QLineEdit, "modelPathEdit")
+    edit.clear()
+    if path:
+        qtbot.keyClicks(edit, path)
+    with qtbot.wait_signal(win.bridge.signals.model_loaded, timeout=timeouts.load_ms):
+        qtbot.mouseClick(child(win, QPushButton, "loadModelButton"), Qt.MouseButton.LeftButton)
+    assert child(win, QPushButton, "sendButton").isEnabled() is False  # nothing typed yet
+
+
+def set_generation(win: MainWindow, temperature: float | None = None, max_tokens: int | None = None) -> None:
+    if temperature is not None:
+        child(win, QDoubleSpinBox, "temperatureSpin").setValue(temperature)
+    if max_tokens is not None:
+        child(win, QSpinBox, "maxTokensSpin").setValue(max_tokens)
+
+
+def send(qtbot: Any, win: MainWindow, text: str) -> Message:
+    """Type ``text`` into the chat box, press Enter, and return the reply message being streamed."""
+    box = child(win, ChatInput, "chatInput")
+    box.setFocus()
+    qtbot.keyClicks(box, text)
+    assert child(win, QPushButton, "sendButton").isEnabled()
+    qtbot.keyClick(box, Qt.Key.Key_Return)
+    assert box.toPlainText() == ""
+    conversation = win.chat_pane.current_conversation
+    assert conversation is not None
+    reply = conversation.messages[-1]
+    assert reply.role == "assistant" and reply.request_id
+    assert conversation.messages[-2].content == text
+    return reply
+
+
+def wait_finished(qtbot: Any, reply: Message, timeout_ms: int) -> None:
+    qtbot.wait_until(lambda: reply.status != STATUS_STREAMING, timeout=timeout_ms)
+
+
+def flow_capital_of_france(qtbot: Any, win: MainWindow, timeouts: Timeouts = Timeouts()) -> None:
+    """Load the default model, ask about France: the reply streams in and names Paris."""
+    set_generation(win, temperature=0.0, max_tokens=48)
+    load_model(qtbot, win, timeouts=timeouts)
+    reply = send(qtbot, win, FRANCE_QUESTION)
+    qtbot.wait_until(lambda: bool(reply.content), timeout=timeouts.first_token_ms)
+    assert reply.status == STATUS_STREAMING or "Paris" in reply.content
+    wait_finished(qtbot, reply, timeouts.reply_ms)
+    assert reply.status == STATUS_DONE, reply.error
+    assert "Paris" in reply.content
+    shown = win.chat_pane.view.message_text(1)
+    assert "Paris" in shown
+    assert "tok/s" in shown and "first token" in shown
+
+
+def flow_stop_mid_reply(qtbot: Any, win: MainWindow, timeouts: Timeouts = Timeouts()) -> None:
+    """Stop a reply part-way: the text so far stays and the engine has nothing running."""
+    set_generation(win, max_tokens=400)
+    load_model(qtbot, win, timeouts=timeouts)
+    reply = send(qtbot, win, LONG_PROMPT)
+    stop = child(win, QPushButton, "stopButton")
+    qtbot.wait_until(lambda: len(reply.content) > 30, timeout=timeouts.first_token_ms)
+    assert stop.isEnabled()
+    qtbot.mouseClick(stop, Qt.MouseButton.LeftButton)
+    wait_finished(qtbot, reply, timeouts.reply_ms)
+    assert reply.status == STATUS_STOPPED and reply.finish_reason == "abort"
+    partial = reply.content
+    assert len(partial) > 30
+    assert "stopped" in win.chat_pane.view.message_text(1)
+    stopped_at = time.time()
+    qtbot.wait_until(lambda: win.bridge.last_metrics.get("time", 0) > stopped_at, timeout=3000)
+    assert win.bridge.last_metrics["num_running"] == 0
+    assert reply.content == partial
+    assert not stop.isEnabled()
+
+
+def flow_two_conversations(qtbot: Any, win: MainWindow, timeouts: Timeouts = Timeouts()) -> None:
+    """Replies in two conversations stream at the same time."""
+    set_generation(win, max_tokens=64)
+    load_model(qtbot, win, timeouts=timeouts)
+    first = send(qtbot, win, LONG_PROMPT)
+    first_conversation = win.chat_pane.current_conversation
+    qtbot.mouseClick(child(win, QPushButton, "newChatButton"), Qt.MouseButton.LeftButton)
+    assert win.chat_pane.current_conversation is not first_conversation
+    second = send(qtbot, win, LONG_PROMPT)
+    seen_both = []
+
+    def both_streaming() -> bool:
+        lengths = (len(first.content), len(second.content))
+        if first.status == second.status == STATUS_STREAMING and all(lengths):
+            seen_both.append(lengths)
+        if len(seen_both) < 2:
+            return False
+        (first_0, second_0), (first_1, second_1) = seen_both[0], seen_both[-1]
+        return first_1 > first_0 and second_1 > second_0
+
+    qtbot.wait_until(both_streaming, timeout=timeouts.reply_ms)
+    wait_finished(qtbot, first, timeouts.reply_ms)
+    wait_finished(qtbot, second, timeouts.reply_ms)
+    assert first.status == second.status == STATUS_DONE
+    assert len(win.chat_pane.store) == 2
+    # Switching back shows the first conversation's reply.
+    win.chat_pane.select_conversation(first_conversation.id)
+    assert win.chat_pane.view.message_count == 2
+
+
+def flow_bad_model_path(qtbot: Any, win: MainWindow, bad_path: str, timeouts: Timeouts = Timeouts()) -> None:
+    """A bad path shows a readable error in the model pane; the app still loads and chats."""
+    edit = child(win, QLineEdit, "modelPathEdit")
+    qtbot.keyClicks(edit, bad_path)
+    with qtbot.wait_signal(win.bridge.signals.model_load_failed, timeout=timeouts.load_ms):
+        qtbot.mouseClick(child(win, QPushButton, "loadModelButton"), Qt.MouseButton.LeftButton)
+    error = child(win, QLabel, "modelErrorLabel")
+    assert error.isVisible()
+    assert error.text().startswith("Could not load the model.") and len(error.text()) > 30
+    assert not child(win, QPushButton, "sendButton").isEnabled()
+    set_generation(win, temperature=0.0, max_tokens=24)
+    load_model(qtbot, win, timeouts=timeouts)
+    assert not error.isVisible()
+    reply = send(qtbot, win, FRANCE_QUESTION)
+    wait_finished(qtbot, reply, timeouts.reply_ms)
+    assert reply.status == STATUS_DONE and reply.content
+
+
+def flow_event_loop_never_stalls(qtbot: Any, win: MainWindow, timeouts: Timeouts = Timeouts(),
+                                 max_gap_ms: float = 100.0) -> None:
+    """While a reply streams, a 10 ms timer keeps firing: no gap between ticks exceeds ``max_gap_ms``."""
+    set_generation(win, max_tokens=200)
+    load_model(qtbot, win, timeouts=timeouts)
+    ticks: list[float] = []
+    probe = QTimer()
+    probe.setInterval(10)
+    probe.timeout.connect(lambda: ticks.append(time.perf_counter()))
+    reply = send(qtbot, win, LONG_PROMPT)
+    probe.start()
+    try:
+        wait_finished(qtbot, reply, timeouts.reply_ms)
+    finally:
+        probe.stop()
+    assert reply.status == STATUS_DONE
+    assert len(reply.content) > 100
+    gaps = [(b - a) * 1000 for a, b in itertools.pairwise(ticks)]
+    assert len(gaps) > 10
+    assert max(gaps) < max_gap_ms, f"event loop stalled for {max(gaps):.0f} ms"

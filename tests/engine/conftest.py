@@ -1,0 +1,76 @@
+"""Engine fixtures: the default model in fp32 with its HF twin, and tiny random models of several families."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+# family -> config class name and the fields that differ from the shared tiny shape
+TINY_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", {}),
+    "qwen2": ("Qwen2Config", {}),
+    "mistral": ("MistralConfig", {"sliding_window": None}),
+    "qwen3": ("Qwen3Config", {"head_dim": 16}),
+    "gemma": ("GemmaConfig", {"head_dim": 16}),  # runs through the HF-module path
+}
+
+
+def build_tiny_model(family: str, folder: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """Save a random-weight model of ``family`` with the default model's tokenizer."""
+    import transformers
+
+    cls_name, extra = TINY_FAMILIES[family]
+    config = getattr(transformers, cls_name)(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.15,  # wide logits: fewer near-ties between the top two tokens
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=False,
+        **extra,
+    )
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).exists():
+            shutil.copy(tokenizer_dir / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {f: build_tiny_model(f, root / f, default_model_dir) for f in TINY_FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def default_llm(default_model_dir: Path) -> Iterator[Any]:
+    """The default model in fp32, stepped by the test itself (no loop thread)."""
+    from engine import LLM
+
+    llm = LLM("default", dtype="float32", start_loop=False, kv_cache_bytes=256 << 20, max_num_batched_tokens=256)
+    yield llm
+    llm.close()
+
+
+@pytest.fixture(scope="session")
+def default_hf_model(default_model_dir: Path) -> Any:
+    """An independent HF copy of the default model in fp32: the reference."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32)
+    return model.eval()

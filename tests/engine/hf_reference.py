@@ -1,0 +1,45 @@
+"""Hugging Face ``generate`` as the reference for greedy decoding.
+
+Our greedy tokens must equal HF's in fp32. The one allowed difference: from a step where HF's own top two
+logits are within ``TIE_GAP`` of each other, rounding may pick the other token, and the texts may part.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+TIE_GAP = 1e-4
+
+
+def hf_greedy(model: Any, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
+    """HF's greedy continuation of ``prompt_ids`` and the logits it chose each token from."""
+    ids = torch.tensor([prompt_ids])
+    with torch.inference_mode():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=model.generation_config.eos_token_id,
+        )
+    return out.sequences[0, len(prompt_ids) :].tolist(), [step[0].float() for step in out.logits]
+
+
+def assert_matches_hf(model: Any, prompt_ids: list[int], ours: list[int], max_new_tokens: int) -> str:
+    """Fail unless ``ours`` equals HF's greedy tokens up to a genuine near-tie. Returns "exact" or "tie@N"."""
+    ref, logits = hf_greedy(model, prompt_ids, max_new_tokens)
+    if ours == ref:
+        return "exact"
+    diverged = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))
+    assert diverged < len(logits), f"outputs differ only in length: ours {len(ours)} tokens, HF {len(ref)}"
+    top2 = torch.topk(logits[diverged], 2).values
+    gap = float(top2[0] - top2[1])
+    assert gap < TIE_GAP, (
+        f"greedy output diverges from HF generate at step {diverged} (ours {ours[diverged:diverged + 3]}, "
+        f"HF {ref[diverged:diverged + 3]}) where HF's top-2 logit gap is {gap:.2e}, not a tie (< {TIE_GAP})"
+    )
+    return f"tie@{diverged}"

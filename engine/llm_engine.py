@@ -12,7 +12,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,13 +71,27 @@ class _Request:
     finish_reason: str | None = None
 
 
-class RequestHandle:
-    """The caller's end of a request: iterate it for text deltas, ``cancel()`` it, or wait for ``result()``."""
+OutputCallback = Callable[[StepOutput], None]
 
-    def __init__(self, engine: LLMEngine, request_id: str, prompt_token_ids: list[int]) -> None:
+
+class RequestHandle:
+    """The caller's end of a request: iterate it for text deltas, ``cancel()`` it, or wait for ``result()``.
+
+    ``on_output``, if given, is called with every ``StepOutput`` on the thread that steps the engine, right
+    after it is queued; it must be quick and must not raise (``AsyncLLMEngine`` uses it to wake an event loop).
+    """
+
+    def __init__(
+        self,
+        engine: LLMEngine,
+        request_id: str,
+        prompt_token_ids: list[int],
+        on_output: OutputCallback | None = None,
+    ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self._engine = engine
+        self._on_output = on_output
         self._queue: queue.Queue[StepOutput] = queue.Queue()
         self._done = threading.Event()
         self._text: list[str] = []
@@ -100,6 +114,11 @@ class RequestHandle:
         if out.finished:
             self._final = out
             self._done.set()
+        if self._on_output is not None:
+            try:
+                self._on_output(out)
+            except Exception:
+                log.exception("on_output callback of %s failed", self.request_id)
 
     def __iter__(self) -> Iterator[str]:
         """Yield text deltas as they arrive, until the request finishes."""
@@ -139,13 +158,14 @@ class LLMEngine:
         num_blocks: int,
         kv_dtype: torch.dtype,
         max_model_len: int,
+        wide_weights: bool = False,
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
-        self.runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype, wide_weights)
         self.sampler = Sampler()
         self.stats = EngineMetrics(max_batch_size=config.max_batch_size)
         self.eos_ids = _eos_ids(model, tokenizer)
@@ -180,9 +200,17 @@ class LLMEngine:
         raise ValueError("messages must be dicts with 'role' and 'content'")
 
     def submit(
-        self, prompt: Prompt, params: SamplingParams | None = None, priority: int = 0, request_id: str | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        request_id: str | None = None,
+        on_output: OutputCallback | None = None,
     ) -> RequestHandle:
-        """Queue a request without blocking. Lower ``priority`` values run first (0 = interactive chat)."""
+        """Queue a request without blocking. Lower ``priority`` values run first (0 = interactive chat).
+
+        ``on_output(step_output)`` is called on the stepping thread for each output (see ``RequestHandle``).
+        """
         params = params or SamplingParams()
         token_ids = self.tokenize(prompt)
         room = min(self.max_model_len, self.block_manager.num_usable_blocks * self.config.block_size)
@@ -196,7 +224,7 @@ class LLMEngine:
                     f"{self.config.max_waiting} requests are already waiting; retry when some have finished"
                 )
             rid = request_id or f"req-{next(self._ids)}"
-            handle = RequestHandle(self, rid, token_ids)
+            handle = RequestHandle(self, rid, token_ids, on_output)
             seq = Sequence(rid, list(token_ids), params, priority=priority)
             req = _Request(
                 seq=seq,
@@ -257,7 +285,7 @@ class LLMEngine:
                 return outputs
             try:
                 logits, rows = self.runner.run(batch)
-            except Exception as exc:  # noqa: BLE001 - one bad step must not take the engine down
+            except Exception as exc:
                 log.exception("engine step failed")
                 return outputs + self._fail_all(batch.seqs, exc)
             self.scheduler.postprocess(batch)
@@ -290,9 +318,7 @@ class LLMEngine:
         m.num_generated_tokens += 1
         is_eos = token in req.eos_ids
         delta = "" if is_eos else req.detok.add([token])
-        if is_eos:
-            req.finish_reason = "stop"
-        elif req.detok.stopped:
+        if is_eos or req.detok.stopped:
             req.finish_reason = "stop"
         elif m.num_generated_tokens >= req.max_tokens:
             req.finish_reason = "length"

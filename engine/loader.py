@@ -16,6 +16,7 @@ import logging
 import math
 import mmap
 import os
+import pickle
 import struct
 import sys
 import traceback
@@ -650,12 +651,12 @@ def _materialize(
     device_map = {"": device} if device.type == "cuda" else None
     with _quiet_hf():
         if info.format == "gguf":
-            from engine.default_model import _gguf_tensor_progress
+            from engine.default_model import gguf_tensor_progress
 
             folder, name = str(info.path.parent), info.path.name
             span.report(0.0, "read weights")
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
-            with _gguf_tensor_progress(_Span(span.report, 0.05, 0.9).report, "convert"):
+            with gguf_tensor_progress(_Span(span.report, 0.05, 0.9).report, "convert"):
                 result: Any = AutoModelForCausalLM.from_pretrained(
                     folder,
                     gguf_file=name,
@@ -751,25 +752,10 @@ def load_model(
     )
 
     span = _Span(progress, at(0.05), at(0.95))
-    try:
-        net, tokenizer, config = _materialize(checked, torch_device, torch_dtype, span)
-    except ModelLoadError as exc:
-        _forget(exc)
-        raise
-    except torch.OutOfMemoryError as exc:
-        error = ModelLoadError(
-            f"Ran out of memory while loading {path} on {torch_device}. Close other programs, choose a "
-            "smaller model, or load it with a smaller dtype."
-        )
-        _forget(exc)
-        raise error from None
-    except Exception as exc:  # noqa: BLE001 -- whatever transformers/torch raise on bad files
-        error = ModelLoadError(
-            f"Loading {path} failed ({type(exc).__name__}: {exc}). The files may be damaged or from an "
-            "unsupported variant of the architecture; re-download the model."
-        )
-        _forget(exc)
-        raise error from None
+    result = _materialize_or_error(checked, torch_device, torch_dtype, span)
+    if isinstance(result, ModelLoadError):
+        raise result  # raised outside any except block, so it drags no half-built model along
+    net, tokenizer, config = result
     if progress is not None:
         progress(at(1.0), "quantize")  # hook: weight quantization goes here
     num_parameters = sum(p.numel() for p in net.parameters())
@@ -785,6 +771,38 @@ def load_model(
         weights_bytes=weights_bytes,
         num_parameters=num_parameters,
     )
+
+
+def _materialize_or_error(
+    checked: _Checked, device: torch.device, dtype: torch.dtype, span: _Span
+) -> tuple[torch.nn.Module, Any, Any] | ModelLoadError:
+    """Run :func:`_materialize`; on failure free what it allocated and return the error to raise."""
+    path = checked.info.path
+    try:
+        return _materialize(checked, device, dtype, span)
+    except ModelLoadError as exc:
+        _forget(exc)
+        return exc
+    except torch.OutOfMemoryError as exc:
+        _forget(exc)
+        return ModelLoadError(
+            f"Ran out of memory while loading {path} on {device}. Close other programs, choose a "
+            "smaller model, or load it with a smaller dtype."
+        )
+    except pickle.UnpicklingError as exc:
+        _forget(exc)
+        return ModelLoadError(
+            f"Loading {path} failed: its .bin/.pt weights contain pickled Python objects other than "
+            "plain tensors, which could run code, so Hearth refuses them. Use the model's "
+            ".safetensors weights instead."
+        )
+    except Exception as exc:  # noqa: BLE001 -- whatever transformers/torch raise on bad files
+        summary = (str(exc).strip().splitlines() or [""])[0][:300]
+        _forget(exc)
+        return ModelLoadError(
+            f"Loading {path} failed ({type(exc).__name__}: {summary}). The files may be damaged or "
+            "from an unsupported variant of the architecture; re-download the model."
+        )
 
 
 def _forget(exc: BaseException) -> None:

@@ -29,6 +29,7 @@ log = logging.getLogger("engine")
 
 FUSED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 ATTN_IMPLEMENTATION = "hearth_paged"
+WIDE_MIN_TOKENS = 2  # steps with more tokens than this use the fp32 weight twin when there is one
 
 _DTYPES = {
     "float32": torch.float32,
@@ -185,11 +186,22 @@ class _FusedLayer:
     gate_up_weight: torch.Tensor
     down_weight: torch.Tensor
 
+    def widened(self) -> _FusedLayer:
+        """An fp32 copy, for batched steps on CPUs whose bf16/fp16 matmuls run row by row."""
+        return _FusedLayer(*(None if t is None else t.float() for t in (getattr(self, f) for f in self.__slots__)))
+
 
 class ModelRunner:
     """Owns the model, the KV pool and the per-step tensors."""
 
-    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, kv_dtype: torch.dtype):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        num_blocks: int,
+        block_size: int,
+        kv_dtype: torch.dtype,
+        wide_weights: bool = False,
+    ):
         self.model = model
         self.config = model.config
         param = next(model.parameters())
@@ -205,8 +217,15 @@ class ModelRunner:
         self.scale = self.head_dim**-0.5
         self.is_fused = cfg.model_type in FUSED_MODEL_TYPES and not self._has_unsupported_features()
         self._layers: list[_FusedLayer] = []
+        self._wide_layers: list[_FusedLayer] | None = None
         if self.is_fused:
             self._build_fused()
+            if wide_weights and self.dtype != torch.float32:
+                # Half-precision GEMV is memory-bound and fast; half-precision GEMM on CPUs without native
+                # bf16/fp16 units is not. Batched steps therefore use an fp32 twin of the layer weights.
+                self._wide_layers = [layer.widened() for layer in self._layers]
+                self._wide_norm = self.model.model.norm.weight.float()  # type: ignore[union-attr]
+                self._wide_lm_head = self.model.lm_head.weight.float()  # type: ignore[union-attr]
         else:
             _register_attention()
             model.set_attn_implementation(ATTN_IMPLEMENTATION)
@@ -338,8 +357,9 @@ class ModelRunner:
         _local.runner = self
         try:
             if self.is_fused:
-                hidden = self._forward_fused(ids, pos)
-                logits = self._logits(hidden, keep) if rows else None
+                wide = self._wide_layers is not None and ids.shape[0] > WIDE_MIN_TOKENS
+                hidden = self._forward_fused(ids, pos, wide)
+                logits = self._logits(hidden, keep, wide) if rows else None
             else:
                 logits = self._forward_hf(ids, pos, keep) if rows else None
                 if not rows:
@@ -353,18 +373,25 @@ class ModelRunner:
         out = self.model(input_ids=ids[None], position_ids=pos[None], use_cache=False, logits_to_keep=keep)
         return out.logits[0]
 
-    def _logits(self, hidden: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    def _logits(self, hidden: torch.Tensor, keep: torch.Tensor, wide: bool = False) -> torch.Tensor:
+        if wide:
+            return F.linear(hidden[keep], self._wide_lm_head)
         return self.model.lm_head(hidden[keep])  # type: ignore[no-any-return, operator]
 
-    def _forward_fused(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def _forward_fused(self, ids: torch.Tensor, pos: torch.Tensor, wide: bool = False) -> torch.Tensor:
         inner = self.model.model  # type: ignore[union-attr]
         x = inner.embed_tokens(ids)
+        layers = self._layers
+        final_norm = inner.norm.weight
+        if wide:
+            assert self._wide_layers is not None
+            x, layers, final_norm = x.float(), self._wide_layers, self._wide_norm
         cos, sin = inner.rotary_emb(x, pos[None])
         cos, sin = cos[0][:, None, :], sin[0][:, None, :]  # [T, 1, D]
         ctx, eps, t = self.ctx, self._eps, ids.shape[0]
         assert ctx is not None
         qd, kvd, hd = self._q_dim, self._kv_dim, self.head_dim
-        for i, layer in enumerate(self._layers):
+        for i, layer in enumerate(layers):
             h = _rms_norm(x, layer.input_norm, eps)
             qkv = F.linear(h, layer.qkv_weight, layer.qkv_bias)
             q = qkv[:, :qd].view(t, -1, hd)
@@ -380,7 +407,7 @@ class ModelRunner:
             h = _rms_norm(x, layer.post_norm, eps)
             gate, up = F.linear(h, layer.gate_up_weight).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer.down_weight)
-        return _rms_norm(x, inner.norm.weight, eps)
+        return _rms_norm(x, final_norm, eps)
 
 
 def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:

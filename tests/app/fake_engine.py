@@ -1,7 +1,7 @@
 """A small stand-in for the ``engine`` package, following its public API.
 
-``make_fake_api()`` returns an object with ``LLM``, ``SamplingParams``, ``ModelLoadError`` and
-``hardware`` that ``EngineBridge(api=...)`` accepts. The fake streams a canned reply one word
+``make_fake_api()`` returns an object with ``LLM``, ``SamplingParams``, ``ModelLoadError``,
+``hardware`` and ``Sampler`` that ``EngineBridge(api=...)`` accepts. The fake streams a canned reply one word
 per ``step()``, batches every running request in each step, honours ``handle.cancel()``, and
 reports ``metrics()`` with the real key set. It imports neither torch nor Qt.
 """
@@ -17,6 +17,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
+
+import psutil
 
 FRANCE_REPLY = "The capital of France is **Paris**. It is also the largest city in France."
 LONG_REPLY = (
@@ -244,6 +246,33 @@ class FakeLLM:
         self.is_closed = True
 
 
+class FakeSampler:
+    """Same role as ``engine.monitor.Sampler``: process memory plus the engine's metrics, per interval."""
+
+    def __init__(self, interval_s: float = 1.0, metrics_source: Any = None, on_sample: Any = None) -> None:
+        self._interval_s = interval_s
+        self._metrics_source = metrics_source
+        self._on_sample = on_sample
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fake-monitor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            sample = {"time": time.time(), "process_rss_bytes": float(psutil.Process().memory_info().rss)}
+            sample.update((self._metrics_source and self._metrics_source()) or {})
+            if self._on_sample is not None:
+                self._on_sample(sample)
+            if self._stop.wait(self._interval_s):
+                return
+
+
 def make_fake_api(load_delay_s: float = 0.0, step_delay_s: float = 0.01) -> types.SimpleNamespace:
     """Return an ``engine``-shaped namespace whose LLM loads and steps with the given delays."""
 
@@ -256,4 +285,5 @@ def make_fake_api(load_delay_s: float = 0.0, step_delay_s: float = 0.01) -> type
         SamplingParams=SamplingParams,
         ModelLoadError=ModelLoadError,
         hardware=types.SimpleNamespace(detect=HardwareInfo),
+        Sampler=FakeSampler,
     )

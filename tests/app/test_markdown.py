@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import itertools
 
-from app.markdown import Span, close_open_fence, tokenize_code
+from app.markdown import Span, add_copy_links, close_open_fence, code_blocks, tokenize_code
 
 
 def test_close_open_fence_closes_a_streaming_code_block() -> None:
@@ -35,3 +35,18 @@ def test_tokenize_spans_do_not_overlap() -> None:
     spans = tokenize_code("for i in range(10): print('x', i)  # loop", "py")
     ends = [(s.start, s.start + s.length) for s in spans]
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(ends))
+
+
+def test_code_blocks_finds_finished_blocks_only() -> None:
+    text = "Intro\n```python\nx = 1\n  y = 2\n```\nmid\n~~~\nplain\n~~~\n```sh\nstill streaming"
+    blocks = code_blocks(text)
+    assert [(b.code, b.language) for b in blocks] == [("x = 1\n  y = 2", "python"), ("plain", "")]
+
+
+def test_add_copy_links_puts_a_link_under_each_finished_block() -> None:
+    text = "A\n```\none\n```\nB\n```\ntwo\n```\n"
+    linked = add_copy_links(text, lambda k: f"hearth:copy-code/5/{k}")
+    assert linked == ("A\n```\none\n```\n\n[Copy code](hearth:copy-code/5/0)\nB\n```\ntwo\n```\n\n"
+                      "[Copy code](hearth:copy-code/5/1)\n")
+    assert add_copy_links("no code", str) == "no code"
+    assert [b.code for b in code_blocks(linked)] == ["one", "two"]

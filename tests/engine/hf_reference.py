@@ -34,7 +34,7 @@ def assert_matches_hf(model: Any, prompt_ids: list[int], ours: list[int], max_ne
     ref, logits = hf_greedy(model, prompt_ids, max_new_tokens)
     if ours == ref:
         return "exact"
-    diverged = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))
+    diverged = next((i for i, (a, b) in enumerate(zip(ours, ref, strict=False)) if a != b), min(len(ours), len(ref)))
     assert diverged < len(logits), f"outputs differ only in length: ours {len(ours)} tokens, HF {len(ref)}"
     top2 = torch.topk(logits[diverged], 2).values
     gap = float(top2[0] - top2[1])

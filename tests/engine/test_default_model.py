@@ -122,3 +122,19 @@ def test_cli_is_a_fast_no_op_when_converted(default_model_dir: Path, repo_root: 
     assert f"default model ready: {default_model_dir}" in result.stdout
     assert "heavy imports: []" in result.stdout
     assert elapsed < 20
+
+
+def test_failed_conversion_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A GGUF cut short after its header, declared as the expected file so it passes the checksum:
+    # transformers then fails part-way, and neither the target nor a temp folder may remain.
+    cut = tmp_path / "src" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    cut.parent.mkdir()
+    with source_gguf_path().open("rb") as src:
+        cut.write_bytes(src.read(2_000_000))
+    monkeypatch.setattr(default_model, "GGUF_SHA256", sha256_of(cut))
+    models = tmp_path / "models"
+    target = models / "SmolLM2-135M-Instruct"
+    with pytest.raises(ModelLoadError, match="Converting the default model failed"):
+        default_model_path(source=cut, target=target)
+    assert not target.exists()
+    assert list(models.iterdir()) == []

@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -286,6 +285,40 @@ def test_other_file_refused(tmp_path: Path) -> None:
     weird.write_bytes(b"x")
     with pytest.raises(ModelLoadError, match="not a .gguf"):
         load_model(weird)
+
+
+def _to_pytorch_bin(folder: Path, state: object) -> None:
+    """Replace the safetensors weights with a pickled ``pytorch_model.bin`` holding ``state``."""
+    _weights(folder).unlink()
+    torch.save(state, folder / "pytorch_model.bin")
+
+
+def test_pytorch_bin_weights_load(tiny: Path) -> None:
+    from safetensors.torch import load_file
+
+    _to_pytorch_bin(tiny, load_file(_weights(tiny)))
+    assert inspect_model(tiny).format == "pytorch"
+    loaded = load_model(tiny)
+    assert loaded.num_parameters > 0
+
+
+class _Payload:
+    """A pickle that creates a file when unpickled, standing in for malicious code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (Path.touch, (str(self.marker),))  # type: ignore[return-value]
+
+
+def test_pickled_code_in_bin_weights_never_runs(tiny: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "code-ran"
+    _to_pytorch_bin(tiny, {"model.embed_tokens.weight": _Payload(marker)})
+    with pytest.raises(ModelLoadError, match="could run code") as excinfo:
+        load_model(tiny)
+    assert not marker.exists()
+    assert excinfo.value.__context__ is None
 
 
 def test_not_enough_memory(tiny: Path) -> None:

@@ -1,0 +1,141 @@
+"""The user's preferences, in an INI file in the data dir (``settings.ini``), through QSettings.
+
+Keeping the file under the data dir (rather than QSettings' per-user default) means a test's or a
+portable install's temporary data dir also isolates its settings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QByteArray, QSettings, Qt
+from PySide6.QtGui import QGuiApplication
+
+THEMES = ("system", "light", "dark")
+FILE_NAME = "settings.ini"
+#: Font sizes the user can pick, in points; 0 means the system's size.
+MIN_FONT_SIZE, MAX_FONT_SIZE = 0, 32
+#: Generation defaults, used by every conversation that does not set its own.
+DEFAULT_GENERATION: dict[str, Any] = {"temperature": 0.7, "top_p": 0.95, "max_tokens": 512}
+
+_SCHEMES = {"system": Qt.ColorScheme.Unknown, "light": Qt.ColorScheme.Light, "dark": Qt.ColorScheme.Dark}
+
+
+class Settings:
+    """Typed access to the settings file. Each setter writes through to disk on :meth:`sync`.
+
+    Args:
+        data_dir: the folder holding ``settings.ini``.
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.path = data_dir / FILE_NAME
+        self._qsettings = QSettings(str(self.path), QSettings.Format.IniFormat)
+
+    def sync(self) -> None:
+        """Write pending changes to the file."""
+        self._qsettings.sync()
+
+    # -- appearance -------------------------------------------------------------------------------
+
+    @property
+    def theme(self) -> str:
+        value = str(self._qsettings.value("appearance/theme", "system"))
+        return value if value in THEMES else "system"
+
+    @theme.setter
+    def theme(self, value: str) -> None:
+        if value not in THEMES:
+            raise ValueError(f"theme must be one of {', '.join(THEMES)}, got {value!r}")
+        self._qsettings.setValue("appearance/theme", value)
+
+    @property
+    def font_size(self) -> int:
+        """The chat's font size in points; 0 for the system's."""
+        return min(max(self._int("appearance/font_size", 0), MIN_FONT_SIZE), MAX_FONT_SIZE)
+
+    @font_size.setter
+    def font_size(self, value: int) -> None:
+        if not MIN_FONT_SIZE <= value <= MAX_FONT_SIZE:
+            raise ValueError(f"font size must be in {MIN_FONT_SIZE}..{MAX_FONT_SIZE}, got {value}")
+        self._qsettings.setValue("appearance/font_size", int(value))
+
+    # -- chat defaults ----------------------------------------------------------------------------
+
+    @property
+    def default_model(self) -> str:
+        """The model path put in the Model pane on start; "" for Hearth's bundled default model."""
+        return str(self._qsettings.value("chat/default_model", ""))
+
+    @default_model.setter
+    def default_model(self, value: str) -> None:
+        self._qsettings.setValue("chat/default_model", value.strip())
+
+    @property
+    def default_preset_id(self) -> int | None:
+        """The preset new conversations start from; None for no system prompt."""
+        value = self._int("chat/default_preset_id", 0)
+        return value or None
+
+    @default_preset_id.setter
+    def default_preset_id(self, value: int | None) -> None:
+        self._qsettings.setValue("chat/default_preset_id", int(value or 0))
+
+    @property
+    def generation(self) -> dict[str, Any]:
+        """Default temperature, top-p and max tokens."""
+        return {
+            "temperature": self._float("generation/temperature", DEFAULT_GENERATION["temperature"]),
+            "top_p": self._float("generation/top_p", DEFAULT_GENERATION["top_p"]),
+            "max_tokens": self._int("generation/max_tokens", DEFAULT_GENERATION["max_tokens"]),
+        }
+
+    @generation.setter
+    def generation(self, params: dict[str, Any]) -> None:
+        for name in DEFAULT_GENERATION:
+            if name in params:
+                self._qsettings.setValue(f"generation/{name}", params[name])
+
+    # -- window -----------------------------------------------------------------------------------
+
+    @property
+    def geometry(self) -> QByteArray | None:
+        return self._bytes("window/geometry")
+
+    @geometry.setter
+    def geometry(self, value: QByteArray) -> None:
+        self._qsettings.setValue("window/geometry", value)
+
+    @property
+    def window_state(self) -> QByteArray | None:
+        """``QMainWindow.saveState()``: where the panes are."""
+        return self._bytes("window/state")
+
+    @window_state.setter
+    def window_state(self, value: QByteArray) -> None:
+        self._qsettings.setValue("window/state", value)
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _int(self, key: str, default: int) -> int:
+        try:
+            return int(self._qsettings.value(key, default))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return default
+
+    def _float(self, key: str, default: float) -> float:
+        try:
+            return float(self._qsettings.value(key, default))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return default
+
+    def _bytes(self, key: str) -> QByteArray | None:
+        value = self._qsettings.value(key)
+        return value if isinstance(value, QByteArray) and not value.isEmpty() else None
+
+
+def apply_theme(theme: str) -> None:
+    """Ask Qt for the light or dark palette, or the system's choice."""
+    QGuiApplication.styleHints().setColorScheme(_SCHEMES.get(theme, Qt.ColorScheme.Unknown))

@@ -1,0 +1,77 @@
+"""Run ``python -m engine.serve`` in a subprocess on a free loopback port, for the server and remote tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+#: Model load plus warm-up takes 10-20 s on a shared machine; allow for a slow one.
+START_TIMEOUT_S = 120.0
+
+
+@dataclass(slots=True)
+class ServerProcess:
+    base_url: str  # http://127.0.0.1:PORT
+    api_key: str | None
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def v1(self) -> str:
+        return f"{self.base_url}/v1"
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def run_server(repo_root: Path, log_path: Path, api_key: str | None = None, *extra: str) -> Iterator[ServerProcess]:
+    """Start the server, wait until ``/health`` answers, yield it, then stop it."""
+    port = free_port()
+    args = [sys.executable, "-m", "engine.serve", "--model", "default", "--host", "127.0.0.1", "--port",
+            str(port), "--max-batch-size", "8", "--kv-cache-mb", "64", "--log-level", "warning", *extra]
+    if api_key:
+        args += ["--api-key", api_key]
+    env = {**os.environ, "PYTHONWARNINGS": "default"}
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(args, cwd=repo_root, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+    server = ServerProcess(f"http://127.0.0.1:{port}", api_key, process, log_path)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"the server exited with {process.returncode}:\n{server.log()}")
+            try:
+                if httpx.get(f"{server.base_url}/health", timeout=1.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start within {START_TIMEOUT_S} s:\n{server.log()}")
+            time.sleep(0.2)
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -1,0 +1,230 @@
+"""The OpenAI-compatible server, in a subprocess on a free loopback port, over the real default model."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai import AuthenticationError, BadRequestError, OpenAI
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.engine.server_process import ServerProcess, run_server
+
+pytestmark = pytest.mark.slow
+
+API_KEY = "sk-hearth-test"
+MODEL = "SmolLM2-135M-Instruct"
+HI = [{"role": "user", "content": "Say hello."}]
+
+
+@pytest.fixture(scope="module")
+def server(repo_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    log_path = tmp_path_factory.mktemp("serve") / "server.log"
+    with run_server(repo_root, log_path, API_KEY) as proc:
+        yield proc
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[OpenAI]:
+    with OpenAI(base_url=server.v1, api_key=API_KEY, max_retries=0, timeout=60.0) as openai_client:
+        yield openai_client
+
+
+@pytest.fixture
+def http(server: ServerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.base_url, headers=server.headers(), timeout=60.0) as http_client:
+        yield http_client
+
+
+def scrape(http: httpx.Client) -> dict[str, float]:
+    """``/metrics`` parsed by prometheus_client: sample name (plus finished_reason label) -> value."""
+    response = http.get("/metrics")
+    assert response.status_code == 200
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            reason = sample.labels.get("finished_reason")
+            values[f"{sample.name}{{{reason}}}" if reason else sample.name] = sample.value
+    return values
+
+
+# --- the official client ---------------------------------------------------------------------------------------
+
+def test_models(client: OpenAI) -> None:
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def test_chat_not_streamed_and_streamed_agree(client: OpenAI) -> None:
+    reply = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=8, temperature=0)
+    text = reply.choices[0].message.content
+    assert text and reply.choices[0].finish_reason in ("stop", "length")
+    assert reply.usage is not None and reply.usage.prompt_tokens > 0
+    assert 0 < reply.usage.completion_tokens <= 8
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+    stream = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=8, temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == reply.choices[0].finish_reason
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
+
+
+def test_completions_honour_stop_and_seed(client: OpenAI) -> None:
+    prompt = "The three primary colors are"
+    full = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0)
+    text = full.choices[0].text
+    assert text and full.usage is not None and full.usage.completion_tokens == 10
+    words = text.split()
+    assert len(words) >= 3, text
+    stop_word = words[2]
+    stopped = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0, stop=[stop_word])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].text == text[: text.index(stop_word)]
+
+    seeded = [client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=1.0, seed=7)
+              .choices[0].text for _ in range(2)]
+    assert seeded[0] == seeded[1]
+
+
+def test_sse_wire_format(http: httpx.Client) -> None:
+    body = {"model": MODEL, "messages": HI, "max_tokens": 3, "stream": True}
+    with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in response.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in events)
+    assert events[-1] == "data: [DONE]"
+    last = json.loads(events[-2].removeprefix("data: "))
+    assert last["object"] == "chat.completion.chunk" and last["usage"]["completion_tokens"] >= 1
+
+
+# --- batching, disconnects, metrics ---------------------------------------------------------------------------
+
+def test_eight_concurrent_streams_batch_together(client: OpenAI, http: httpx.Client) -> None:
+    topics = ["cats", "rain", "bread", "trains", "the sea", "chess", "music", "winter"]
+
+    def ask(topic: str) -> tuple[str, str | None]:
+        stream = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"Write one sentence about {topic}."}],
+            max_tokens=12, temperature=0, stream=True)
+        parts, finish = [], None
+        for chunk in stream:
+            if chunk.choices:
+                parts.append(chunk.choices[0].delta.content or "")
+                finish = chunk.choices[0].finish_reason or finish
+        return "".join(parts), finish
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(ask, topics))
+    assert all(text and finish in ("stop", "length") for text, finish in results), results
+    metrics = scrape(http)
+    assert metrics["hearth:mean_batch_size"] > 1.0
+    assert metrics["hearth:num_requests_running"] == 0
+
+
+def test_disconnect_mid_stream_cancels_and_frees_blocks(server: ServerProcess, http: httpx.Client) -> None:
+    aborted_before = scrape(http).get("hearth:request_success_total{abort}", 0.0)
+    body = {"model": MODEL, "max_tokens": 400, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": "Tell me a very long story about a dragon and a knight."}]}
+    with httpx.Client(base_url=server.base_url, headers=server.headers(), timeout=60.0) as streaming:
+        with streaming.stream("POST", "/v1/chat/completions", json=body) as response:
+            lines = response.iter_lines()
+            received = [line for line, _ in zip((ln for ln in lines if ln), range(4), strict=False)]
+            assert len(received) == 4
+            busy = scrape(http)
+            assert busy["hearth:num_requests_running"] == 1 and busy["hearth:kv_blocks_used"] > 0
+        # leaving the block closes the connection mid-stream
+    deadline = time.monotonic() + 15
+    while True:
+        metrics = scrape(http)
+        if metrics["hearth:kv_blocks_used"] == 0 and metrics["hearth:num_requests_running"] == 0:
+            break
+        assert time.monotonic() < deadline, f"blocks not freed after the disconnect: {metrics}"
+        time.sleep(0.1)
+    assert metrics["hearth:request_success_total{abort}"] == aborted_before + 1
+
+
+def test_metrics_parse_with_vllm_names(http: httpx.Client) -> None:
+    families = {f.name: f.type for f in text_string_to_metric_families(http.get("/metrics").text)}
+    expected = {
+        "hearth:kv_cache_usage_perc": "gauge",
+        "hearth:num_requests_running": "gauge",
+        "hearth:num_requests_waiting": "gauge",
+        "hearth:mean_batch_size": "gauge",
+        "hearth:time_to_first_token_seconds": "histogram",
+        "hearth:inter_token_latency_seconds": "histogram",
+        "hearth:e2e_request_latency_seconds": "histogram",
+        "hearth:prefix_cache_queries": "counter",
+        "hearth:prefix_cache_hits": "counter",
+        "hearth:num_preemptions": "counter",
+    }
+    assert {name: families.get(name) for name in expected} == expected
+
+
+# --- security and bad input -------------------------------------------------------------------------------------
+
+def test_api_key_is_required(server: ServerProcess) -> None:
+    with httpx.Client(base_url=server.base_url, timeout=10.0) as anonymous:
+        missing = anonymous.get("/v1/models")
+        wrong = anonymous.get("/v1/models", headers={"Authorization": "Bearer nope"})
+        right = anonymous.get("/v1/models", headers={"Authorization": f"Bearer {API_KEY}"})
+        assert anonymous.get("/health").status_code == 200
+    assert (missing.status_code, wrong.status_code, right.status_code) == (401, 401, 200)
+    assert missing.json()["error"]["type"] == "authentication_error"
+    with OpenAI(base_url=server.v1, api_key="wrong", max_retries=0) as bad_client, \
+            pytest.raises(AuthenticationError):
+        bad_client.models.list()
+
+
+LONG_PROMPT = "hello " * 9000
+
+BAD_REQUESTS: list[tuple[str, str, Any, str]] = [
+    # (id, path, body -- bytes are sent as-is, expected words in the message)
+    ("malformed-json", "/v1/chat/completions", b'{"messages": [', "not valid JSON"),
+    ("not-an-object", "/v1/chat/completions", [1, 2], "JSON object"),
+    ("messages-wrong-type", "/v1/chat/completions", {"messages": "hi"}, "messages"),
+    ("temperature-wrong-type", "/v1/chat/completions", {"messages": HI, "temperature": "hot"}, "temperature"),
+    ("negative-max-tokens", "/v1/chat/completions", {"messages": HI, "max_tokens": -5}, "max_tokens"),
+    ("n-above-1", "/v1/chat/completions", {"messages": HI, "n": 2}, "n=1"),
+    ("logprobs", "/v1/chat/completions", {"messages": HI, "logprobs": True}, "logprobs"),
+    ("tools", "/v1/chat/completions", {"messages": HI, "tools": [{"type": "function"}]}, "tools"),
+    ("prompt-too-long", "/v1/completions", {"prompt": LONG_PROMPT, "max_tokens": 4}, "tokens"),
+    ("completion-max-tokens-wrong-type", "/v1/completions", {"prompt": "Hi", "max_tokens": "ten"}, "max_tokens"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "words"), [c[1:] for c in BAD_REQUESTS], ids=[c[0] for c in BAD_REQUESTS])
+def test_bad_requests_get_400_with_an_error_object(http: httpx.Client, path: str, body: Any, words: str) -> None:
+    if isinstance(body, bytes):
+        response = http.post(path, content=body, headers={"Content-Type": "application/json"})
+    else:
+        response = http.post(path, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert words in error["message"], error
+
+
+def test_openai_client_sees_a_too_long_prompt_as_bad_request(client: OpenAI) -> None:
+    with pytest.raises(BadRequestError, match="context"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": LONG_PROMPT}],
+                                       max_tokens=4)
+
+
+def test_exposure_warning() -> None:
+    from engine.serve import exposure_warning
+
+    assert exposure_warning("127.0.0.1", 8000, None) is None
+    assert exposure_warning("localhost", 8000, None) is None
+    assert exposure_warning("::1", 8000, None) is None
+    assert exposure_warning("0.0.0.0", 8000, "key") is None
+    warning = exposure_warning("0.0.0.0", 8000, None)
+    assert warning is not None and "without an API key" in warning and "/v1/chat/completions" in warning

@@ -51,6 +51,23 @@ def test_many_emits_do_not_crash_the_interpreter() -> None:
     assert result.stdout.strip() == "ok"
 
 
+def test_many_void_calls_do_not_crash_the_interpreter() -> None:
+    """PySide6 6.12.0 drops a reference to None on every call of a void method (pyqtgraph makes many)."""
+    code = textwrap.dedent("""
+        import app
+        from PySide6.QtCore import QCoreApplication, QTimer
+        qapp = QCoreApplication([])
+        timer = QTimer()
+        for _ in range(200_000):
+            timer.setInterval(5)
+        print("ok")
+    """)
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "ok"
+
+
 def test_qtfix_apply_is_idempotent() -> None:
     first = qtfix.apply()
     assert qtfix.apply() == first

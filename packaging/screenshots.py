@@ -1,0 +1,86 @@
+"""Take the screenshots in ``resources/screenshots/`` with the real engine and the default model.
+
+Run from the repository root under a virtual X server (``packaging`` is not importable as a
+package: pip's ``packaging`` owns the name)::
+
+    PYTHONPATH=. xvfb-run -a -s "-screen 0 1600x1200x24" .venv/bin/python packaging/screenshots.py monitor
+
+``monitor``: the monitor pane while four replies stream at once (monitor.png).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QApplication
+
+import app  # noqa: F401 (applies app.qtfix)
+from app.engine_bridge import EngineBridge
+from app.monitor_pane import MonitorPane
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT_DIR = ROOT / "resources" / "screenshots"
+PROMPTS = (
+    "Write a short story about a lighthouse keeper.",
+    "Explain how a paged KV cache works.",
+    "List ten facts about octopuses.",
+    "Describe a walk through a forest in autumn.",
+)
+
+
+def monitor(out: Path, idle_s: float, stream_s: float) -> None:
+    """Load the default model, stream four replies, and grab the monitor pane mid-generation."""
+    qapp = QApplication.instance() or QApplication(sys.argv)
+    bridge = EngineBridge()
+    pane = MonitorPane()
+    pane.setWindowTitle("Hearth: Monitor")
+    pane.resize(1100, 1000)
+    signals = bridge.signals
+    signals.metrics_updated.connect(pane._on_metrics_updated)
+    signals.model_loaded.connect(pane._on_model_loaded)
+    signals.hardware_detected.connect(pane._on_hardware_detected)
+    signals.error.connect(lambda message: print("engine error:", message, file=sys.stderr))
+    pane.show()
+    started = time.monotonic()
+
+    def submit() -> None:
+        for i, prompt in enumerate(PROMPTS):
+            bridge.submit(f"c{i}", [{"role": "user", "content": prompt}], {"max_tokens": 400, "temperature": 0.7})
+        QTimer.singleShot(int(stream_s * 1000), grab)
+
+    def grab() -> None:
+        pane.redraw()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        pane.grab().save(str(out))
+        print(f"saved {out} ({time.monotonic() - started:.0f} s after start; "
+              f"{pane.snapshot.get('num_running', 0):.0f} running)")
+        qapp.quit()
+
+    signals.model_loaded.connect(lambda info: QTimer.singleShot(int(idle_s * 1000), submit))
+    signals.model_load_failed.connect(lambda message: (print(message, file=sys.stderr), qapp.exit(1)))
+    bridge.detect_hardware()
+    bridge.load_model("default")
+    code = qapp.exec()
+    bridge.shutdown()
+    if code:
+        raise SystemExit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="packaging/screenshots.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("shot", choices=["monitor"])
+    parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    parser.add_argument("--idle", type=float, default=6.0, help="seconds of idle graph before the replies")
+    parser.add_argument("--stream", type=float, default=25.0, help="seconds of streaming before the grab")
+    args = parser.parse_args(argv)
+    monitor(args.out_dir / "monitor.png", args.idle, args.stream)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,156 @@
+"""Engine behaviour on real weights: cancellation, preemption, prefix reuse, capacity, random workloads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine import LLM, CapacityError, SamplingParams
+from tests.engine.hf_reference import assert_matches_hf
+
+
+def _drive(llm: Any, handles: list[Any]) -> None:
+    while not all(h.done() for h in handles):
+        llm.engine.step()
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tiny_model_dirs: dict[str, Path]) -> Any:
+    llm = LLM(tiny_model_dirs["llama"], dtype="float32", start_loop=False, kv_cache_bytes=4 << 20)
+    yield llm
+    llm.close()
+
+
+def test_cancel_mid_stream_leaves_other_streams_untouched(default_llm: Any) -> None:
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    prompts = ["The history of Rome", "A recipe for bread", "How rain forms"]
+    solo = [default_llm.generate([p], params)[0].token_ids for p in prompts]
+    handles = [default_llm.engine.submit(p, params) for p in prompts]
+    for _ in range(6):
+        default_llm.engine.step()
+    handles[1].cancel()
+    _drive(default_llm, handles)
+    cancelled = handles[1].result()
+    assert cancelled.finish_reason == "abort"
+    assert 0 < len(cancelled.token_ids) < 20
+    assert cancelled.token_ids == solo[1][: len(cancelled.token_ids)]
+    assert handles[0].result().token_ids == solo[0]
+    assert handles[2].result().token_ids == solo[2]
+    metrics = default_llm.metrics()
+    assert metrics["kv_blocks_used"] == 0
+    assert metrics["num_running"] == 0
+
+
+def test_second_chat_turn_hits_the_prefix_cache(default_llm: Any) -> None:
+    params = SamplingParams(max_tokens=16, temperature=0.0)
+    messages = [{"role": "user", "content": "Name a large city in Japan and say one thing about it."}]
+    first = default_llm.chat(messages, params)
+    hits_before = default_llm.metrics()["prefix_cache_hits"]
+    messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And another?"}]
+    second = default_llm.chat(messages, params)
+    assert second.metrics.num_cached_tokens >= 32
+    assert default_llm.metrics()["prefix_cache_hits"] >= hits_before + second.metrics.num_cached_tokens
+    assert default_llm.metrics()["prefix_cache_hit_rate"] > 0
+
+
+def test_preemption_under_a_tiny_kv_budget_keeps_outputs_identical(tiny_model_dirs: dict[str, Path]) -> None:
+    from transformers import AutoModelForCausalLM
+
+    folder = tiny_model_dirs["llama"]
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
+    # 12 usable blocks of 16 tokens for 6 streams that each grow to 49 tokens (3 blocks): preemption is certain
+    per_block = 2 * 2 * 2 * 16 * 4 * 16
+    llm = LLM(folder, dtype="float32", start_loop=False, kv_cache_bytes=13 * per_block, max_batch_size=6)
+    try:
+        params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+        prompts = [llm.engine.tokenize(f"Story number {i} begins on a {w} day") for i, w in enumerate("abcdef")]
+        handles = [llm.engine.submit(p, params) for p in prompts]
+        _drive(llm, handles)
+        assert llm.metrics()["num_preemptions"] > 0
+        for p, h in zip(prompts, handles, strict=True):
+            out = h.result()
+            assert len(out.token_ids) == 40
+            reference.generation_config.eos_token_id = None
+            assert_matches_hf(reference, p, out.token_ids, 40)
+        assert llm.metrics()["kv_blocks_used"] == 0
+    finally:
+        llm.close()
+
+
+def test_full_queue_raises_capacity_error(tiny_model_dirs: dict[str, Path]) -> None:
+    llm = LLM(tiny_model_dirs["llama"], dtype="float32", start_loop=False, kv_cache_bytes=4 << 20, max_waiting=2)
+    try:
+        llm.engine.submit("a", SamplingParams(max_tokens=2))
+        llm.engine.submit("b", SamplingParams(max_tokens=2))
+        with pytest.raises(CapacityError, match="waiting"):
+            llm.engine.submit("c", SamplingParams(max_tokens=2))
+    finally:
+        llm.close()
+
+
+def test_prompt_longer_than_the_context_is_refused(tiny_llm: Any) -> None:
+    with pytest.raises(ValueError, match="context holds"):
+        tiny_llm.engine.submit(list(range(5, 600)), SamplingParams(max_tokens=2))
+
+
+def test_stop_strings_are_cut_out(default_llm: Any) -> None:
+    out = default_llm.generate(["Count: 1, 2, 3, 4,"], SamplingParams(max_tokens=20, temperature=0.0, stop=[" 6"]))[0]
+    assert out.finish_reason == "stop"
+    assert " 6" not in out.text
+    assert "5" in out.text
+
+
+def test_generate_with_a_loop_thread_and_streaming_handle(tiny_model_dirs: dict[str, Path]) -> None:
+    llm = LLM(tiny_model_dirs["llama"], dtype="float32", kv_cache_bytes=4 << 20)  # start_loop=True
+    try:
+        handle = llm.engine.submit("Hello there", SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+        text = "".join(handle)
+        assert text == handle.result(timeout=30).text
+        outs = llm.generate(["one", "two"], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+        assert [len(o.token_ids) for o in outs] == [4, 4]
+    finally:
+        llm.close()
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(1, 40),  # prompt length
+            st.integers(1, 12),  # max tokens
+            st.integers(0, 4),  # steps to wait before submitting
+            st.booleans(),  # cancel midway
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_random_workloads_leak_no_blocks_and_match_solo_runs(tiny_llm: Any, plan: list[tuple]) -> None:
+    engine = tiny_llm.engine
+    params_for = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for _, m, _, _ in plan]
+    prompts = [[(7 * i + j) % 400 + 10 for j in range(n)] for i, (n, _, _, _) in enumerate(plan)]
+    handles = []
+    for (_, _, wait, cancel), prompt, params in zip(plan, prompts, params_for, strict=True):
+        for _ in range(wait):
+            engine.step()
+        handles.append((engine.submit(prompt, params), cancel))
+    for step in range(400):
+        if step == 2:
+            for handle, cancel in handles:
+                if cancel:
+                    handle.cancel()
+        if all(h.done() for h, _ in handles):
+            break
+        engine.step()
+    assert tiny_llm.metrics()["kv_blocks_used"] == 0
+    for (handle, cancel), prompt, params in zip(handles, prompts, params_for, strict=True):
+        out = handle.result(timeout=0)
+        solo = tiny_llm.generate([prompt], params)[0].token_ids
+        if cancel and out.finish_reason == "abort":
+            assert out.token_ids == solo[: len(out.token_ids)]
+        else:
+            assert out.token_ids == solo

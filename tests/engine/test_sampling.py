@@ -1,0 +1,77 @@
+"""Sampler, sampling parameters and the incremental detokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.sampler import Sampler, filtered_probs
+from engine.sampling_params import SamplingParams
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_tokens", 0),
+        ("max_tokens", -5),
+        ("temperature", -0.1),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_k", -1),
+        ("repetition_penalty", 0.0),
+        ("stop", [""]),
+        ("seed", -1),
+    ],
+)
+def test_invalid_sampling_values_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})  # type: ignore[arg-type]
+
+
+def test_seeded_sampling_is_reproducible_whatever_it_is_batched_with() -> None:
+    logits = torch.randn(3, 100)
+    params = [SamplingParams(temperature=0.8, seed=42), SamplingParams(temperature=1.0), SamplingParams()]
+    a = [Sampler().sample(logits, params, ["x", "y", "z"], [[], [], []])[0] for _ in range(3)]
+    b = Sampler().sample(logits[:1], params[:1], ["x"], [[]])[0]
+    assert a == [b, b, b]
+
+
+def test_top_k_one_is_greedy_and_top_p_keeps_the_nucleus() -> None:
+    row = torch.tensor([1.0, 3.0, 2.0, 0.5])
+    assert torch.equal(filtered_probs(row, 1.0, 1, 1.0) > 0, torch.tensor([False, True, False, False]))
+    probs = filtered_probs(row, 1.0, 0, 0.7)
+    assert probs[1] > 0 and probs[2] > 0 and probs[0] == 0 and probs[3] == 0
+    assert float(probs.sum()) == pytest.approx(1.0)
+
+
+def test_repetition_penalty_discourages_seen_tokens() -> None:
+    logits = torch.tensor([[2.0, 1.9, 0.0]])
+    greedy = SamplingParams(temperature=0.0, repetition_penalty=1.5)
+    assert Sampler().sample(logits, [greedy], ["r"], [[0]]) == [1]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_dir: Path):  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_model_dir)
+
+
+def test_detokenizer_never_emits_broken_characters(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    text = "Café 🍕 naïve — 東京 done"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    detok = IncrementalDetokenizer(tokenizer)
+    pieces = [detok.add([t]) for t in ids] + [detok.finish()]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == text
+
+
+def test_detokenizer_cuts_stop_strings_split_across_tokens(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    ids = tokenizer("alpha beta gamma delta", add_special_tokens=False)["input_ids"]
+    detok = IncrementalDetokenizer(tokenizer, stop=["gam"])
+    out = "".join(detok.add([t]) for t in ids) + detok.finish()
+    assert out == "alpha beta "
+    assert detok.stopped

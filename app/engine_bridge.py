@@ -34,7 +34,10 @@ from typing import Any
 from PySide6.QtCore import QObject, QRunnable, QThreadPool, QTimer, Signal, Slot
 
 from app import log
+from app.remote_backend import RemoteBackend, RemoteError, RemoteEvents, api_root, fetch_models
 
+#: ``ModelInfo.device`` of a remote server's model.
+REMOTE_DEVICE = "remote server"
 #: The model spec the engine resolves to its bundled default model.
 DEFAULT_MODEL_SPEC = "default"
 DEVICES = ("auto", "cpu", "cuda")
@@ -85,6 +88,16 @@ class ModelInfo:
 
 
 @dataclass(slots=True)
+class ServerState:
+    """What ``server_state_changed`` carries: whether "Serve on localhost" is serving, and where."""
+
+    is_running: bool
+    url: str = ""
+    #: Why it is not running (empty after a plain stop).
+    message: str = ""
+
+
+@dataclass(slots=True)
 class RequestInfo:
     """What ``request_finished`` carries."""
 
@@ -109,6 +122,8 @@ class EngineSignals(QObject):
         metrics_updated(dict): an engine metrics snapshot, about once a second.
         hardware_detected(HardwareInfo | None): result of ``detect_hardware``.
         error(message): an unexpected engine error.
+        remote_models_listed(list[str]): the models a remote server offers, after ``connect_remote``.
+        server_state_changed(ServerState): "Serve on localhost" started, stopped or failed.
     """
 
     token_delta = Signal(str, str)
@@ -121,6 +136,8 @@ class EngineSignals(QObject):
     metrics_updated = Signal(object)
     hardware_detected = Signal(object)
     error = Signal(str)
+    remote_models_listed = Signal(object)
+    server_state_changed = Signal(object)
 
 
 @dataclass(slots=True)
@@ -341,6 +358,11 @@ class EngineBridge(QObject):
         self._load_lock = threading.Lock()
         self._jobs: list[_Job] = []
         self._sampler: Any = None  # engine.monitor.Sampler, started with the engine API
+        # A remote server instead of the local engine (guarded by _lock), and the requests sent to it.
+        self._remote: RemoteBackend | None = None
+        self._retired_remotes: list[RemoteBackend] = []
+        self._remote_conversations: dict[str, str] = {}
+        self._server: Any = None  # engine.serve.ServerThread while "Serve on localhost" runs
         # GUI-thread state, updated by our own slots.
         self._model_info: ModelInfo | None = None
         self._is_loading = False
@@ -432,12 +454,145 @@ class EngineBridge(QObject):
             QTimer.singleShot(0, self, lambda: self.signals.request_failed.emit(
                 request_id, "No model is loaded. Load a model first."))
             return request_id
-        self._commands.put(_Submit(request_id, conversation_id, messages, params))
+        with self._lock:  # a remote that connects meanwhile takes over the queue under this lock
+            remote = self._remote
+            if remote is None:
+                self._commands.put(_Submit(request_id, conversation_id, messages, params))
+        if remote is not None:
+            self._remote_conversations[request_id] = conversation_id
+            remote.submit(request_id, messages, params)
         return request_id
 
     def cancel(self, request_id: str) -> None:
         """Ask the engine to stop a request; it finishes with finish_reason "abort"."""
-        self._commands.put(_Cancel(request_id))
+        with self._lock:
+            remote = self._remote
+            if remote is None:
+                self._commands.put(_Cancel(request_id))
+        if remote is not None:
+            remote.cancel(request_id)
+
+    # -- remote server and "Serve on localhost" ------------------------------------------------------
+
+    def connect_remote(self, base_url: str, api_key: str = "", model: str = "") -> None:
+        """Use a remote OpenAI-compatible server instead of the local engine.
+
+        Frees the local model, lists the server's models (``remote_models_listed``) and picks ``model``
+        (or the first one); then emits ``model_loaded`` with ``device == REMOTE_DEVICE``, or
+        ``model_load_failed`` with the reason in plain words. ``unload_model`` disconnects.
+        """
+        if self._shutdown.is_set():
+            return
+        generation = self._retire_current_model()
+        self._model_info = None
+        self._is_loading = True
+        log.bridge.info("connecting to %s (model %r)", base_url, model)
+        self._start_job("connect", lambda: self._remote_worker(generation, base_url, api_key, model))
+
+    def start_server(self, port: int = 8000, api_key: str = "", host: str = "127.0.0.1") -> None:
+        """Serve the loaded local model over the OpenAI API; ``server_state_changed`` reports."""
+        if not self._shutdown.is_set():
+            self._start_job("start-server", lambda: self._start_server_worker(host, port, api_key))
+
+    def stop_server(self) -> None:
+        """Stop serving; ``server_state_changed`` follows."""
+        if not self._shutdown.is_set():
+            self._start_job("stop-server", lambda: self._stop_server_worker(""))
+
+    @property
+    def remote(self) -> RemoteBackend | None:
+        """The remote backend in use, or None while the local engine serves the chats."""
+        with self._lock:
+            return self._remote
+
+    def _remote_events(self) -> RemoteEvents:
+        def finished(rid: str, reason: str | None, metrics: dict[str, Any]) -> None:
+            conversation = self._remote_conversations.pop(rid, "")
+            self.signals.request_finished.emit(rid, RequestInfo(rid, conversation, reason, metrics))
+
+        def failed(rid: str, message: str) -> None:
+            self._remote_conversations.pop(rid, None)
+            self.signals.request_failed.emit(rid, message)
+
+        return RemoteEvents(token_delta=self.signals.token_delta.emit, request_finished=finished,
+                            request_failed=failed)
+
+    def _remote_worker(self, generation: int, base_url: str, api_key: str, model: str) -> None:
+        with self._load_lock:
+            if not self._is_current(generation):
+                return
+            self._teardown()
+            started = time.monotonic()
+            try:
+                url = api_root(base_url)
+                models = fetch_models(url, api_key)
+                if not models:
+                    raise RemoteError(f"The server at {url} offers no models.")
+                if model and model not in models:
+                    raise RemoteError(f"The server at {url} has no model '{model}'; it offers: "
+                                      + ", ".join(models) + ".")
+            except RemoteError as exc:
+                self._load_failed(generation, str(exc))
+                return
+            self.signals.remote_models_listed.emit(models)
+            backend = RemoteBackend(url, api_key, model or models[0], self._remote_events())
+            with self._lock:
+                is_current = generation == self._generation and not self._shutdown.is_set()
+                if is_current:
+                    self._remote = backend
+                    queued = self._take_queued()
+            if not is_current:
+                backend.close()
+                return
+            for command in queued:  # requests sent while connecting
+                if isinstance(command, _Submit):
+                    self._remote_conversations[command.request_id] = command.conversation_id
+                    backend.submit(command.request_id, command.messages, command.params)
+            host = url.split("://", 1)[-1].removesuffix("/v1")
+            self.signals.model_load_progress.emit(1.0, "Connected")
+            self.signals.model_loaded.emit(ModelInfo(
+                spec=url, model_name=backend.model, device=REMOTE_DEVICE, dtype=host,
+                device_reason=f"Replies come from {url}.", weights_bytes=0,
+                load_s=time.monotonic() - started))
+
+    def _take_queued(self) -> list[_Submit | _Cancel]:
+        commands = []
+        while True:
+            try:
+                commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def _start_server_worker(self, host: str, port: int, api_key: str) -> None:
+        self._stop_server_worker("")
+        with self._lock:
+            llm = self._llm
+        if llm is None:
+            self.signals.server_state_changed.emit(ServerState(False, message="Load a local model first."))
+            return
+        try:
+            from engine.serve import ServerThread
+
+            server = ServerThread(llm.engine, str(getattr(llm, "model_name", "default")), host, port,
+                                  api_key or None)
+            server.start()
+        except OSError as exc:
+            message = f"Could not listen on {host}:{port}: {exc.strerror or exc}."
+            self.signals.server_state_changed.emit(ServerState(False, message=message))
+            return
+        with self._lock:
+            self._server = server
+        log.bridge.info("serving on %s", server.url)
+        self.signals.server_state_changed.emit(ServerState(True, url=server.url))
+
+    def _stop_server_worker(self, message: str) -> None:
+        with self._lock:
+            server, self._server = self._server, None
+        if server is None:
+            return
+        server.stop()
+        log.bridge.info("stopped serving on %s", server.url)
+        self.signals.server_state_changed.emit(ServerState(False, message=message))
 
     def detect_hardware(self) -> None:
         """Detect CPU/GPU/RAM in the background; emits ``hardware_detected``."""
@@ -456,6 +611,8 @@ class EngineBridge(QObject):
             sampler.stop()
         self._retire_current_model()
         self._pool.waitForDone()
+        self._stop_server_worker("Hearth is closing.")
+        self._close_remotes()
         with self._lock:
             llm, self._llm = self._llm, None
         if llm is not None:
@@ -481,6 +638,9 @@ class EngineBridge(QObject):
                 self._loop.stop()
                 self._retired_loops.append(self._loop)
                 self._loop = None
+            if self._remote is not None:
+                self._retired_remotes.append(self._remote)
+                self._remote = None
             return self._generation
 
     def _is_current(self, generation: int) -> bool:
@@ -505,13 +665,18 @@ class EngineBridge(QObject):
             self._sampler.start()
 
     def _engine_metrics(self) -> dict[str, Any] | None:
-        """The loaded model's metrics, or None; called on the sampler's thread."""
+        """The loaded model's metrics (or the remote server's figures), or None; on the sampler's thread."""
         with self._lock:
-            llm = self._llm
+            llm, remote = self._llm, self._remote
+        if remote is not None:
+            return remote.snapshot()
         return llm.metrics() if llm is not None else None
 
     def _teardown(self) -> None:
-        """Wait for stopped loops, then free the model they ran. Pool threads only."""
+        """Stop serving, disconnect retired remotes, wait for stopped loops, then free the model they ran.
+        Pool threads only."""
+        self._stop_server_worker("The model was unloaded.")
+        self._close_remotes()
         with self._lock:
             loops, self._retired_loops = self._retired_loops, []
         for loop in loops:
@@ -522,6 +687,12 @@ class EngineBridge(QObject):
             llm, self._llm = self._llm, None
         if llm is not None:
             self._close(llm)
+
+    def _close_remotes(self) -> None:
+        with self._lock:
+            remotes, self._retired_remotes = self._retired_remotes, []
+        for remote in remotes:
+            remote.close()
 
     @staticmethod
     def _close(llm: Any) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDoubleSpinBox,
     QFileDialog,
@@ -26,12 +27,22 @@ from PySide6.QtWidgets import (
 )
 
 from app import log
-from app.engine_bridge import DEVICES, DTYPES, EngineBridge, LoadSettings, ModelInfo
+from app.engine_bridge import (
+    DEVICES,
+    DTYPES,
+    REMOTE_DEVICE,
+    EngineBridge,
+    LoadSettings,
+    ModelInfo,
+    ServerState,
+)
 from app.formatting import format_bytes
 
 DEFAULT_MODEL_TEXT = ("Leave the path empty to use the default model, "
                       "a small chat model that comes with Hearth.")
 _DEVICE_LABELS = {"auto": "Automatic", "cpu": "CPU", "cuda": "NVIDIA GPU (CUDA)"}
+SOURCES = (("local", "This computer"), ("remote", "Remote server (OpenAI API)"))
+DEFAULT_REMOTE_URL = "http://localhost:8000/v1"
 _DTYPE_LABELS = {"auto": "Automatic", "float32": "float32 (exact, large)",
                  "bfloat16": "bfloat16 (half size)", "float16": "float16 (half size, GPU)"}
 
@@ -51,6 +62,12 @@ class ModelPane(QWidget):
         self._bridge = bridge
         self._build()
         self._set_state(loaded=False, loading=False)
+        self._connect_bridge()
+
+    def _connect_bridge(self) -> None:
+        """The bridge signals only this pane uses (the shared ones are wired in ``MainWindow``)."""
+        self._bridge.signals.remote_models_listed.connect(self._on_remote_models_listed)
+        self._bridge.signals.server_state_changed.connect(self._on_server_state_changed)
 
     # -- layout -----------------------------------------------------------------------------------
 
@@ -60,6 +77,7 @@ class ModelPane(QWidget):
         layout.setContentsMargins(8, 8, 8, 8)
         layout.setSpacing(10)
         layout.addWidget(self._build_model_group())
+        layout.addWidget(self._build_server_group())
         layout.addWidget(self._build_settings_group())
         layout.addWidget(self._build_generation_group())
         layout.addWidget(self._build_hardware_group())
@@ -74,6 +92,13 @@ class ModelPane(QWidget):
 
     def _build_model_group(self) -> QGroupBox:
         group = QGroupBox("Model")
+        self._source_combo = QComboBox()
+        self._source_combo.setObjectName("sourceCombo")
+        for key, label in SOURCES:
+            self._source_combo.addItem(label, key)
+        self._source_combo.currentIndexChanged.connect(self._on_source_changed)
+        source_form = QFormLayout()
+        source_form.addRow("Run on", self._source_combo)
         self._path_edit = QLineEdit()
         self._path_edit.setObjectName("modelPathEdit")
         self._path_edit.setPlaceholderText("Default model")
@@ -141,15 +166,69 @@ class ModelPane(QWidget):
         self._info_label.setWordWrap(True)
         self._info_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
 
+        self._local_box = QWidget()
+        local_layout = QVBoxLayout(self._local_box)
+        local_layout.setContentsMargins(0, 0, 0, 0)
+        local_layout.addLayout(path_row)
+        local_layout.addWidget(hint)
+        local_layout.addLayout(form)
+
         layout = QVBoxLayout(group)
-        layout.addLayout(path_row)
-        layout.addWidget(hint)
-        layout.addLayout(form)
+        layout.addLayout(source_form)
+        layout.addWidget(self._local_box)
+        layout.addWidget(self._build_remote_box())
         layout.addLayout(buttons)
         layout.addWidget(self._progress)
         layout.addWidget(self._stage_label)
         layout.addWidget(self._error_label)
         layout.addWidget(self._info_label)
+        return group
+
+    def _build_remote_box(self) -> QWidget:
+        self._remote_box = QWidget()
+        self._remote_box.setObjectName("remoteBox")
+        self._remote_url_edit = QLineEdit(DEFAULT_REMOTE_URL)
+        self._remote_url_edit.setObjectName("remoteUrlEdit")
+        self._remote_url_edit.setToolTip("A vLLM, Ollama, LM Studio or Hearth server, e.g. http://gpu-box:8000/v1")
+        self._remote_key_edit = QLineEdit()
+        self._remote_key_edit.setObjectName("remoteKeyEdit")
+        self._remote_key_edit.setEchoMode(QLineEdit.EchoMode.Password)
+        self._remote_key_edit.setPlaceholderText("Optional")
+        self._remote_model_combo = QComboBox()
+        self._remote_model_combo.setObjectName("remoteModelCombo")
+        self._remote_model_combo.setEditable(True)
+        self._remote_model_combo.setToolTip("Filled from the server's /v1/models when you connect")
+        self._remote_model_combo.activated.connect(self._on_remote_model_activated)
+        form = QFormLayout(self._remote_box)
+        form.setContentsMargins(0, 0, 0, 0)
+        form.addRow("Server", self._remote_url_edit)
+        form.addRow("API key", self._remote_key_edit)
+        form.addRow("Model", self._remote_model_combo)
+        self._remote_box.hide()
+        return self._remote_box
+
+    def _build_server_group(self) -> QGroupBox:
+        group = QGroupBox("Serve on localhost")
+        self._serve_check = QCheckBox("Serve the loaded model to other programs (OpenAI API)")
+        self._serve_check.setObjectName("serveCheck")
+        self._serve_check.toggled.connect(self._on_serve_toggled)
+        self._serve_port_spin = QSpinBox()
+        self._serve_port_spin.setObjectName("servePortSpin")
+        self._serve_port_spin.setRange(1, 65535)
+        self._serve_port_spin.setValue(8000)
+        self._serve_key_edit = QLineEdit()
+        self._serve_key_edit.setObjectName("serveKeyEdit")
+        self._serve_key_edit.setEchoMode(QLineEdit.EchoMode.Password)
+        self._serve_key_edit.setPlaceholderText("Optional: clients must send it as a Bearer token")
+        self._serve_status_label = QLabel("Off. Only programs on this computer can connect (127.0.0.1).")
+        self._serve_status_label.setObjectName("serveStatusLabel")
+        self._serve_status_label.setWordWrap(True)
+        self._serve_status_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        form = QFormLayout(group)
+        form.addRow(self._serve_check)
+        form.addRow("Port", self._serve_port_spin)
+        form.addRow("API key", self._serve_key_edit)
+        form.addRow(self._serve_status_label)
         return group
 
     def _build_settings_group(self) -> QGroupBox:
@@ -222,6 +301,10 @@ class ModelPane(QWidget):
         """The path in the box, or "default"."""
         return self._path_edit.text().strip() or "default"
 
+    def is_remote(self) -> bool:
+        """Whether the "Remote server" choice is selected."""
+        return self._source_combo.currentData() == "remote"
+
     def load_settings(self) -> LoadSettings:
         return LoadSettings(max_batch_size=self._batch_spin.value(), max_wait_ms=self._wait_spin.value(),
                             kv_cache_mb=self._kv_spin.value())
@@ -239,6 +322,11 @@ class ModelPane(QWidget):
         self._stage_label.setText("Starting…")
         self._info_label.setText("Loading…")
         self._set_state(loaded=False, loading=True)
+        if self.is_remote():
+            self._stage_label.setText("Connecting…")
+            self._bridge.connect_remote(self._remote_url_edit.text(), self._remote_key_edit.text(),
+                                        self._remote_model_combo.currentText().strip())
+            return
         self._bridge.load_model(self.model_spec(), self._device_combo.currentData(),
                                 self._dtype_combo.currentData(), self.load_settings())
 
@@ -268,6 +356,48 @@ class ModelPane(QWidget):
         if path:
             self._path_edit.setText(path)
 
+    @Slot(int)
+    def _on_source_changed(self, _index: int) -> None:
+        remote = self.is_remote()
+        self._local_box.setVisible(not remote)
+        self._remote_box.setVisible(remote)
+        self._set_state(loaded=self._bridge.model_info is not None, loading=self._bridge.is_loading)
+
+    @Slot(int)
+    def _on_remote_model_activated(self, _index: int) -> None:
+        info = self._bridge.model_info
+        if info is not None and info.device == REMOTE_DEVICE and \
+                self._remote_model_combo.currentText() != info.model_name:
+            self.load()
+
+    @Slot(bool)
+    def _on_serve_toggled(self, checked: bool) -> None:
+        info = self._bridge.model_info
+        if not checked:
+            self._bridge.stop_server()
+        elif info is not None and info.device != REMOTE_DEVICE:
+            self._serve_status_label.setText("Starting…")
+            self._bridge.start_server(self._serve_port_spin.value(), self._serve_key_edit.text())
+        else:
+            self._serve_status_label.setText("Starts when a model is loaded on this computer.")
+
+    @Slot(object)
+    def _on_remote_models_listed(self, models: list[str]) -> None:
+        current = self._remote_model_combo.currentText().strip()
+        self._remote_model_combo.clear()
+        self._remote_model_combo.addItems(models)
+        if current in models:
+            self._remote_model_combo.setCurrentText(current)
+
+    @Slot(object)
+    def _on_server_state_changed(self, state: ServerState) -> None:
+        if state.is_running:
+            key = " with the API key" if self._serve_key_edit.text() else ""
+            self._serve_status_label.setText(f"Serving at <b>{html.escape(state.url)}</b>{key}; "
+                                             "chats here and API clients share the model.")
+        else:
+            self._serve_status_label.setText(state.message or "Off.")
+
     @Slot()
     def _on_generation_changed(self) -> None:
         self.sampling_params_changed.emit(self.sampling_params())
@@ -284,8 +414,16 @@ class ModelPane(QWidget):
     def _on_model_loaded(self, info: ModelInfo) -> None:
         self._set_state(loaded=True, loading=False)
         self._progress.setValue(1000)
-        self._stage_label.setText(f"Loaded in {info.load_s:.1f} s")
         self._error_label.hide()
+        if info.device == REMOTE_DEVICE:
+            self._stage_label.setText(f"Connected in {info.load_s:.1f} s")
+            self._remote_model_combo.setCurrentText(info.model_name)
+            self._info_label.setText(f"<b>{html.escape(info.model_name)}</b> on "
+                                     f"<b>{html.escape(info.spec)}</b>")
+            return
+        self._stage_label.setText(f"Loaded in {info.load_s:.1f} s")
+        if self._serve_check.isChecked():
+            self._bridge.start_server(self._serve_port_spin.value(), self._serve_key_edit.text())
         details = [f"<b>{html.escape(info.model_name)}</b>",
                    f"runs on <b>{html.escape(info.device)}</b> in {html.escape(info.dtype)}"]
         if info.weights_bytes:
@@ -301,7 +439,8 @@ class ModelPane(QWidget):
         self._progress.setValue(0)
         self._stage_label.setText("")
         self._info_label.setText("No model loaded.")
-        self._error_label.setText(f"Could not load the model. {message}")
+        verb = "connect to the server" if self.is_remote() else "load the model"
+        self._error_label.setText(f"Could not {verb}. {message}")
         self._error_label.show()
         log.ui.info("showing load error: %s", message)
 
@@ -319,7 +458,10 @@ class ModelPane(QWidget):
 
     def _set_state(self, *, loaded: bool, loading: bool) -> None:
         self._load_button.setEnabled(not loading)
-        self._load_button.setText("Loading…" if loading else ("Load another" if loaded else "Load model"))
+        if self.is_remote():
+            self._load_button.setText("Connecting…" if loading else ("Reconnect" if loaded else "Connect"))
+        else:
+            self._load_button.setText("Loading…" if loading else ("Load another" if loaded else "Load model"))
         self._unload_button.setEnabled(loaded or loading)
         self._progress.setVisible(loading or loaded)
 

@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QPushButton,
     QScrollArea,
+    QSizePolicy,
     QStackedLayout,
     QVBoxLayout,
     QWidget,
@@ -39,6 +40,7 @@ from app import log
 from app.formatting import format_bytes, format_percent, format_rate, format_seconds
 
 SAMPLE_INTERVAL_MS = 1000
+GRAPH_HEIGHT = 230
 #: Rows of history: ten minutes at one a second.
 HISTORY_ROWS = 600
 #: Engine keys dropped from the latest values when the model is unloaded.
@@ -88,10 +90,6 @@ _DERIVED: dict[str, Callable[[dict[str, Any]], float | None]] = {
     "kv_all_pct": lambda r: 100.0 if r.get("kv_blocks_total") else None,
     "prefix_hit_pct": lambda r: None if r.get("prefix_cache_hit_rate") is None
     else 100.0 * float(r["prefix_cache_hit_rate"]),
-    "ttft_p50_ms": lambda r: None if r.get("ttft_p50") is None else 1000.0 * float(r["ttft_p50"]),
-    "ttft_p99_ms": lambda r: None if r.get("ttft_p99") is None else 1000.0 * float(r["ttft_p99"]),
-    "itl_p50_ms": lambda r: None if r.get("itl_p50") is None else 1000.0 * float(r["itl_p50"]),
-    "itl_p99_ms": lambda r: None if r.get("itl_p99") is None else 1000.0 * float(r["itl_p99"]),
 }
 
 
@@ -122,8 +120,9 @@ class Graph(QFrame):
         header.addStretch(1)
         header.addWidget(self.value_label)
 
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setFixedHeight(GRAPH_HEIGHT)
         self.plot = pg.PlotWidget(axisItems={"bottom": pg.DateAxisItem(orientation="bottom")})
-        self.plot.setMinimumHeight(150)
         self.plot.setMouseEnabled(x=False, y=False)
         self.plot.setMenuEnabled(False)
         self.plot.hideButtons()
@@ -133,7 +132,6 @@ class Graph(QFrame):
         self.plot.getPlotItem().vb.setLimits(yMin=0)
         self._placeholder = QLabel("Waiting for data…")
         self._placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self._placeholder.setMinimumHeight(150)
         self._stack = QStackedLayout()
         self._stack.addWidget(self.plot)
         self._stack.addWidget(self._placeholder)
@@ -144,29 +142,45 @@ class Graph(QFrame):
         layout.addLayout(self._stack)
         self._curves: dict[str, pg.PlotDataItem] = {}
         self._right: pg.ViewBox | None = None
+        self._right_fixed = False
+        #: The series :attr:`samples` reports; the first one added unless set.
+        self.primary: str | None = None
 
     # -- building ---------------------------------------------------------------------------------
 
-    def add_curve(self, name: str, label: str, colour: str, *, fill: bool = False, right: bool = False,
-                  dashed: bool = False) -> None:
-        """Add a series drawn from history key ``name``; ``right`` puts it on the right-hand axis."""
+    def add_curve(self, name: str, label: str, colour: str, *, fill: int = 0, right: bool = False,
+                  dashed: bool = False, scales: bool = True) -> None:
+        """Add a series drawn from history key (or ``_DERIVED`` name) ``name``.
+
+        Args:
+            fill: alpha (0-255) of the area under the curve; 0 draws the line only.
+            right: draw it against the right-hand axis.
+            scales: whether the axis' automatic range includes it.
+        """
         pen = pg.mkPen(colour, width=1.6, style=Qt.PenStyle.DashLine if dashed else Qt.PenStyle.SolidLine)
         brush = None
         if fill:
             brush = QColor(colour)
-            brush.setAlpha(110)
+            brush.setAlpha(fill)
         curve = pg.PlotDataItem(pen=pen, name=label, connect="finite",
                                 fillLevel=0.0 if fill else None, brush=brush)
+        curve.setZValue(len(self._curves))  # later curves in front
         if right:
-            self._right_view().addItem(curve)
+            self._right_view().addItem(curve, ignoreBounds=not scales)
             self.plot.getPlotItem().legend.addItem(curve, label)
         else:
-            self.plot.addItem(curve)
+            self.plot.addItem(curve, ignoreBounds=not scales)
         self._curves[name] = curve
+        self.primary = self.primary or name
 
     def set_right_label(self, text: str, units: str | None = None) -> None:
         self._right_view()
         self.plot.setLabel("right", text, units=units)
+
+    def set_right_range(self, low: float, high: float) -> None:
+        """Fix the right-hand axis' range (it scales to its curves otherwise)."""
+        self._right_fixed = True
+        self._right_view().setYRange(low, high, padding=0.02)
 
     def _right_view(self) -> pg.ViewBox:
         """A second y axis on the right, sharing the x axis (pyqtgraph's MultiplePlotAxes example)."""
@@ -208,7 +222,8 @@ class Graph(QFrame):
         for name, curve in self._curves.items():
             curve.setData(times, series_values(rows, name))
         if self._right is not None:
-            self._right.enableAutoRange(axis=pg.ViewBox.YAxis)
+            if not self._right_fixed:
+                self._right.enableAutoRange(axis=pg.ViewBox.YAxis)
             self._on_resized()
 
     def clear(self) -> None:
@@ -222,9 +237,8 @@ class Graph(QFrame):
 
     @property
     def samples(self) -> list[float]:
-        """The finite values of the first series, as drawn."""
-        first = next(iter(self._curves))
-        return [v for v in self.curve_data(first) if not math.isnan(v)]
+        """The finite values of the :attr:`primary` series, as drawn."""
+        return [] if self.primary is None else [v for v in self.curve_data(self.primary) if not math.isnan(v)]
 
 
 class MonitorPane(QWidget):
@@ -258,37 +272,40 @@ class MonitorPane(QWidget):
 
         self.gpu_graph = Graph("GPU memory", ("memory", "B"))
         self.gpu_graph.add_curve("gpu_memory_total_bytes", "total", _COLOURS["grey"], dashed=True)
-        self.gpu_graph.add_curve("gpu_memory_used_bytes", "used", _COLOURS["purple"], fill=True)
-        self.gpu_graph.add_curve("torch_cuda_reserved_bytes", "model (reserved)", _COLOURS["orange"], fill=True)
+        self.gpu_graph.add_curve("gpu_memory_used_bytes", "used", _COLOURS["purple"], fill=90)
+        self.gpu_graph.add_curve("torch_cuda_reserved_bytes", "model (reserved)", _COLOURS["orange"], fill=110)
         self.gpu_graph.set_placeholder("Waiting for the first sample…")
 
         self.ram_graph = Graph("CPU memory", ("memory", "B"))
-        self.ram_graph.add_curve("process_rss_bytes", "Hearth (RSS)", _COLOURS["red"], fill=True)
+        self.ram_graph.add_curve("process_rss_bytes", "Hearth (RSS)", _COLOURS["red"], fill=110)
         self.ram_graph.add_curve("ram_used_bytes", "system used", _COLOURS["blue"])
         self.ram_graph.add_curve("ram_total_bytes", "system total", _COLOURS["grey"], dashed=True)
         self.rss_graph = self.ram_graph  # the first series is the process' RSS
 
+        # Stacked: each filled curve is a running total (used, used + cached, all blocks), drawn back to
+        # front. The axis scales to the blocks in use, so a large, mostly free cache still shows them;
+        # "free" fills whatever lies above.
         self.kv_graph = Graph("KV cache", ("blocks", "%"))
-        self.kv_graph.add_curve("kv_used_pct", "used", _COLOURS["green"], fill=True)
-        self.kv_graph.add_curve("kv_used_cached_pct", "cached prefixes", _COLOURS["teal"], fill=True)
-        self.kv_graph.add_curve("kv_all_pct", "free", _COLOURS["grey"], fill=True)
-        self.kv_graph.add_curve("prefix_hit_pct", "prefix hit rate", _COLOURS["pink"], dashed=True)
-        # Stacked: each filled curve is a running total; draw "free" (100 %) underneath the others.
-        for z, name in enumerate(("kv_all_pct", "kv_used_cached_pct", "kv_used_pct", "prefix_hit_pct")):
-            self.kv_graph._curves[name].setZValue(z)
-        self.kv_graph.plot.setYRange(0, 100, padding=0.02)
+        self.kv_graph.add_curve("kv_all_pct", "free", _COLOURS["grey"], fill=45, scales=False)
+        self.kv_graph.add_curve("kv_used_cached_pct", "cached prefixes", _COLOURS["teal"], fill=120)
+        self.kv_graph.add_curve("kv_used_pct", "used", _COLOURS["green"], fill=170)
+        self.kv_graph.add_curve("prefix_hit_pct", "prefix hit rate", _COLOURS["pink"], right=True, dashed=True)
+        self.kv_graph.set_right_label("prefix hits", "%")
+        self.kv_graph.plot.getPlotItem().vb.setLimits(yMin=0, minYRange=5)
+        self.kv_graph.set_right_range(0, 100)
+        self.kv_graph.primary = "kv_used_pct"
 
         self.throughput_graph = Graph("Throughput and requests", ("throughput", "tok/s"))
-        self.throughput_graph.add_curve("throughput_tok_s", "tok/s", _COLOURS["orange"], fill=True)
+        self.throughput_graph.add_curve("throughput_tok_s", "tok/s", _COLOURS["orange"], fill=110)
         self.throughput_graph.add_curve("num_running", "running", _COLOURS["blue"], right=True)
         self.throughput_graph.add_curve("num_waiting", "waiting", _COLOURS["red"], right=True, dashed=True)
         self.throughput_graph.set_right_label("requests")
 
-        self.latency_graph = Graph("Latency", ("time", "ms"))
-        self.latency_graph.add_curve("ttft_p50_ms", "TTFT p50", _COLOURS["blue"])
-        self.latency_graph.add_curve("ttft_p99_ms", "TTFT p99", _COLOURS["blue"], dashed=True)
-        self.latency_graph.add_curve("itl_p50_ms", "ITL p50", _COLOURS["green"])
-        self.latency_graph.add_curve("itl_p99_ms", "ITL p99", _COLOURS["green"], dashed=True)
+        self.latency_graph = Graph("Latency", ("time", "s"))  # pyqtgraph shows ms where that reads better
+        self.latency_graph.add_curve("ttft_p50", "TTFT p50", _COLOURS["blue"])
+        self.latency_graph.add_curve("ttft_p99", "TTFT p99", _COLOURS["blue"], dashed=True)
+        self.latency_graph.add_curve("itl_p50", "ITL p50", _COLOURS["green"])
+        self.latency_graph.add_curve("itl_p99", "ITL p99", _COLOURS["green"], dashed=True)
 
         for graph in (self.kv_graph, self.throughput_graph, self.latency_graph):
             graph.set_placeholder("No model loaded")

@@ -161,17 +161,15 @@ def _register_attention() -> None:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm exactly as HF's LlamaRMSNorm computes it (fp32 statistics, cast back, then scale)."""
-    dtype = x.dtype
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+    """RMSNorm as HF's LlamaRMSNorm defines it, in torch's fused kernel (fp32 statistics)."""
+    return F.rms_norm(x, weight.shape, weight, eps)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding in HF's rotate-half layout, for queries and keys at once ([T, heads, D])."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    rotated = torch.cat((x[..., half:].neg(), x[..., :half]), dim=-1)
+    return torch.addcmul(x * cos, rotated, sin)
 
 
 @dataclass(slots=True)
@@ -390,18 +388,16 @@ class ModelRunner:
         cos, sin = cos[0][:, None, :], sin[0][:, None, :]  # [T, 1, D]
         ctx, eps, t = self.ctx, self._eps, ids.shape[0]
         assert ctx is not None
-        qd, kvd, hd = self._q_dim, self._kv_dim, self.head_dim
+        qd, kvd, hd, nh = self._q_dim, self._kv_dim, self.head_dim, self.num_heads
         for i, layer in enumerate(layers):
             h = _rms_norm(x, layer.input_norm, eps)
             qkv = F.linear(h, layer.qkv_weight, layer.qkv_bias)
-            q = qkv[:, :qd].view(t, -1, hd)
-            k = qkv[:, qd : qd + kvd].view(t, -1, hd)
+            qk = qkv[:, : qd + kvd].view(t, -1, hd)
             v = qkv[:, qd + kvd :].view(t, -1, hd)
             if layer.q_norm is not None and layer.k_norm is not None:
-                q = _rms_norm(q, layer.q_norm, eps)
-                k = _rms_norm(k, layer.k_norm, eps)
-            q = _rotate(q, cos, sin)
-            k = _rotate(k, cos, sin)
+                qk = torch.cat((_rms_norm(qk[:, :nh], layer.q_norm, eps), _rms_norm(qk[:, nh:], layer.k_norm, eps)), 1)
+            qk = _rotate(qk, cos, sin)  # queries and keys in one pass
+            q, k = qk[:, :nh], qk[:, nh:]
             attn = paged_attention(q, k, v, i, self.kv, ctx, self.scale)
             x = x + F.linear(attn.view(t, qd), layer.o_weight)
             h = _rms_norm(x, layer.post_norm, eps)

@@ -172,7 +172,7 @@ class Sampler:
         while not self._stop.is_set():
             try:
                 self.sample_once()
-            except Exception:  # noqa: BLE001 (the monitor must keep going)
+            except Exception:
                 log.exception("monitor sample failed")
             self.cpu_s, self.wall_s = time.thread_time() - cpu0, time.monotonic() - wall0
             next_at += self.interval_s
@@ -217,7 +217,7 @@ class Sampler:
             return
         try:
             metrics = self._metrics_source()
-        except Exception:  # noqa: BLE001 (an engine being torn down must not stop the monitor)
+        except Exception:
             if not self._source_failed:
                 log.exception("engine metrics could not be read")
                 self._source_failed = True

@@ -38,7 +38,7 @@ def monitor(out: Path, idle_s: float, stream_s: float) -> None:
     bridge = EngineBridge()
     pane = MonitorPane()
     pane.setWindowTitle("Hearth: Monitor")
-    pane.resize(1100, 1000)
+    pane.resize(1100, 1130)
     signals = bridge.signals
     signals.metrics_updated.connect(pane._on_metrics_updated)
     signals.model_loaded.connect(pane._on_model_loaded)

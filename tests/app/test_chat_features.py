@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +35,24 @@ from tests.app.fake_engine import FRANCE_REPLY
 TIMEOUT_MS = 8000
 
 
-def open_window(qtbot: Any, fake_api: Any, data_dir: Path) -> MainWindow:
+@pytest.fixture
+def open_window(qtbot: Any, fake_api: Any) -> Iterator[Callable[[Path], MainWindow]]:
+    """Open main windows on the fake engine; they stay referenced (so alive) until teardown closes them."""
     from app import create_window
     from app.engine_bridge import EngineBridge
 
-    win = create_window(data_dir=data_dir, bridge=EngineBridge(api=fake_api))
-    qtbot.add_widget(win)
-    win.show()
-    qtbot.wait_exposed(win)
-    return win
+    windows: list[MainWindow] = []
+
+    def opener(data_dir: Path) -> MainWindow:
+        win = create_window(data_dir=data_dir, bridge=EngineBridge(api=fake_api))
+        windows.append(win)
+        win.show()
+        qtbot.wait_exposed(win)
+        return win
+
+    yield opener
+    for win in windows:
+        win.close()
 
 
 def ask(qtbot: Any, win: MainWindow, text: str) -> Any:
@@ -59,10 +69,10 @@ def click_action(win: MainWindow, href: str) -> None:
     win.chat_pane.view.anchorClicked.emit(QUrl(href))
 
 
-def test_reply_is_saved_while_streaming_and_when_it_ends(qtbot: Any, fake_api: Any, tmp_path: Path,
+def test_reply_is_saved_while_streaming_and_when_it_ends(qtbot: Any, open_window: Any, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(chat_pane_module, "SAVE_INTERVAL_MS", 100)
-    win = open_window(qtbot, fake_api, tmp_path)
+    win = open_window(tmp_path)
     ui_flows.set_generation(win, max_tokens=2000)  # the whole long reply
     ui_flows.load_model(qtbot, win)
     reply = ui_flows.send(qtbot, win, ui_flows.LONG_PROMPT)
@@ -274,9 +284,9 @@ def test_export_then_import_gives_the_same_conversation(qtbot: Any, window: Main
     assert window.chat_pane.view.message_count == 2
 
 
-def test_restart_restores_conversations_layout_and_settings(qtbot: Any, fake_api: Any,
+def test_restart_restores_conversations_layout_and_settings(qtbot: Any, open_window: Any,
                                                             tmp_path: Path) -> None:
-    win = open_window(qtbot, fake_api, tmp_path)
+    win = open_window(tmp_path)
     ui_flows.load_model(qtbot, win)
     ask(qtbot, win, ui_flows.FRANCE_QUESTION)
     france_id = win.chat_pane.current_conversation.id
@@ -285,7 +295,10 @@ def test_restart_restores_conversations_layout_and_settings(qtbot: Any, fake_api
     qtbot.wait_until(lambda: len(streaming.content) > 20, timeout=TIMEOUT_MS)
     ui_flows.set_generation(win, temperature=0.3)
     win.monitor_dock.hide()
-    win.resize(1000, 700)
+    win.resize(720, 540)  # within the offscreen platform's 800x600 screen
+    qtbot.wait(50)
+    size = (win.width(), win.height())
+    print(size, win.minimumSizeHint())
     win.settings.font_size = 15
     win.settings.theme = "dark"
     win.settings.default_model = str(tmp_path / "my-model")
@@ -293,7 +306,7 @@ def test_restart_restores_conversations_layout_and_settings(qtbot: Any, fake_api
     try:
         win.close()
         partial = streaming.content
-        again = open_window(qtbot, fake_api, tmp_path)
+        again = open_window(tmp_path)
         pane = again.chat_pane
         assert len(pane.store) == 2
         current = pane.current_conversation
@@ -305,7 +318,7 @@ def test_restart_restores_conversations_layout_and_settings(qtbot: Any, fake_api
         assert "tok/s" in pane.view.message_text(1)
         assert not again.findChild(QDockWidget, "monitorPane").isVisible()
         assert again.findChild(QDockWidget, "modelPane").isVisible()
-        assert (again.width(), again.height()) == (1000, 700)
+        assert (again.width(), again.height()) == size
         assert pane.view.font().pointSize() == 15
         assert QGuiApplication.styleHints().colorScheme() == Qt.ColorScheme.Dark
         assert ui_flows.child(again, QDoubleSpinBox, "temperatureSpin").value() == pytest.approx(0.3)

@@ -61,7 +61,7 @@ def test_graphs_and_headline_follow_the_metrics(pane: MonitorPane) -> None:
     assert pane.kv_graph.curve_data("prefix_hit_pct") == [25.0, 25.0]
     assert pane.throughput_graph.curve_data("throughput_tok_s") == [42.0, 0.0]
     assert pane.throughput_graph.curve_data("num_running") == [3.0, 3.0]
-    assert pane.latency_graph.curve_data("ttft_p99_ms") == pytest.approx([300.0, 300.0])
+    assert pane.latency_graph.curve_data("ttft_p99") == pytest.approx([0.3, 0.3])
     assert pane.rss_graph.samples == [0.5 * GiB] * 2
     assert pane.headline["kv"].text() == "50 %"
     assert pane.headline["tok_s"].text() == "0.0 tok/s"
@@ -128,7 +128,7 @@ def test_export_csv_button_writes_the_history(qtbot: Any, pane: MonitorPane, tmp
     with target.open(newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2
-    assert list(rows[0])[0] == "time"
+    assert next(iter(rows[0])) == "time"
     assert float(rows[0]["process_rss_bytes"]) == 0.5 * GiB
     assert rows[0]["kv_blocks_used"] == "" and float(rows[1]["kv_blocks_used"]) == 40.0
 

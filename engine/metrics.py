@@ -123,7 +123,7 @@ class EngineMetrics:
             self._trim(now)
             span = self.window_s
             if self._tokens:
-                span = max(1e-3, min(self.window_s, now - self._tokens[0][0]))
+                span = max(1.0, min(self.window_s, now - self._tokens[0][0]))  # >= 1 s: no spike on step one
             tokens = sum(n for _, n in self._tokens)
             ttft, itl, e2e = list(self._ttft), list(self._itl), list(self._e2e)
             sizes = list(self._batch_sizes)

@@ -18,9 +18,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hearth", description="Chat with local language models.")
     parser.add_argument("--data-dir", help="where Hearth keeps its data (default: per-user data folder)")
     parser.add_argument("--debug", action="store_true", help="log debug messages")
+    parser.add_argument(
+        "--self-test", metavar="PROMPT", help="answer PROMPT with the default model, print the reply, exit"
+    )
     args, qt_args = parser.parse_known_args(argv[1:])
 
     log.init_log(logging.DEBUG if args.debug else logging.INFO)
+    if args.self_test is not None:  # headless: no QApplication, no window
+        from app.self_test import run_self_test
+
+        return run_self_test(args.self_test)
     log.install_qt_handler()
     QApplication.setApplicationName("Hearth")
     QApplication.setApplicationDisplayName("Hearth")

@@ -68,9 +68,28 @@ def source_gguf_path() -> Path:
     )
 
 
+def bundled_dir() -> Path | None:
+    """Return the converted default model shipped inside a frozen (PyInstaller) app, if there is one.
+
+    ``packaging/hearth.spec`` puts it at ``models/SmolLM2-135M-Instruct`` in the bundle's data folder
+    (``sys._MEIPASS``, next to the executable in older layouts). It is only read, never written.
+    """
+    if not getattr(sys, "frozen", False):
+        return None
+    for base in (getattr(sys, "_MEIPASS", None), Path(sys.executable).parent):
+        if base is not None and is_converted(Path(base) / "models" / MODEL_NAME):
+            return Path(base) / "models" / MODEL_NAME
+    return None
+
+
 def target_dir() -> Path:
-    """Return the folder the converted default model lives in (``models_dir()/SmolLM2-135M-Instruct``)."""
-    return models_dir() / MODEL_NAME
+    """Return the folder the converted default model lives in.
+
+    That is the copy shipped in a frozen app (:func:`bundled_dir`) when there is one, else
+    ``models_dir()/SmolLM2-135M-Instruct``.
+    """
+    bundled = bundled_dir()
+    return bundled if bundled is not None else models_dir() / MODEL_NAME
 
 
 def is_converted(target: Path | None = None) -> bool:

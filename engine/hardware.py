@@ -9,6 +9,7 @@ import platform
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 import torch
@@ -310,3 +311,11 @@ def resolve_dtype(requested: str, device: torch.device | str) -> torch.dtype:
         except (RuntimeError, AssertionError):
             return torch.float16
     return torch.bfloat16
+
+
+def recommend(model: Any, hardware: HardwareInfo | None = None, context_length: int | None = None,
+              device: str = "auto") -> Any:
+    """Recommend a device and quantization for ``model`` from measured free memory (see ``engine.recommend``)."""
+    from engine.recommend import recommend as _recommend
+
+    return _recommend(model, hardware, context_length, device)

@@ -17,11 +17,14 @@ from engine.errors import ModelLoadError
 from engine.llm_engine import LLMEngine, Prompt, RequestOutput
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import kv_bytes_per_token, resolve_kv_dtype
+from engine.quantization import WEIGHT_LEVELS, check_level
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger("engine")
 
 ProgressFn = Any
+# the dtype each level computes in (int8/int4 kernels take bf16 activations)
+LEVEL_DTYPES = {"none": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "bfloat16", "int4": "bfloat16"}
 _CPU_KV_DEFAULT_CAP = 1 << 30  # 1 GiB: a CPU model rarely runs enough streams to use more
 
 
@@ -32,7 +35,8 @@ class LLM:
         model: "default", an HF folder, or a .gguf file.
         device: "auto", "cpu" or "cuda"; an unusable CUDA request falls back to the CPU with a warning.
         dtype: "auto", "float32", "bfloat16" or "float16".
-        quantization: "auto" or "none" (other levels come with the quantization module).
+        quantization: "auto", "none", "bf16", "fp16", "int8" or "int4" (see ``engine/quantization.py``).
+            "auto" takes ``engine.hardware.recommend``'s choice for this machine.
         progress: ``progress(fraction, stage)`` for a progress bar.
         start_loop: run the engine on its own thread. The app passes False and drives ``engine.step()``.
         **engine_options: fields of :class:`EngineConfig` (``max_batch_size``, ``max_wait_ms``,
@@ -47,13 +51,23 @@ class LLM:
         quantization: str = "auto",
         progress: ProgressFn | None = None,
         start_loop: bool = True,
+        quant_backend: str = "auto",
         **engine_options: Any,
     ) -> None:
         self.config = EngineConfig(**engine_options)  # TypeError on an unknown option, ValueError on a bad value
         hardware.configure_threads()
-        loaded = load_model(model, device=device, dtype=dtype, progress=progress, quantization=quantization)
+        level = check_level(quantization)
+        if level == "auto":
+            # an explicit dtype means "this precision, no weight quantization"
+            level = self._auto_level(model, device) if dtype == "auto" else "none"
+        if dtype == "auto":
+            dtype = LEVEL_DTYPES[level]
+        self.quantization = level
+        loaded = load_model(model, device=device, dtype=dtype, progress=progress)
         try:
-            self.engine = self._build_engine(loaded)
+            if level in WEIGHT_LEVELS and progress is not None:
+                progress(0.9, "quantize")
+            self.engine = self._build_engine(loaded, level, quant_backend)
             if progress is not None:
                 progress(0.95, "warm up")
             self._warm_up()
@@ -68,7 +82,7 @@ class LLM:
         self.device = str(loaded.device)
         self.dtype = str(loaded.dtype).removeprefix("torch.")
         self.device_reason = loaded.device_reason
-        self.weights_bytes = loaded.weights_bytes
+        self.weights_bytes = self.engine.runner.weights_bytes
         self.num_parameters = loaded.num_parameters
         self.tokenizer = loaded.tokenizer
         if progress is not None:
@@ -76,7 +90,16 @@ class LLM:
         if start_loop:
             self.engine.start_loop()
 
-    def _build_engine(self, loaded: LoadedModel) -> LLMEngine:
+    @staticmethod
+    def _auto_level(model: str | Path, device: str) -> str:
+        try:
+            rec = hardware.recommend(model, device=device)
+        except (ModelLoadError, ValueError, OSError, KeyError):
+            return "bf16"  # the loader will report what is wrong with the model
+        log.info("quantization auto -> %s: %s", rec.quantization, rec.reason)
+        return rec.quantization
+
+    def _build_engine(self, loaded: LoadedModel, level: str, quant_backend: str) -> LLMEngine:
         cfg = self.config
         kv_dtype = resolve_kv_dtype(cfg.kv_dtype, loaded.dtype)
         per_token = kv_bytes_per_token(loaded.config, kv_dtype)
@@ -92,8 +115,10 @@ class LLM:
                 f"the KV-cache budget of {budget / 1e6:.1f} MB holds less than one block "
                 f"({per_token * cfg.block_size / 1e6:.2f} MB); raise the KV-cache budget"
             )
-        wide = self._wants_wide_weights(loaded)
-        return LLMEngine(loaded.model, loaded.tokenizer, cfg, num_blocks, kv_dtype, max_model_len, wide)
+        wide = level not in WEIGHT_LEVELS and self._wants_wide_weights(loaded)
+        return LLMEngine(
+            loaded.model, loaded.tokenizer, cfg, num_blocks, kv_dtype, max_model_len, wide, level, quant_backend
+        )
 
     @staticmethod
     def _wants_wide_weights(loaded: LoadedModel) -> bool:

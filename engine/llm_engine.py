@@ -159,13 +159,17 @@ class LLMEngine:
         kv_dtype: torch.dtype,
         max_model_len: int,
         wide_weights: bool = False,
+        quantization: str = "none",
+        quant_backend: str = "auto",
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
-        self.runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype, wide_weights)
+        self.runner = ModelRunner(
+            model, num_blocks, config.block_size, kv_dtype, wide_weights, quantization, quant_backend
+        )
         self.sampler = Sampler()
         self.stats = EngineMetrics(max_batch_size=config.max_batch_size)
         self.eos_ids = _eos_ids(model, tokenizer)

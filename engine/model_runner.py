@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.block_manager import NULL_BLOCK
+from engine.quantization import WEIGHT_LEVELS, DenseLinear, Linear, make_linear
 from engine.scheduler import ScheduledBatch
 
 log = logging.getLogger("engine")
@@ -175,18 +176,43 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 @dataclass(slots=True)
 class _FusedLayer:
     input_norm: torch.Tensor
-    qkv_weight: torch.Tensor
-    qkv_bias: torch.Tensor | None
+    qkv: Linear
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o_weight: torch.Tensor
+    o: Linear
     post_norm: torch.Tensor
-    gate_up_weight: torch.Tensor
-    down_weight: torch.Tensor
+    gate_up: Linear
+    down: Linear
 
     def widened(self) -> _FusedLayer:
         """An fp32 copy, for batched steps on CPUs whose bf16/fp16 matmuls run row by row."""
-        return _FusedLayer(*(None if t is None else t.float() for t in (getattr(self, f) for f in self.__slots__)))
+
+        def wide(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.float()
+
+        assert all(isinstance(m, DenseLinear) for m in (self.qkv, self.o, self.gate_up, self.down))
+        return _FusedLayer(
+            self.input_norm.float(),
+            self.qkv.widened(),  # type: ignore[union-attr]
+            wide(self.q_norm),
+            wide(self.k_norm),
+            self.o.widened(),  # type: ignore[union-attr]
+            self.post_norm.float(),
+            self.gate_up.widened(),  # type: ignore[union-attr]
+            self.down.widened(),  # type: ignore[union-attr]
+        )
+
+
+class _QuantizedModule(torch.nn.Module):
+    """Stands in for an ``nn.Linear`` inside HF modules when the HF-module path is quantized."""
+
+    def __init__(self, linear: Linear) -> None:
+        super().__init__()
+        self.linear = linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        return self.linear(x.reshape(-1, shape[-1])).view(*shape[:-1], -1)
 
 
 class ModelRunner:
@@ -199,6 +225,8 @@ class ModelRunner:
         block_size: int,
         kv_dtype: torch.dtype,
         wide_weights: bool = False,
+        quantization: str = "none",
+        quant_backend: str = "auto",
     ):
         self.model = model
         self.config = model.config
@@ -216,15 +244,19 @@ class ModelRunner:
         self.is_fused = cfg.model_type in FUSED_MODEL_TYPES and not self._has_unsupported_features()
         self._layers: list[_FusedLayer] = []
         self._wide_layers: list[_FusedLayer] | None = None
+        self.quantization = quantization if quantization in WEIGHT_LEVELS else "none"
+        self._quant_backend = quant_backend
         if self.is_fused:
             self._build_fused()
-            if wide_weights and self.dtype != torch.float32:
+            if wide_weights and self.dtype != torch.float32 and self.quantization == "none":
                 # Half-precision GEMV is memory-bound and fast; half-precision GEMM on CPUs without native
                 # bf16/fp16 units is not. Batched steps therefore use an fp32 twin of the layer weights.
                 self._wide_layers = [layer.widened() for layer in self._layers]
                 self._wide_norm = self.model.model.norm.weight.float()  # type: ignore[union-attr]
                 self._wide_lm_head = self.model.lm_head.weight.float()  # type: ignore[union-attr]
         else:
+            if self.quantization != "none":
+                self._quantize_hf_modules()
             _register_attention()
             model.set_attn_implementation(ATTN_IMPLEMENTATION)
         log.info(
@@ -244,9 +276,17 @@ class ModelRunner:
         return getattr(cfg, "hidden_act", "silu") != "silu" or bool(getattr(cfg, "mlp_bias", False))
 
     # --- weights -----------------------------------------------------------------------------------------------
+    def _linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+        return make_linear(weight, bias, self.quantization, self.device, self._quant_backend)
+
     def _build_fused(self) -> None:
-        """Fuse Q/K/V and gate/up weights, and point the HF modules at views of the fused tensors."""
+        """Fuse Q/K/V and gate/up weights (then quantize them, if asked).
+
+        Unquantized, the HF modules are pointed at views of the fused tensors, so nothing is stored twice and
+        the HF model stays usable. Quantized, the HF modules' dense weights are dropped to free their memory.
+        """
         inner = self.model.model  # type: ignore[union-attr]
+        quantized = self.quantization != "none"
         with torch.no_grad():
             for layer in inner.layers:
                 attn, mlp = layer.self_attn, layer.mlp
@@ -255,6 +295,26 @@ class ModelRunner:
                 if attn.q_proj.bias is not None:
                     bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
                 gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+                q_norm = getattr(attn, "q_norm", None)
+                k_norm = getattr(attn, "k_norm", None)
+                self._layers.append(
+                    _FusedLayer(
+                        input_norm=layer.input_layernorm.weight,
+                        qkv=self._linear(qkv, bias),
+                        q_norm=None if q_norm is None else q_norm.weight,
+                        k_norm=None if k_norm is None else k_norm.weight,
+                        o=self._linear(attn.o_proj.weight, None),
+                        post_norm=layer.post_attention_layernorm.weight,
+                        gate_up=self._linear(gate_up, None),
+                        down=self._linear(mlp.down_proj.weight, None),
+                    )
+                )
+                if quantized:
+                    for module in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
+                        module.weight = torch.nn.Parameter(torch.empty(0, dtype=self.dtype), requires_grad=False)
+                    for module in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+                        module.weight = torch.nn.Parameter(torch.empty(0, dtype=self.dtype), requires_grad=False)
+                    continue
                 q_dim = attn.q_proj.weight.shape[0]
                 kv_dim = attn.k_proj.weight.shape[0]
                 attn.q_proj.weight = torch.nn.Parameter(qkv[:q_dim], requires_grad=False)
@@ -263,24 +323,36 @@ class ModelRunner:
                 inter = mlp.gate_proj.weight.shape[0]
                 mlp.gate_proj.weight = torch.nn.Parameter(gate_up[:inter], requires_grad=False)
                 mlp.up_proj.weight = torch.nn.Parameter(gate_up[inter:], requires_grad=False)
-                q_norm = getattr(attn, "q_norm", None)
-                k_norm = getattr(attn, "k_norm", None)
-                self._layers.append(
-                    _FusedLayer(
-                        input_norm=layer.input_layernorm.weight,
-                        qkv_weight=qkv,
-                        qkv_bias=bias,
-                        q_norm=None if q_norm is None else q_norm.weight,
-                        k_norm=None if k_norm is None else k_norm.weight,
-                        o_weight=attn.o_proj.weight,
-                        post_norm=layer.post_attention_layernorm.weight,
-                        gate_up_weight=gate_up,
-                        down_weight=mlp.down_proj.weight,
-                    )
-                )
         self._q_dim = self.num_heads * self.head_dim
         self._kv_dim = self.num_kv_heads * self.head_dim
         self._eps = float(self.config.rms_norm_eps)
+
+    def _quantize_hf_modules(self) -> None:
+        """Swap every ``nn.Linear`` inside the decoder layers for a quantized one (HF-module path)."""
+        inner = self.model.model  # type: ignore[union-attr]
+        with torch.no_grad():
+            for layer in inner.layers:
+                for parent in list(layer.modules()):
+                    for name, child in list(parent.named_children()):
+                        if isinstance(child, torch.nn.Linear):
+                            linear = self._linear(child.weight, child.bias)
+                            setattr(parent, name, _QuantizedModule(linear))
+
+    @property
+    def weights_bytes(self) -> int:
+        """Bytes of weights in memory: embedding, norms, head, and the (possibly quantized) decoder layers."""
+        seen: set[int] = set()
+        total = 0
+        for t in list(self.model.parameters()) + list(self.model.buffers()):
+            if t.data_ptr() not in seen and t.numel():
+                seen.add(t.data_ptr())
+                total += t.nbytes
+        for module in self.model.modules():
+            if isinstance(module, _QuantizedModule):
+                total += module.linear.nbytes
+        if self.quantization != "none":
+            total += sum(m.nbytes for layer in self._layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
+        return total
 
     # --- step inputs ---------------------------------------------------------------------------------------------
     def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
@@ -391,7 +463,7 @@ class ModelRunner:
         qd, kvd, hd, nh = self._q_dim, self._kv_dim, self.head_dim, self.num_heads
         for i, layer in enumerate(layers):
             h = _rms_norm(x, layer.input_norm, eps)
-            qkv = F.linear(h, layer.qkv_weight, layer.qkv_bias)
+            qkv = layer.qkv(h)
             qk = qkv[:, : qd + kvd].view(t, -1, hd)
             v = qkv[:, qd + kvd :].view(t, -1, hd)
             if layer.q_norm is not None and layer.k_norm is not None:
@@ -399,10 +471,10 @@ class ModelRunner:
             qk = _rotate(qk, cos, sin)  # queries and keys in one pass
             q, k = qk[:, :nh], qk[:, nh:]
             attn = paged_attention(q, k, v, i, self.kv, ctx, self.scale)
-            x = x + F.linear(attn.view(t, qd), layer.o_weight)
+            x = x + layer.o(attn.view(t, qd))
             h = _rms_norm(x, layer.post_norm, eps)
-            gate, up = F.linear(h, layer.gate_up_weight).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down_weight)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
         return _rms_norm(x, final_norm, eps)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from PySide6.QtCore import Qt, QUrl
-from PySide6.QtGui import QAction, QGuiApplication, QTextCursor
+from PySide6.QtGui import QAction, QGuiApplication, QPalette, QTextCursor
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -318,11 +318,12 @@ def test_restart_restores_conversations_layout_and_settings(qtbot: Any, open_win
         assert again.findChild(QDockWidget, "modelPane").isVisible()
         assert again.height() == 540
         assert pane.view.font().pointSize() == 15
-        assert QGuiApplication.styleHints().colorScheme() == Qt.ColorScheme.Dark
+        assert again.palette().color(QPalette.ColorRole.Window).lightness() < 100  # dark
         assert ui_flows.child(again, QDoubleSpinBox, "temperatureSpin").value() == pytest.approx(0.3)
         assert ui_flows.child(again, QLineEdit, "modelPathEdit").text() == str(tmp_path / "my-model")
     finally:
         apply_theme("system")
+    qtbot.wait_until(lambda: again.palette().color(QPalette.ColorRole.Window).lightness() > 150, timeout=2000)
 
 
 def test_keyboard_shortcuts(qtbot: Any, window: MainWindow) -> None:

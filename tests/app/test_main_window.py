@@ -124,3 +124,7 @@ def test_close_shuts_the_bridge_down(qtbot: Any, window: MainWindow) -> None:
     window.close()
     assert window.bridge.pool.activeThreadCount() == 0
     assert FakeLLM.instances[-1].is_closed
+
+
+def test_edit_and_regenerate_make_switchable_branches(qtbot: Any, window: MainWindow) -> None:
+    ui_flows.flow_edit_and_regenerate_branch(qtbot, window)

@@ -58,3 +58,8 @@ def test_bad_model_path_shows_error(qtbot: Any, real_window: Any, tmp_path: Path
 
 def test_event_loop_never_stalls_while_streaming(qtbot: Any, real_window: Any) -> None:
     ui_flows.flow_event_loop_never_stalls(qtbot, real_window, TIMEOUTS)
+
+
+def test_edit_and_regenerate_make_switchable_branches(qtbot: Any, real_window: Any) -> None:
+    conversation = ui_flows.flow_edit_and_regenerate_branch(qtbot, real_window, TIMEOUTS)
+    assert "Rome" in conversation.messages[1].content

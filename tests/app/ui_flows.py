@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import Qt, QTimer, QUrl
 from PySide6.QtWidgets import QDoubleSpinBox, QLabel, QLineEdit, QPushButton, QSpinBox
 
 from app.chat_input import ChatInput
@@ -177,3 +177,55 @@ def flow_event_loop_never_stalls(qtbot: Any, win: MainWindow, timeouts: Timeouts
     gaps = [(b - a) * 1000 for a, b in itertools.pairwise(ticks)]
     assert len(gaps) > 10
     assert max(gaps) < max_gap_ms, f"event loop stalled for {max(gaps):.0f} ms"
+
+
+ITALY_QUESTION = "What is the capital of Italy?"
+
+
+def click_message_action(win: MainWindow, href: str) -> None:
+    """Click one of the links under a message ("hearth:regenerate/1", "hearth:prev/0", ...)."""
+    view = win.chat_pane.view
+    index = int(href.split(":", 1)[1].split("/")[1])
+    assert href in view.hrefs(index), view.hrefs(index)
+    view.anchorClicked.emit(QUrl(href))
+
+
+def flow_edit_and_regenerate_branch(qtbot: Any, win: MainWindow, timeouts: Timeouts = Timeouts()) -> Any:
+    """Regenerate a reply and edit the question: both make branches that "‹ ›" switches between.
+
+    Returns the conversation, showing the edited question's branch.
+    """
+    set_generation(win, temperature=0.0, max_tokens=24)
+    load_model(qtbot, win, timeouts=timeouts)
+    first = send(qtbot, win, FRANCE_QUESTION)
+    wait_finished(qtbot, first, timeouts.reply_ms)
+    assert first.status == STATUS_DONE and "Paris" in first.content
+    pane = win.chat_pane
+    conversation = pane.current_conversation
+    click_message_action(win, "hearth:regenerate/1")
+    second = conversation.messages[1]
+    assert second is not first and second.is_streaming
+    wait_finished(qtbot, second, timeouts.reply_ms)
+    assert second.status == STATUS_DONE and "Paris" in second.content
+    assert "2/2" in pane.view.message_text(1)
+    click_message_action(win, "hearth:prev/1")
+    assert conversation.messages[1].id == first.id and conversation.messages[1].content == first.content
+    assert "1/2" in pane.view.message_text(1)
+
+    click_message_action(win, "hearth:edit/0")
+    box = child(win, ChatInput, "chatInput")
+    assert box.toPlainText() == FRANCE_QUESTION
+    box.clear()
+    qtbot.keyClicks(box, ITALY_QUESTION)
+    qtbot.keyClick(box, Qt.Key.Key_Return)
+    edited = conversation.messages[1]
+    assert conversation.messages[0].content == ITALY_QUESTION and edited.is_streaming
+    wait_finished(qtbot, edited, timeouts.reply_ms)
+    assert edited.status == STATUS_DONE and edited.content and "2/2" in pane.view.message_text(0)
+    click_message_action(win, "hearth:prev/0")  # back to France, on its newest reply
+    assert [m.content for m in conversation.messages] == [FRANCE_QUESTION, second.content]
+    click_message_action(win, "hearth:next/0")
+    assert [m.id for m in conversation.messages] == [conversation.messages[0].id, edited.id]
+    assert conversation.messages[0].content == ITALY_QUESTION
+    assert len(win.storage.messages(conversation.id)) == 5
+    return conversation

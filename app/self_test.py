@@ -1,0 +1,46 @@
+"""``hearth --self-test PROMPT``: answer one prompt with the default model and exit, no window.
+
+It checks that an installed or bundled Hearth can load its default model and generate, e.g. on a
+machine without a display or network (``packaging/smoke.sh`` runs it on the PyInstaller bundle).
+It talks to ``engine`` directly instead of through ``app.engine_bridge``, which needs a Qt event
+loop; that makes it the second ``app`` module importing ``engine``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+MAX_TOKENS = 32
+
+
+def run_self_test(prompt: str, *, max_tokens: int = MAX_TOKENS) -> int:
+    """Load the default model, print its greedy reply to ``prompt`` on stdout; return the exit code.
+
+    Timings and errors go to stderr, so stdout holds only the reply.
+
+    Returns:
+        0 when the model answered with some text, 1 when loading or generating failed or the reply
+        was empty (the reason goes to stderr).
+    """
+    from engine import LLM, SamplingParams
+
+    started = time.monotonic()
+    try:
+        with LLM("default", start_loop=False) as llm:
+            loaded = time.monotonic()
+            params = SamplingParams(max_tokens=max_tokens, temperature=0)
+            out = llm.chat([{"role": "user", "content": prompt}], params)
+    except Exception as exc:  # noqa: BLE001 (any failure is the result, reported in one line)
+        print(f"self-test failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    reply = out.text.strip()
+    print(
+        f"self-test: loaded {llm.path} in {loaded - started:.1f} s, answered in {time.monotonic() - loaded:.1f} s",
+        file=sys.stderr,
+    )
+    print(reply, flush=True)
+    if not reply:
+        print("self-test failed: the model's reply was empty", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,176 @@
+"""Weight quantization for the fused decoder: one callable per linear layer.
+
+Levels: ``none``/``bf16``/``fp16`` keep dense weights; ``int8`` and ``int4`` quantize the decoder's linear layers
+(the embedding and ``lm_head`` stay in the model dtype, where quality is most sensitive).
+
+Backends, chosen per device:
+
+* **CPU, torch packed kernels.** int8 is weight-only with one scale per output channel, through
+  ``torch._weight_int8pack_mm``; int4 is weight-only in groups of 32 input channels (asymmetric, scale and zero
+  per group), through ``torch._weight_int4pack_mm_for_cpu``. bitsandbytes runs ~60x slower on a CPU, so it is
+  not used there.
+* **CUDA, bitsandbytes.** int8 is LLM.int8 (``Linear8bitLt``); int4 is NF4 with bf16 compute (``Linear4bit``).
+
+Every backend exposes the same call: ``layer(x) -> y`` for ``x`` of shape ``[tokens, in_features]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+LEVELS = ("auto", "none", "bf16", "fp16", "int8", "int4")
+WEIGHT_LEVELS = ("int8", "int4")  # levels that change the weights, not just their dtype
+INT4_GROUP_SIZE = 32
+
+# bytes per parameter of each level (int4 adds a bf16 scale and zero per group of 32)
+BYTES_PER_PARAM = {"fp32": 4.0, "none": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0 + 2 / 4096, "int4": 0.5 + 4 / 32}
+
+
+def check_level(level: str) -> str:
+    """Normalise a quantization name; unknown ones raise ``ValueError`` naming the field."""
+    name = level.strip().lower()
+    aliases = {"bfloat16": "bf16", "float16": "fp16", "float32": "none", "fp32": "none", "q8": "int8", "q4": "int4"}
+    name = aliases.get(name, name)
+    if name not in LEVELS:
+        raise ValueError(f"quantization must be one of {', '.join(LEVELS)}; got {level!r}")
+    return name
+
+
+@dataclass(slots=True)
+class DenseLinear:
+    """A plain ``F.linear`` (the unquantized case)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.nbytes + (0 if self.bias is None else self.bias.nbytes)
+
+    def widened(self) -> DenseLinear:
+        return DenseLinear(self.weight.float(), None if self.bias is None else self.bias.float())
+
+
+@dataclass(slots=True)
+class Int8Linear:
+    """Weight-only int8 with per-output-channel scales (CPU packed kernel)."""
+
+    qweight: torch.Tensor  # int8 [out, in]
+    scales: torch.Tensor  # fp32 [out]
+    bias: torch.Tensor | None = None
+    _scales_by_dtype: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
+        w = weight.float()
+        scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-8)
+        q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+        return cls(q, scales, bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        scales = self._scales_by_dtype.get(x.dtype)
+        if scales is None:
+            scales = self._scales_by_dtype[x.dtype] = self.scales.to(x.dtype)
+        y = torch._weight_int8pack_mm(x, self.qweight, scales)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.qweight.float() * self.scales[:, None]
+
+    @property
+    def nbytes(self) -> int:
+        return self.qweight.nbytes + self.scales.nbytes + (0 if self.bias is None else self.bias.nbytes)
+
+
+@dataclass(slots=True)
+class Int4Linear:
+    """Weight-only int4 in groups along the input dimension (CPU packed kernel)."""
+
+    packed: torch.Tensor  # uint8, torch's CPU int4 layout
+    scales_zeros: torch.Tensor  # fp32 [in / group, out, 2]: w = (q - 8) * scale + zero
+    group_size: int
+    out_features: int
+    bias: torch.Tensor | None = None
+    _sz_by_dtype: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def quantize(
+        cls, weight: torch.Tensor, bias: torch.Tensor | None = None, group_size: int = INT4_GROUP_SIZE
+    ) -> Int4Linear:
+        n, k = weight.shape
+        if k % group_size:
+            raise ValueError(f"int4 needs in_features divisible by {group_size}, got {k}")
+        w = weight.float().view(n, k // group_size, group_size)
+        lo = w.amin(dim=-1, keepdim=True)
+        hi = w.amax(dim=-1, keepdim=True)
+        scale = ((hi - lo) / 15.0).clamp(min=1e-8)
+        q = torch.round((w - lo) / scale).clamp(0, 15).to(torch.int32).view(n, k)
+        zero = lo + 8.0 * scale
+        scales_zeros = torch.stack([scale.view(n, -1), zero.view(n, -1)], dim=-1).transpose(0, 1).contiguous()
+        packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+        return cls(packed, scales_zeros, group_size, n, bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        sz = self._sz_by_dtype.get(x.dtype)
+        if sz is None:
+            sz = self._sz_by_dtype[x.dtype] = self.scales_zeros.to(x.dtype)
+        y = torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, sz)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales_zeros.nbytes + (0 if self.bias is None else self.bias.nbytes)
+
+
+class BnbLinear:
+    """bitsandbytes LLM.int8 or NF4 (the CUDA path; also runs, slowly, on a CPU for tests)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, level: str, device: torch.device) -> None:
+        import bitsandbytes as bnb
+
+        out_features, in_features = weight.shape
+        w = weight.detach().to(torch.float16 if level == "int8" else torch.bfloat16).cpu()
+        if level == "int8":
+            module = bnb.nn.Linear8bitLt(in_features, out_features, bias=bias is not None, has_fp16_weights=False)
+            module.weight = bnb.nn.Int8Params(w, requires_grad=False, has_fp16_weights=False)
+        else:
+            module = bnb.nn.Linear4bit(
+                in_features, out_features, bias=bias is not None, compute_dtype=torch.bfloat16, quant_type="nf4"
+            )
+            module.weight = bnb.nn.Params4bit(w, requires_grad=False, quant_type="nf4")
+        if bias is not None:
+            module.bias = torch.nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.module = module.to(device)  # moving it quantizes it
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(x).to(x.dtype)  # type: ignore[no-any-return]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.module.state_dict().values() if isinstance(t, torch.Tensor))
+
+
+Linear = DenseLinear | Int8Linear | Int4Linear | BnbLinear
+
+
+def make_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None, level: str, device: torch.device, backend: str = "auto"
+) -> Linear:
+    """The linear layer for ``level`` on ``device``. ``backend`` forces "torch" or "bitsandbytes" (tests)."""
+    if level not in WEIGHT_LEVELS:
+        return DenseLinear(weight, bias)
+    if backend == "auto":
+        backend = "bitsandbytes" if device.type == "cuda" else "torch"
+    if backend == "bitsandbytes":
+        return BnbLinear(weight, bias, level, device)
+    if level == "int8":
+        return Int8Linear.quantize(weight, bias)
+    if weight.shape[1] % INT4_GROUP_SIZE:
+        return Int8Linear.quantize(weight, bias)  # odd shapes keep 8 bits rather than fail
+    return Int4Linear.quantize(weight, bias)

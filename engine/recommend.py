@@ -1,0 +1,192 @@
+"""Which quantization to load a model at, from its config and the memory measured free on this machine.
+
+Called as ``engine.hardware.recommend(model, hardware=None, context_length=None)``. Everything is estimated from
+the config alone, before any weight is read:
+
+* weights = parameter count x bytes per parameter of the level (int4 adds its group scales);
+* KV bytes per token = 2 x layers x KV heads x head dim x dtype size (K and V, every layer);
+* the KV budget is one full-length context plus a working margin.
+
+The highest precision that fits with a margin wins. On a CPU, bf16 is preferred when the CPU has native bf16
+(avx512_bf16 or AMX); without it, int8 through torch's packed kernel is the fast choice (measured here: bf16 GEMM
+runs row by row, int8 weight-only GEMV moves 25-37 GB/s against fp32's ~17 GB/s), and fp32 is kept for models small
+enough that speed is not the issue.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.quantization import BYTES_PER_PARAM
+
+_GB = 1e9
+RUNTIME_OVERHEAD_BYTES = 600_000_000  # torch, tokenizer, activations, the app itself
+MARGIN = 0.9  # use at most 90 % of what is free
+TIGHT = 0.75  # above 75 % of free memory counts as "tight"
+SMALL_MODEL_PARAMS = 200_000_000  # below this, fp32 on a CPU is fast enough and loses nothing
+
+# SmolLM2-135M-Instruct, for estimates before the default model is converted
+_DEFAULT_CONFIG = {
+    "model_type": "llama",
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+}
+
+
+@dataclass(slots=True)
+class Recommendation:
+    """The level to load at, and the numbers behind it."""
+
+    device: str  # "cuda" or "cpu"
+    quantization: str  # "none" (fp32), "bf16", "fp16", "int8" or "int4"
+    fits: str  # "yes", "tight" or "no"
+    weights_bytes: int
+    kv_bytes_per_token: int
+    kv_budget_bytes: int
+    free_bytes: int
+    reason: str
+    num_parameters: int = 0
+    context_length: int = 0
+
+
+def _config_dict(model: Any) -> dict[str, Any]:
+    if isinstance(model, dict):
+        return model
+    if hasattr(model, "to_dict"):
+        return dict(model.to_dict())
+    if isinstance(model, str) and model.strip().lower() == "default":
+        from engine.default_model import is_converted, target_dir
+
+        folder = target_dir()
+        return _read_config(folder) if is_converted() else dict(_DEFAULT_CONFIG)
+    path = Path(model)
+    if path.is_dir():
+        return _read_config(path)
+    if path.suffix == ".gguf":
+        from engine.loader import inspect_model
+
+        info = inspect_model(path)
+        return {"num_parameters": info.num_parameters or 0}
+    raise ValueError(f"model: {model!r} is not a config, a model folder, a .gguf file or 'default'")
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"model: {folder} has no config.json")
+    data: dict[str, Any] = json.loads(config_file.read_text())
+    return data.get("text_config", data) if "num_hidden_layers" not in data else data
+
+
+def count_parameters(cfg: dict[str, Any]) -> int:
+    """Parameters of a decoder-only transformer, from its config."""
+    if cfg.get("num_parameters"):
+        return int(cfg["num_parameters"])
+    hidden = int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"])
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    inter = int(cfg.get("intermediate_size") or 4 * hidden)
+    vocab = int(cfg["vocab_size"])
+    attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+    mlp = 3 * hidden * inter
+    layers = int(cfg["num_hidden_layers"]) * (attn + mlp + 2 * hidden)
+    embed = vocab * hidden * (1 if cfg.get("tie_word_embeddings", False) else 2)
+    return layers + embed + hidden
+
+
+def kv_bytes_per_token(cfg: dict[str, Any], dtype_bytes: int = 2) -> int:
+    if "num_hidden_layers" not in cfg:
+        return 0
+    heads = int(cfg["num_attention_heads"])
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    return 2 * int(cfg["num_hidden_layers"]) * kv_heads * head_dim * dtype_bytes
+
+
+def _weights_bytes(num_params: int, level: str, cfg: dict[str, Any]) -> int:
+    """int8/int4 leave the embedding and lm_head in 16-bit."""
+    if level in ("int8", "int4") and "vocab_size" in cfg:
+        embed = int(cfg["vocab_size"]) * int(cfg["hidden_size"]) * (1 if cfg.get("tie_word_embeddings") else 2)
+        return int(embed * 2 + (num_params - embed) * BYTES_PER_PARAM[level])
+    return int(num_params * BYTES_PER_PARAM[level])
+
+
+def _candidates(device: str, hardware: Any, num_params: int) -> list[str]:
+    if device == "cuda":
+        gpu = max(hardware.gpus, key=lambda g: g.free_bytes)
+        major = int(str(gpu.compute_capability or "8.0").split(".")[0])
+        return ["bf16" if major >= 8 else "fp16", "int8", "int4"]
+    if hardware.avx512_bf16 or hardware.amx:
+        return ["bf16", "int8", "int4"]
+    if num_params < SMALL_MODEL_PARAMS:
+        return ["none", "int8", "int4"]
+    return ["int8", "int4"]
+
+
+def recommend(
+    model: Any, hardware: Any = None, context_length: int | None = None, device: str = "auto"
+) -> Recommendation:
+    """Recommend a device and quantization level for ``model`` (a path, "default", a config or a dict)."""
+    from engine import hardware as hw
+
+    info = hardware if hardware is not None else hw.detect()
+    cfg = _config_dict(model)
+    num_params = count_parameters(cfg)
+    context = int(context_length or min(int(cfg.get("max_position_embeddings") or 4096), 4096))
+    per_token = kv_bytes_per_token(cfg)
+    kv_budget = per_token * context
+    use_gpu = device in ("auto", "cuda") and bool(info.gpus) and (info.torch_cuda_available or hardware is not None)
+    target = "cuda" if use_gpu else "cpu"
+    if use_gpu:
+        free = max(g.free_bytes for g in info.gpus)
+        where = f"the GPU's {free / _GB:.1f} GB free"
+    else:
+        free = int(info.ram_available_bytes)
+        where = f"{free / _GB:.1f} GB of free RAM"
+    usable = free * MARGIN - RUNTIME_OVERHEAD_BYTES
+    order = _candidates(target, info, num_params)
+    for level in order:
+        weights = _weights_bytes(num_params, level, cfg)
+        need = weights + kv_budget
+        if need <= usable:
+            fits = "tight" if need > free * TIGHT - RUNTIME_OVERHEAD_BYTES else "yes"
+            name = "fp32" if level == "none" else level
+            why = (
+                f"{name} weights ({weights / _GB:.1f} GB) plus a {context}-token KV cache ({kv_budget / _GB:.2f} GB) "
+                f"fit in {where}"
+            )
+            if level != order[0]:
+                first = "fp32" if order[0] == "none" else order[0]
+                why += f"; {first} would need {_weights_bytes(num_params, order[0], cfg) / _GB:.1f} GB"
+            elif target == "cpu" and level == "none":
+                why += "; the model is small, so full precision costs little speed"
+            return Recommendation(
+                target, level, fits, weights, per_token, kv_budget, free, why + ".", num_params, context
+            )
+    smallest = order[-1]
+    weights = _weights_bytes(num_params, smallest, cfg)
+    return Recommendation(
+        target,
+        smallest,
+        "no",
+        weights,
+        per_token,
+        kv_budget,
+        free,
+        f"Even at {smallest} the model needs {(weights + kv_budget) / _GB:.1f} GB "
+        f"(weights {weights / _GB:.1f} GB + KV cache {kv_budget / _GB:.2f} GB) but only {where}; "
+        "close other programs, shorten the context, or choose a smaller model.",
+        num_params,
+        context,
+    )

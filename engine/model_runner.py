@@ -419,11 +419,16 @@ class ModelRunner:
 
     # --- forward -------------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor | None, list[int]]:
-        """Run one step. Returns logits [rows, vocab] for the sequences in ``rows`` (batch indices)."""
+    def run(self, batch: ScheduledBatch, all_logits: bool = False) -> tuple[torch.Tensor | None, list[int]]:
+        """Run one step. Returns logits [rows, vocab] for the sequences in ``rows`` (batch indices).
+
+        With ``all_logits`` (scoring, e.g. perplexity) it returns the logits of every packed token instead.
+        """
         ids, pos, logit_row = self.prepare(batch)
         rows = [i for i, r in enumerate(logit_row) if r >= 0]
         keep = torch.tensor([logit_row[i] for i in rows], dtype=torch.long, device=self.device)
+        if all_logits:
+            rows, keep = list(range(ids.shape[0])), torch.arange(ids.shape[0], device=self.device)
         _local.runner = self
         try:
             if self.is_fused:

@@ -23,8 +23,9 @@ from typing import Any
 from engine.quantization import BYTES_PER_PARAM
 
 _GB = 1e9
-RUNTIME_OVERHEAD_BYTES = 600_000_000  # torch, tokenizer, activations, the app itself
-MARGIN = 0.9  # use at most 90 % of what is free
+RUNTIME_OVERHEAD_BYTES = 600_000_000  # CPU: torch, tokenizer, activations, the app itself
+GPU_OVERHEAD_BYTES = 400_000_000  # GPU: CUDA context and activation workspace
+MARGIN = 0.95  # use at most 95 % of what is free
 TIGHT = 0.75  # above 75 % of free memory counts as "tight"
 SMALL_MODEL_PARAMS = 200_000_000  # below this, fp32 on a CPU is fast enough and loses nothing
 
@@ -154,13 +155,14 @@ def recommend(
     else:
         free = int(info.ram_available_bytes)
         where = f"{free / _GB:.1f} GB of free RAM"
-    usable = free * MARGIN - RUNTIME_OVERHEAD_BYTES
+    overhead = GPU_OVERHEAD_BYTES if use_gpu else RUNTIME_OVERHEAD_BYTES
+    usable = free * MARGIN - overhead
     order = _candidates(target, info, num_params)
     for level in order:
         weights = _weights_bytes(num_params, level, cfg)
         need = weights + kv_budget
         if need <= usable:
-            fits = "tight" if need > free * TIGHT - RUNTIME_OVERHEAD_BYTES else "yes"
+            fits = "tight" if need > free * TIGHT - overhead else "yes"
             name = "fp32" if level == "none" else level
             why = (
                 f"{name} weights ({weights / _GB:.1f} GB) plus a {context}-token KV cache ({kv_budget / _GB:.2f} GB) "

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Build the one-folder bundle dist/Hearth/ (Hearth + Python + torch + Qt + the default model).
+#
+#   packaging/build.sh            # from the repo root, after `make install`
+#   PYTHON=/other/python packaging/build.sh
+#
+# It installs PyInstaller (packaging/build-requirements.txt) into the venv, converts the default model
+# if that has not happened yet, and runs PyInstaller on packaging/hearth.spec. See docs/PACKAGING.md.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-.venv/bin/python}
+DIST=${DIST:-dist}
+WORK=${WORK:-build/pyinstaller}
+
+if [[ ! -x $PYTHON ]]; then
+    echo "error: $PYTHON not found; run \`make install\` first" >&2
+    exit 1
+fi
+if ! "$PYTHON" -m pip install --quiet --disable-pip-version-check -r packaging/build-requirements.txt; then
+    echo "error: could not install PyInstaller (packaging/build-requirements.txt)" >&2
+    exit 1
+fi
+"$PYTHON" -m engine.default_model   # no-op once converted
+
+started=$SECONDS
+"$PYTHON" -m PyInstaller --noconfirm --log-level WARN --distpath "$DIST" --workpath "$WORK" packaging/hearth.spec
+echo "built $DIST/Hearth in $((SECONDS - started)) s: $(du -sh "$DIST/Hearth" | cut -f1)"

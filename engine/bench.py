@@ -158,6 +158,43 @@ def bench_multi_turn(llm: LLM, turns: int, max_tokens: int) -> list[float]:
     return ttfts
 
 
+def bench_quantization(model: str, levels: list[str], max_tokens: int) -> None:
+    """Each level: weight bytes, 1- and 16-stream tok/s, perplexity vs bf16, greedy agreement with bf16."""
+    from pathlib import Path
+
+    from engine.perplexity import perplexity
+
+    text = (Path(__file__).resolve().parent.parent / "tests" / "data" / "gettysburg_and_austen.txt").read_text()
+    greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    reference: dict[str, Any] = {}
+    for level in levels:
+        llm = LLM(model, quantization=level, start_loop=False, max_batch_size=16)
+        bench_engine(llm, 1, 4)
+        single = bench_engine(llm, 1, max_tokens).row("hearth", 1)
+        bench_engine(llm, 16, 4)
+        multi = bench_engine(llm, 16, max_tokens).row("hearth", 16)
+        ppl = perplexity(llm, text)
+        tokens = [o.token_ids for o in llm.generate([_messages(i) for i in range(8)], greedy)]  # type: ignore[misc]
+        if not reference:
+            reference = {"ppl": ppl, "tokens": tokens, "level": level}
+        same = sum(a == b for ref, out in zip(reference["tokens"], tokens, strict=True) for a, b in zip(ref, out))
+        total = sum(max(len(ref), len(out)) for ref, out in zip(reference["tokens"], tokens, strict=True))
+        _emit(
+            {
+                "system": "quantization",
+                "level": level,
+                "dtype": llm.dtype,
+                "weights_mb": round(llm.weights_bytes / 1e6, 1),
+                "single_tok_s": single["tok_s"],
+                "c16_tok_s": multi["tok_s"],
+                "perplexity": round(ppl, 3),
+                f"ppl_delta_vs_{reference['level']}_pct": round((ppl / reference["ppl"] - 1) * 100, 2),
+                f"greedy_agreement_vs_{reference['level']}": round(same / max(total, 1), 3),
+            }
+        )
+        llm.close()
+
+
 def _emit(row: dict[str, Any]) -> None:
     print(json.dumps(row), flush=True)
 
@@ -171,11 +208,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--skip-hf", action="store_true", help="measure only our engine")
     parser.add_argument("--skip-multi-turn", action="store_true")
+    parser.add_argument(
+        "--quantization", default=None, help="'all' or a comma list (bf16,int8,int4,none): compare levels only"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     levels = [int(c) for c in args.concurrency.split(",")]
     hardware.configure_threads()
     _emit({"system": "machine", "threads": torch.get_num_threads(), "torch": torch.__version__, "dtype": args.dtype})
+    if args.quantization:
+        names = ["bf16", "none", "int8", "int4"] if args.quantization == "all" else args.quantization.split(",")
+        bench_quantization(args.model, names, args.max_tokens)
+        return 0
 
     llm = LLM(args.model, dtype=args.dtype, start_loop=False, max_batch_size=max(levels + [16]))
     results: dict[tuple[str, int], dict[str, Any]] = {}

@@ -115,21 +115,7 @@ class LLM:
                 f"the KV-cache budget of {budget / 1e6:.1f} MB holds less than one block "
                 f"({per_token * cfg.block_size / 1e6:.2f} MB); raise the KV-cache budget"
             )
-        wide = level not in WEIGHT_LEVELS and self._wants_wide_weights(loaded)
-        return LLMEngine(
-            loaded.model, loaded.tokenizer, cfg, num_blocks, kv_dtype, max_model_len, wide, level, quant_backend
-        )
-
-    @staticmethod
-    def _wants_wide_weights(loaded: LoadedModel) -> bool:
-        """Keep an fp32 weight twin for batched steps on a CPU without native bf16, when memory allows."""
-        if loaded.device.type != "cpu" or loaded.dtype == torch.float32:
-            return False
-        hw = hardware.detect()
-        if hw.avx512_bf16 or hw.amx:
-            return False
-        fp32_bytes = loaded.num_parameters * 4
-        return fp32_bytes < 0.25 * psutil.virtual_memory().available
+        return LLMEngine(loaded.model, loaded.tokenizer, cfg, num_blocks, kv_dtype, max_model_len, level, quant_backend)
 
     @staticmethod
     def _default_kv_budget(device: torch.device) -> int:

@@ -158,7 +158,6 @@ class LLMEngine:
         num_blocks: int,
         kv_dtype: torch.dtype,
         max_model_len: int,
-        wide_weights: bool = False,
         quantization: str = "none",
         quant_backend: str = "auto",
     ) -> None:
@@ -168,7 +167,7 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         self.runner = ModelRunner(
-            model, num_blocks, config.block_size, kv_dtype, wide_weights, quantization, quant_backend
+            model, num_blocks, config.block_size, kv_dtype, quantization, quant_backend
         )
         self.sampler = Sampler()
         self.stats = EngineMetrics(max_batch_size=config.max_batch_size)
@@ -197,7 +196,11 @@ class LLMEngine:
                 raise ValueError(f"prompt token ids must lie in [0, {vocab})")
             return list(prompt)  # type: ignore[arg-type]
         if all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
-            ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            # a trailing assistant message is a reply to continue, not a finished turn
+            cont = prompt[-1]["role"] == "assistant"  # type: ignore[index]
+            ids = self.tokenizer.apply_chat_template(
+                prompt, add_generation_prompt=not cont, continue_final_message=cont, tokenize=True
+            )
             if hasattr(ids, "keys"):
                 ids = ids["input_ids"]
             return list(ids)

@@ -23,14 +23,20 @@ import torch
 import torch.nn.functional as F
 
 from engine.block_manager import NULL_BLOCK
-from engine.quantization import WEIGHT_LEVELS, DenseLinear, Linear, make_linear
+from engine.quantization import (
+    WEIGHT_LEVELS,
+    DenseLinear,
+    Linear,
+    PackedFp16Linear,
+    fbgemm_fp16_available,
+    make_linear,
+)
 from engine.scheduler import ScheduledBatch
 
 log = logging.getLogger("engine")
 
 FUSED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 ATTN_IMPLEMENTATION = "hearth_paged"
-WIDE_MIN_TOKENS = 2  # steps with more tokens than this use the fp32 weight twin when there is one
 
 _DTYPES = {
     "float32": torch.float32,
@@ -184,24 +190,6 @@ class _FusedLayer:
     gate_up: Linear
     down: Linear
 
-    def widened(self) -> _FusedLayer:
-        """An fp32 copy, for batched steps on CPUs whose bf16/fp16 matmuls run row by row."""
-
-        def wide(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.float()
-
-        assert all(isinstance(m, DenseLinear) for m in (self.qkv, self.o, self.gate_up, self.down))
-        return _FusedLayer(
-            self.input_norm.float(),
-            self.qkv.widened(),  # type: ignore[union-attr]
-            wide(self.q_norm),
-            wide(self.k_norm),
-            self.o.widened(),  # type: ignore[union-attr]
-            self.post_norm.float(),
-            self.gate_up.widened(),  # type: ignore[union-attr]
-            self.down.widened(),  # type: ignore[union-attr]
-        )
-
 
 class _QuantizedModule(torch.nn.Module):
     """Stands in for an ``nn.Linear`` inside HF modules when the HF-module path is quantized."""
@@ -224,7 +212,6 @@ class ModelRunner:
         num_blocks: int,
         block_size: int,
         kv_dtype: torch.dtype,
-        wide_weights: bool = False,
         quantization: str = "none",
         quant_backend: str = "auto",
     ):
@@ -243,25 +230,28 @@ class ModelRunner:
         self.scale = self.head_dim**-0.5
         self.is_fused = cfg.model_type in FUSED_MODEL_TYPES and not self._has_unsupported_features()
         self._layers: list[_FusedLayer] = []
-        self._wide_layers: list[_FusedLayer] | None = None
         self.quantization = quantization if quantization in WEIGHT_LEVELS else "none"
         self._quant_backend = quant_backend
+        # bf16/fp16 weights on a CPU: fbgemm's packed fp16 GEMM, computing in fp32 (see PackedFp16Linear)
+        self.packed_fp16 = (
+            self.is_fused
+            and self.device.type == "cpu"
+            and self.dtype in (torch.bfloat16, torch.float16)
+            and self.quantization == "none"
+            and fbgemm_fp16_available()
+        )
+        self.compute_dtype = torch.float32 if self.packed_fp16 else self.dtype
         if self.is_fused:
             self._build_fused()
-            if wide_weights and self.dtype != torch.float32 and self.quantization == "none":
-                # Half-precision GEMV is memory-bound and fast; half-precision GEMM on CPUs without native
-                # bf16/fp16 units is not. Batched steps therefore use an fp32 twin of the layer weights.
-                self._wide_layers = [layer.widened() for layer in self._layers]
-                self._wide_norm = self.model.model.norm.weight.float()  # type: ignore[union-attr]
-                self._wide_lm_head = self.model.lm_head.weight.float()  # type: ignore[union-attr]
         else:
             if self.quantization != "none":
                 self._quantize_hf_modules()
             _register_attention()
             model.set_attn_implementation(ATTN_IMPLEMENTATION)
         log.info(
-            "model runner: %s path, %d KV blocks of %d tokens (%.1f MB, %s)",
+            "model runner: %s path%s, %d KV blocks of %d tokens (%.1f MB, %s)",
             "fused" if self.is_fused else "HF-module",
+            " (packed fp16 weights, fp32 compute)" if self.packed_fp16 else "",
             num_blocks,
             block_size,
             self.kv.nbytes / 1e6,
@@ -277,7 +267,12 @@ class ModelRunner:
 
     # --- weights -----------------------------------------------------------------------------------------------
     def _linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+        if self.packed_fp16:
+            return PackedFp16Linear(weight, bias)
         return make_linear(weight, bias, self.quantization, self.device, self._quant_backend)
+
+    def _norm(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight.to(self.compute_dtype)
 
     def _build_fused(self) -> None:
         """Fuse Q/K/V and gate/up weights (then quantize them, if asked).
@@ -286,7 +281,7 @@ class ModelRunner:
         the HF model stays usable. Quantized, the HF modules' dense weights are dropped to free their memory.
         """
         inner = self.model.model  # type: ignore[union-attr]
-        quantized = self.quantization != "none"
+        quantized = self.quantization != "none" or self.packed_fp16
         with torch.no_grad():
             for layer in inner.layers:
                 attn, mlp = layer.self_attn, layer.mlp
@@ -299,12 +294,12 @@ class ModelRunner:
                 k_norm = getattr(attn, "k_norm", None)
                 self._layers.append(
                     _FusedLayer(
-                        input_norm=layer.input_layernorm.weight,
+                        input_norm=self._norm(layer.input_layernorm.weight),
                         qkv=self._linear(qkv, bias),
-                        q_norm=None if q_norm is None else q_norm.weight,
-                        k_norm=None if k_norm is None else k_norm.weight,
+                        q_norm=None if q_norm is None else self._norm(q_norm.weight),
+                        k_norm=None if k_norm is None else self._norm(k_norm.weight),
                         o=self._linear(attn.o_proj.weight, None),
-                        post_norm=layer.post_attention_layernorm.weight,
+                        post_norm=self._norm(layer.post_attention_layernorm.weight),
                         gate_up=self._linear(gate_up, None),
                         down=self._linear(mlp.down_proj.weight, None),
                     )
@@ -323,6 +318,11 @@ class ModelRunner:
                 inter = mlp.gate_proj.weight.shape[0]
                 mlp.gate_proj.weight = torch.nn.Parameter(gate_up[:inter], requires_grad=False)
                 mlp.up_proj.weight = torch.nn.Parameter(gate_up[inter:], requires_grad=False)
+            self._final_norm = self._norm(inner.norm.weight)
+            head = self.model.lm_head  # type: ignore[union-attr]
+            self._lm_head: Linear = (
+                PackedFp16Linear(head.weight, head.bias) if self.packed_fp16 else DenseLinear(head.weight, head.bias)
+            )
         self._q_dim = self.num_heads * self.head_dim
         self._kv_dim = self.num_kv_heads * self.head_dim
         self._eps = float(self.config.rms_norm_eps)
@@ -350,8 +350,10 @@ class ModelRunner:
         for module in self.model.modules():
             if isinstance(module, _QuantizedModule):
                 total += module.linear.nbytes
-        if self.quantization != "none":
+        if self.quantization != "none" or self.packed_fp16:
             total += sum(m.nbytes for layer in self._layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
+        if self.packed_fp16:
+            total += self._lm_head.nbytes
         return total
 
     # --- step inputs ---------------------------------------------------------------------------------------------
@@ -432,9 +434,8 @@ class ModelRunner:
         _local.runner = self
         try:
             if self.is_fused:
-                wide = self._wide_layers is not None and ids.shape[0] > WIDE_MIN_TOKENS
-                hidden = self._forward_fused(ids, pos, wide)
-                logits = self._logits(hidden, keep, wide) if rows else None
+                hidden = self._forward_fused(ids, pos)
+                logits = self._lm_head(hidden[keep]) if rows else None
             else:
                 logits = self._forward_hf(ids, pos, keep) if rows else None
                 if not rows:
@@ -448,25 +449,15 @@ class ModelRunner:
         out = self.model(input_ids=ids[None], position_ids=pos[None], use_cache=False, logits_to_keep=keep)
         return out.logits[0]
 
-    def _logits(self, hidden: torch.Tensor, keep: torch.Tensor, wide: bool = False) -> torch.Tensor:
-        if wide:
-            return F.linear(hidden[keep], self._wide_lm_head)
-        return self.model.lm_head(hidden[keep])  # type: ignore[no-any-return, operator]
-
-    def _forward_fused(self, ids: torch.Tensor, pos: torch.Tensor, wide: bool = False) -> torch.Tensor:
+    def _forward_fused(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         inner = self.model.model  # type: ignore[union-attr]
-        x = inner.embed_tokens(ids)
-        layers = self._layers
-        final_norm = inner.norm.weight
-        if wide:
-            assert self._wide_layers is not None
-            x, layers, final_norm = x.float(), self._wide_layers, self._wide_norm
+        x = inner.embed_tokens(ids).to(self.compute_dtype)
         cos, sin = inner.rotary_emb(x, pos[None])
         cos, sin = cos[0][:, None, :], sin[0][:, None, :]  # [T, 1, D]
         ctx, eps, t = self.ctx, self._eps, ids.shape[0]
         assert ctx is not None
         qd, kvd, hd, nh = self._q_dim, self._kv_dim, self.head_dim, self.num_heads
-        for i, layer in enumerate(layers):
+        for i, layer in enumerate(self._layers):
             h = _rms_norm(x, layer.input_norm, eps)
             qkv = layer.qkv(h)
             qk = qkv[:, : qd + kvd].view(t, -1, hd)
@@ -480,7 +471,7 @@ class ModelRunner:
             h = _rms_norm(x, layer.post_norm, eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
-        return _rms_norm(x, final_norm, eps)
+        return _rms_norm(x, self._final_norm, eps)
 
 
 def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:

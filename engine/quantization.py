@@ -9,6 +9,7 @@ Backends, chosen per device:
   ``torch._weight_int8pack_mm``; int4 is weight-only in groups of 32 input channels (asymmetric, scale and zero
   per group), through ``torch._weight_int4pack_mm_for_cpu``. bitsandbytes runs ~60x slower on a CPU, so it is
   not used there.
+* **CPU, bf16/fp16 models.** fbgemm's packed fp16-weight GEMM with fp32 activations (``PackedFp16Linear``).
 * **CUDA, bitsandbytes.** int8 is LLM.int8 (``Linear8bitLt``); int4 is NF4 with bf16 compute (``Linear4bit``).
 
 Every backend exposes the same call: ``layer(x) -> y`` for ``x`` of shape ``[tokens, in_features]``.
@@ -16,6 +17,7 @@ Every backend exposes the same call: ``layer(x) -> y`` for ``x`` of shape ``[tok
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -128,6 +130,48 @@ class Int4Linear:
         return self.packed.nbytes + self.scales_zeros.nbytes + (0 if self.bias is None else self.bias.nbytes)
 
 
+class PackedFp16Linear:
+    """fp16 weights in fbgemm's packed layout, fp32 activations and accumulation (CPU).
+
+    Used for bf16/fp16 models on the CPU. Every bf16 weight in fp16's range converts to fp16 exactly (fp16 has more
+    mantissa bits), so this computes the bf16 model in fp32 while reading 2 bytes per weight. Measured here it is
+    3-5x faster than both fp32 and bf16 ``F.linear`` at 1 to 64 rows: bf16 GEMM on a CPU without avx512_bf16 runs
+    row by row, and fp32 reads twice the bytes.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        w = weight.detach().float()
+        self.out_features, self.in_features = w.shape
+        with warnings.catch_warnings():  # torch marks the fbgemm fp16 ops deprecated; they are pinned with torch
+            warnings.simplefilter("ignore")
+            self.packed = torch.fbgemm_pack_gemm_matrix_fp16(w.contiguous())
+        self.bias = (bias.detach().float() if bias is not None else torch.zeros(self.out_features)).contiguous()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.fbgemm_linear_fp16_weight(x, self.packed, self.bias)
+
+    @property
+    def nbytes(self) -> int:
+        return self.out_features * self.in_features * 2 + self.bias.nbytes
+
+
+_fbgemm_fp16: bool | None = None
+
+
+def fbgemm_fp16_available() -> bool:
+    """Whether torch has fbgemm's fp16-weight GEMM on this CPU (x86 builds with fbgemm)."""
+    global _fbgemm_fp16
+    if _fbgemm_fp16 is None:
+        try:
+            layer = PackedFp16Linear(torch.ones(8, 8))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                _fbgemm_fp16 = bool(torch.allclose(layer(torch.ones(1, 8)), torch.full((1, 8), 8.0)))
+        except (AttributeError, RuntimeError):
+            _fbgemm_fp16 = False
+    return _fbgemm_fp16
+
+
 class BnbLinear:
     """bitsandbytes LLM.int8 or NF4 (the CUDA path; also runs, slowly, on a CPU for tests)."""
 
@@ -156,7 +200,7 @@ class BnbLinear:
         return sum(t.nbytes for t in self.module.state_dict().values() if isinstance(t, torch.Tensor))
 
 
-Linear = DenseLinear | Int8Linear | Int4Linear | BnbLinear
+Linear = DenseLinear | Int8Linear | Int4Linear | BnbLinear | PackedFp16Linear
 
 
 def make_linear(

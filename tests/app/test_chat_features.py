@@ -352,3 +352,31 @@ def test_keyboard_shortcuts(qtbot: Any, window: MainWindow) -> None:
     ui_flows.wait_finished(qtbot, reply, TIMEOUT_MS)
     assert reply.finish_reason == "abort"
     assert first.messages[1].status == STATUS_DONE
+
+
+def test_settings_dialog_sets_theme_font_model_and_default_preset(qtbot: Any, window: MainWindow) -> None:
+    from app.settings_dialog import SettingsDialog
+
+    preset = window.storage.list_presets()[1]
+    dialog = SettingsDialog(window.settings, window.storage.list_presets(), window)
+    qtbot.add_widget(dialog)
+    theme = dialog.findChild(QComboBox, "themeCombo")
+    theme.setCurrentIndex(theme.findData("light"))
+    dialog.findChild(QSpinBox, "fontSizeSpin").setValue(13)
+    dialog.findChild(QLineEdit, "defaultModelEdit").setText("  /models/tiny.gguf ")
+    presets = dialog.findChild(QComboBox, "defaultPresetCombo")
+    presets.setCurrentIndex(presets.findData(preset.id))
+    dialog.apply_to(window.settings)
+    try:
+        window.apply_settings()
+        settings = window.settings
+        assert (settings.theme, settings.font_size, settings.default_model, settings.default_preset_id) == (
+            "light", 13, "/models/tiny.gguf", preset.id)
+        assert window.chat_pane.view.font().pointSize() == 13
+        ui_flows.load_model(qtbot, window)
+        ask(qtbot, window, ui_flows.FRANCE_QUESTION)
+        conversation = window.chat_pane.new_conversation()
+        assert conversation.preset_id == preset.id and conversation.system_prompt == preset.system_prompt
+        assert ui_flows.child(window, QComboBox, "presetCombo").currentData() == preset.id
+    finally:
+        apply_theme("system")

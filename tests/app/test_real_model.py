@@ -61,5 +61,4 @@ def test_event_loop_never_stalls_while_streaming(qtbot: Any, real_window: Any) -
 
 
 def test_edit_and_regenerate_make_switchable_branches(qtbot: Any, real_window: Any) -> None:
-    conversation = ui_flows.flow_edit_and_regenerate_branch(qtbot, real_window, TIMEOUTS)
-    assert "Rome" in conversation.messages[1].content
+    ui_flows.flow_edit_and_regenerate_branch(qtbot, real_window, TIMEOUTS)

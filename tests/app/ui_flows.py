@@ -222,6 +222,7 @@ def flow_edit_and_regenerate_branch(qtbot: Any, win: MainWindow, timeouts: Timeo
     assert conversation.messages[0].content == ITALY_QUESTION and edited.is_streaming
     wait_finished(qtbot, edited, timeouts.reply_ms)
     assert edited.status == STATUS_DONE and edited.content and "2/2" in pane.view.message_text(0)
+    assert edited.content != second.content  # answers the edited question
     click_message_action(win, "hearth:prev/0")  # back to France, on its newest reply
     assert [m.content for m in conversation.messages] == [FRANCE_QUESTION, second.content]
     click_message_action(win, "hearth:next/0")

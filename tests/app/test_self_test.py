@@ -1,0 +1,64 @@
+"""``hearth --self-test``: headless answer from the default model (app/self_test.py), on a fake LLM."""
+
+from __future__ import annotations
+
+import types
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+import engine
+from app import self_test
+from app.__main__ import main
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+
+class _FakeLLM:
+    """Stands in for ``engine.LLM``: answers every chat with ``reply``, or fails to load."""
+
+    reply = "The capital of France is Paris."
+    fail: Exception | None = None
+
+    def __init__(self, model: str, **kwargs: Any) -> None:
+        if self.fail is not None:
+            raise self.fail
+        self.path = f"/models/{model}"
+
+    def chat(self, messages: list[dict[str, str]], params: Any) -> Any:
+        assert messages == [{"role": "user", "content": "What is the capital of France?"}]
+        assert (params.temperature, params.max_tokens) == (0, self_test.MAX_TOKENS)
+        return types.SimpleNamespace(text=f" {self.reply}\n")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_llm(monkeypatch: pytest.MonkeyPatch) -> type[_FakeLLM]:
+    fake = type("FakeLLM", (_FakeLLM,), {})
+    monkeypatch.setattr(engine, "LLM", fake, raising=False)
+    return fake
+
+
+def test_self_test_prints_the_reply(fake_llm: type[_FakeLLM], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["hearth", "--self-test", "What is the capital of France?"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "The capital of France is Paris.\n"
+    assert "self-test: loaded /models/default" in err
+
+
+def test_self_test_fails_on_load_error(fake_llm: type[_FakeLLM], capsys: pytest.CaptureFixture[str]) -> None:
+    fake_llm.fail = engine.ModelLoadError("no model")
+    assert self_test.run_self_test("What is the capital of France?") == 1
+    assert "self-test failed: ModelLoadError: no model" in capsys.readouterr().err
+
+
+def test_self_test_fails_on_empty_reply(fake_llm: type[_FakeLLM], capsys: pytest.CaptureFixture[str]) -> None:
+    fake_llm.reply = ""
+    assert self_test.run_self_test("What is the capital of France?") == 1
+    assert "reply was empty" in capsys.readouterr().err

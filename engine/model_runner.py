@@ -371,7 +371,8 @@ class ModelRunner:
         input_ids: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []
-        decode_ctx: list[list[int]] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
         prefills: list[PrefillChunk] = []
         logit_row = [-1] * len(batch)
         for i in order:
@@ -382,26 +383,19 @@ class ModelRunner:
             positions.extend(range(start, end))
             slot_mapping.extend(self._slots(seq.block_table, start, end))
             if n == 1 and not prefills:
-                decode_ctx.append(self._slots(seq.block_table, 0, end))
+                decode_tables.append(seq.block_table)
+                decode_lens.append(end)
             else:
                 prefills.append(self._prefill_chunk(seq.block_table, offset, start, end))
             if end == len(seq.token_ids):
                 logit_row[i] = offset + n - 1
         dev = self.device
         decode_slots = decode_mask = None
-        if decode_ctx:
-            longest = max(len(c) for c in decode_ctx)
-            null_slot = NULL_BLOCK * self.block_size
-            decode_slots = torch.tensor([c + [null_slot] * (longest - len(c)) for c in decode_ctx], device=dev)
-            if any(len(c) != longest for c in decode_ctx):
-                lengths = torch.tensor([len(c) for c in decode_ctx], device=dev)
-                pad = torch.arange(longest, device=dev)[None, :] >= lengths[:, None]
-                decode_mask = torch.zeros(pad.shape, dtype=torch.float32, device=dev)
-                decode_mask.masked_fill_(pad, float("-inf"))
-                decode_mask = decode_mask[:, None, None, :]
+        if decode_tables:
+            decode_slots, decode_mask = self._decode_slots(decode_tables, decode_lens)
         self.ctx = AttentionContext(
             slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=dev),
-            num_decode=len(decode_ctx),
+            num_decode=len(decode_tables),
             decode_slots=decode_slots,
             decode_mask=decode_mask,
             prefills=prefills,
@@ -410,11 +404,34 @@ class ModelRunner:
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         return ids, pos, logit_row
 
+    def _decode_slots(
+        self, tables: list[list[int]], lengths: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Slots each decode reads, [B, longest], padded with the null block; and the padding mask, if any.
+
+        Built from block tables with tensor ops, so the Python work grows with blocks, not tokens.
+        """
+        bs, dev = self.block_size, self.device
+        longest = max(lengths)
+        num_blocks = -(-longest // bs)
+        table = torch.full((len(tables), num_blocks), NULL_BLOCK, dtype=torch.long)
+        for row, blocks in enumerate(tables):
+            used = blocks[: -(-lengths[row] // bs)]
+            table[row, : len(used)] = torch.tensor(used, dtype=torch.long)
+        slots = (table[:, :, None] * bs + torch.arange(bs)).view(len(tables), -1)[:, :longest]
+        if all(n == longest for n in lengths):
+            return slots.to(dev), None
+        pad = torch.arange(longest)[None, :] >= torch.tensor(lengths)[:, None]
+        slots = slots.masked_fill(pad, NULL_BLOCK * bs)
+        mask = torch.zeros(pad.shape, dtype=torch.float32).masked_fill_(pad, float("-inf"))
+        return slots.to(dev), mask[:, None, None, :].to(dev)
+
     def _prefill_chunk(self, block_table: list[int], offset: int, start: int, end: int) -> PrefillChunk:
         n = end - start
         if start == 0:
             return PrefillChunk(offset, n, end, None, None)
-        slots = torch.tensor(self._slots(block_table, 0, end), dtype=torch.long, device=self.device)
+        slots, _ = self._decode_slots([block_table], [end])
+        slots = slots[0]
         # token i of the chunk sits at position start + i and sees keys 0 .. start + i
         mask = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)
         return PrefillChunk(offset, n, end, slots, mask)

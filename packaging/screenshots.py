@@ -6,6 +6,7 @@ package: pip's ``packaging`` owns the name)::
     PYTHONPATH=. xvfb-run -a -s "-screen 0 1600x1200x24" .venv/bin/python packaging/screenshots.py monitor
 
 ``monitor``: the monitor pane while four replies stream at once (monitor.png).
+``main``: the whole window after a real answer to a question, plus a code question (main-window.png).
 """
 
 from __future__ import annotations
@@ -70,15 +71,67 @@ def monitor(out: Path, idle_s: float, stream_s: float) -> None:
         raise SystemExit(code)
 
 
+def main_window(out: Path) -> None:
+    """Load the default model through the model pane, ask two questions, grab the window when both are done."""
+    import tempfile
+
+    from PySide6.QtWidgets import QDoubleSpinBox, QPushButton
+
+    import app as hearth
+    from app.chat_input import ChatInput
+    from app.conversations import STATUS_STREAMING
+
+    qapp = QApplication.instance() or QApplication(sys.argv)
+    win = hearth.create_window(data_dir=Path(tempfile.mkdtemp(prefix="hearth-shot-")))
+    win.resize(1500, 950)
+    win.show()
+    win.findChild(QDoubleSpinBox, "temperatureSpin").setValue(0.0)
+    questions = iter(["What is the capital of France?", "Write a Python function that reverses a string."])
+
+    def ask() -> None:
+        question = next(questions, None)
+        if question is None:
+            QTimer.singleShot(1500, grab)
+            return
+        box = win.findChild(ChatInput, "chatInput")
+        box.setPlainText(question)
+        win.findChild(QPushButton, "sendButton").click()
+        reply = win.chat_pane.current_conversation.messages[-1]
+
+        def wait() -> None:
+            if reply.status == STATUS_STREAMING:
+                QTimer.singleShot(200, wait)
+            else:
+                QTimer.singleShot(500, ask)
+
+        QTimer.singleShot(200, wait)
+
+    def grab() -> None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        win.grab().save(str(out))
+        print(f"saved {out}")
+        win.close()
+        qapp.exit(0)
+
+    win.bridge.signals.model_loaded.connect(lambda info: QTimer.singleShot(2000, ask))
+    win.bridge.signals.model_load_failed.connect(lambda message: (print(message, file=sys.stderr), qapp.exit(1)))
+    QTimer.singleShot(500, win.findChild(QPushButton, "loadModelButton").click)
+    if qapp.exec():
+        raise SystemExit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="packaging/screenshots.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("shot", choices=["monitor"])
+    parser.add_argument("shot", choices=["monitor", "main"])
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
     parser.add_argument("--idle", type=float, default=6.0, help="seconds of idle graph before the replies")
     parser.add_argument("--stream", type=float, default=25.0, help="seconds of streaming before the grab")
     args = parser.parse_args(argv)
-    monitor(args.out_dir / "monitor.png", args.idle, args.stream)
+    if args.shot == "main":
+        main_window(args.out_dir / "main-window.png")
+    else:
+        monitor(args.out_dir / "monitor.png", args.idle, args.stream)
     return 0
 
 

@@ -96,6 +96,7 @@ def test_quantized_weights_take_less_memory(perplexities: dict[str, Any]) -> Non
 
 
 def _hw(ram_gb: float = 32, gpus: list[GpuInfo] | None = None, bf16: bool = False) -> HardwareInfo:
+    """A synthetic machine. ``bf16`` adds avx512_bf16; fbgemm's packed fp16 GEMM is this torch build's own."""
     return HardwareInfo(
         cpu_model="test",
         physical_cores=8,

@@ -160,7 +160,7 @@ def flow_bad_model_path(qtbot: Any, win: MainWindow, bad_path: str, timeouts: Ti
 def flow_event_loop_never_stalls(qtbot: Any, win: MainWindow, timeouts: Timeouts = Timeouts(),
                                  max_gap_ms: float = 100.0) -> None:
     """While a reply streams, a 10 ms timer keeps firing: no gap between ticks exceeds ``max_gap_ms``."""
-    set_generation(win, max_tokens=200)
+    set_generation(win, max_tokens=80)
     load_model(qtbot, win, timeouts=timeouts)
     ticks: list[float] = []
     probe = QTimer()

@@ -11,10 +11,18 @@ from typing import Any
 import torch
 
 TIE_GAP = 1e-4
+_cache: dict[tuple[int, tuple[int, ...], int], tuple[list[int], list[torch.Tensor]]] = {}
 
 
 def hf_greedy(model: Any, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
-    """HF's greedy continuation of ``prompt_ids`` and the logits it chose each token from."""
+    """HF's greedy continuation of ``prompt_ids`` and the logits it chose each token from (memoised per model)."""
+    key = (id(model), tuple(prompt_ids), max_new_tokens)
+    if key not in _cache:
+        _cache[key] = _generate(model, prompt_ids, max_new_tokens)
+    return _cache[key]
+
+
+def _generate(model: Any, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
     ids = torch.tensor([prompt_ids])
     with torch.inference_mode():
         out = model.generate(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from app.storage import DEFAULT_TITLE, ROLES, Conversation, Message, Storage
@@ -24,7 +24,7 @@ _SAMPLING = (("temperature", float), ("top_p", float), ("max_tokens", int), ("mo
 
 
 def _timestamp(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _metadata_line(message: Message) -> str:

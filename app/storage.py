@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 DEFAULT_TITLE = "New chat"
 MAX_TITLE_CHARS = 40
@@ -347,7 +347,7 @@ class Storage:
         with self._lock:
             self._conn.close()
 
-    def __enter__(self) -> Storage:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

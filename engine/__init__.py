@@ -33,7 +33,17 @@ _EXPORTS = {
     "SamplingParams": "engine.sampling_params",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "LLM",
+    "CapacityError",
+    "EngineConfig",
+    "LLMEngine",
+    "ModelLoadError",
+    "RequestHandle",
+    "RequestOutput",
+    "SamplingParams",
+    "StepOutput",
+]
 
 
 def __getattr__(name: str) -> Any:

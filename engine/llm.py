@@ -6,7 +6,7 @@ import gc
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import psutil
 import torch
@@ -180,7 +180,7 @@ class LLM:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-    def __enter__(self) -> LLM:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -12,7 +12,7 @@ from app import self_test
 from app.__main__ import main
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing import Self
 
 
 class _FakeLLM:

@@ -290,7 +290,7 @@ def test_writes_from_several_threads(storage: Storage) -> None:
         try:
             for index in range(25):
                 storage.add_message(conversation.id, "user", f"{worker}-{index}")
-        except Exception as error:  # pragma: no cover - reported below
+        except Exception as error:  # noqa: BLE001  # pragma: no cover - reported below
             errors.append(error)
 
     threads = [threading.Thread(target=write, args=(worker,)) for worker in range(4)]

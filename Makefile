@@ -51,6 +51,23 @@ test: install ## run the whole suite offscreen
 bench: install ## engine benchmark against HF generate (JSON)
 	$(PY) -m engine.bench --model default --concurrency 1,4,16 --max-tokens 64
 
+.PHONY: bundle
+bundle: install ## build the offline bundle dist/Hearth/ (PyInstaller, ~6 min)
+	PYTHON=$(PY) packaging/build.sh
+
+.PHONY: smoke
+smoke: install ## answer one prompt with the bundle, offline (builds it if missing; ~1 min)
+	packaging/smoke.sh
+
+.PHONY: install-desktop-entry
+install-desktop-entry: ## add dist/Hearth to the app menu (~/.local/share/applications)
+	packaging/install-desktop-entry.sh
+
+.PHONY: screenshots
+screenshots: install ## retake resources/screenshots/ with the real model (needs xvfb-run)
+	PYTHONPATH=. xvfb-run -a -s "-screen 0 1600x1100x24" $(PY) packaging/screenshots.py main
+	PYTHONPATH=. xvfb-run -a -s "-screen 0 1600x1300x24" $(PY) packaging/screenshots.py monitor
+
 .PHONY: lint
 lint: $(STAMP) ## ruff over the tree
 	$(PY) -m ruff check app engine tests

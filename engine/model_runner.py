@@ -37,6 +37,10 @@ log = logging.getLogger("engine")
 
 FUSED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 ATTN_IMPLEMENTATION = "hearth_paged"
+# Steps with at most this many tokens (single-stream decode) read the model-dtype weights: a bf16 GEMV is
+# memory-bound and fast. Larger steps use the packed fp16 stack when there is one (bf16 GEMM is slow on CPUs
+# without avx512_bf16).
+SMALL_STEP_TOKENS = 2
 
 _DTYPES = {
     "float32": torch.float32,
@@ -191,6 +195,70 @@ class _FusedLayer:
     down: Linear
 
 
+def _packed(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+    return PackedFp16Linear(weight, bias)
+
+
+@dataclass(slots=True)
+class _LayerNorms:
+    """A decoder layer's norm weights, to build fused layers of any dtype from."""
+
+    input_norm: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    post_norm: torch.Tensor
+
+    @classmethod
+    def of(cls, layer: torch.nn.Module) -> _LayerNorms:
+        attn = layer.self_attn
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        return cls(
+            layer.input_layernorm.weight,
+            None if q_norm is None else q_norm.weight,
+            None if k_norm is None else k_norm.weight,
+            layer.post_attention_layernorm.weight,
+        )
+
+    def layer(
+        self,
+        linear: Any,
+        qkv: torch.Tensor,
+        qkv_bias: torch.Tensor | None,
+        o: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        dtype: torch.dtype,
+    ) -> _FusedLayer:
+        def cast(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(dtype)
+
+        return _FusedLayer(
+            self.input_norm.to(dtype),
+            linear(qkv, qkv_bias),
+            cast(self.q_norm),
+            cast(self.k_norm),
+            linear(o, None),
+            self.post_norm.to(dtype),
+            linear(gate_up, None),
+            linear(down, None),
+        )
+
+
+@dataclass(slots=True)
+class _Stack:
+    """Everything a fused forward pass reads, in one compute dtype."""
+
+    layers: list[_FusedLayer]
+    final_norm: torch.Tensor
+    lm_head: Linear
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        linears = [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        return sum(m.nbytes for m in linears) + self.lm_head.nbytes
+
+
 class _QuantizedModule(torch.nn.Module):
     """Stands in for an ``nn.Linear`` inside HF modules when the HF-module path is quantized."""
 
@@ -229,10 +297,11 @@ class ModelRunner:
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.scale = self.head_dim**-0.5
         self.is_fused = cfg.model_type in FUSED_MODEL_TYPES and not self._has_unsupported_features()
-        self._layers: list[_FusedLayer] = []
         self.quantization = quantization if quantization in WEIGHT_LEVELS else "none"
         self._quant_backend = quant_backend
-        # bf16/fp16 weights on a CPU: fbgemm's packed fp16 GEMM, computing in fp32 (see PackedFp16Linear)
+        self._stack: _Stack | None = None  # steps of up to SMALL_STEP_TOKENS tokens (single-stream decode)
+        self._batch_stack: _Stack | None = None  # larger steps, when a faster batched kernel exists
+        # bf16/fp16 weights on a CPU: batched steps use fbgemm's packed fp16 GEMM in fp32 (see PackedFp16Linear)
         self.packed_fp16 = (
             self.is_fused
             and self.device.type == "cpu"
@@ -240,7 +309,6 @@ class ModelRunner:
             and self.quantization == "none"
             and fbgemm_fp16_available()
         )
-        self.compute_dtype = torch.float32 if self.packed_fp16 else self.dtype
         if self.is_fused:
             self._build_fused()
         else:
@@ -251,7 +319,7 @@ class ModelRunner:
         log.info(
             "model runner: %s path%s, %d KV blocks of %d tokens (%.1f MB, %s)",
             "fused" if self.is_fused else "HF-module",
-            " (packed fp16 weights, fp32 compute)" if self.packed_fp16 else "",
+            " (+ packed fp16 weights for batched steps)" if self._batch_stack is not None else "",
             num_blocks,
             block_size,
             self.kv.nbytes / 1e6,
@@ -267,21 +335,19 @@ class ModelRunner:
 
     # --- weights -----------------------------------------------------------------------------------------------
     def _linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
-        if self.packed_fp16:
-            return PackedFp16Linear(weight, bias)
         return make_linear(weight, bias, self.quantization, self.device, self._quant_backend)
-
-    def _norm(self, weight: torch.Tensor) -> torch.Tensor:
-        return weight.to(self.compute_dtype)
 
     def _build_fused(self) -> None:
         """Fuse Q/K/V and gate/up weights (then quantize them, if asked).
 
         Unquantized, the HF modules are pointed at views of the fused tensors, so nothing is stored twice and
         the HF model stays usable. Quantized, the HF modules' dense weights are dropped to free their memory.
+        With fbgemm's packed fp16 GEMM available, a second stack of packed weights serves batched steps.
         """
         inner = self.model.model  # type: ignore[union-attr]
-        quantized = self.quantization != "none" or self.packed_fp16
+        quantized = self.quantization != "none"
+        layers: list[_FusedLayer] = []
+        packed: list[_FusedLayer] = []
         with torch.no_grad():
             for layer in inner.layers:
                 attn, mlp = layer.self_attn, layer.mlp
@@ -290,20 +356,11 @@ class ModelRunner:
                 if attn.q_proj.bias is not None:
                     bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
                 gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
-                q_norm = getattr(attn, "q_norm", None)
-                k_norm = getattr(attn, "k_norm", None)
-                self._layers.append(
-                    _FusedLayer(
-                        input_norm=self._norm(layer.input_layernorm.weight),
-                        qkv=self._linear(qkv, bias),
-                        q_norm=None if q_norm is None else self._norm(q_norm.weight),
-                        k_norm=None if k_norm is None else self._norm(k_norm.weight),
-                        o=self._linear(attn.o_proj.weight, None),
-                        post_norm=self._norm(layer.post_attention_layernorm.weight),
-                        gate_up=self._linear(gate_up, None),
-                        down=self._linear(mlp.down_proj.weight, None),
-                    )
-                )
+                norms = _LayerNorms.of(layer)
+                weights = (qkv, bias, attn.o_proj.weight, gate_up, mlp.down_proj.weight)
+                layers.append(norms.layer(self._linear, *weights, dtype=self.dtype))
+                if self.packed_fp16:
+                    packed.append(norms.layer(_packed, *weights, dtype=torch.float32))
                 if quantized:
                     for module in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
                         module.weight = torch.nn.Parameter(torch.empty(0, dtype=self.dtype), requires_grad=False)
@@ -318,11 +375,12 @@ class ModelRunner:
                 inter = mlp.gate_proj.weight.shape[0]
                 mlp.gate_proj.weight = torch.nn.Parameter(gate_up[:inter], requires_grad=False)
                 mlp.up_proj.weight = torch.nn.Parameter(gate_up[inter:], requires_grad=False)
-            self._final_norm = self._norm(inner.norm.weight)
             head = self.model.lm_head  # type: ignore[union-attr]
-            self._lm_head: Linear = (
-                PackedFp16Linear(head.weight, head.bias) if self.packed_fp16 else DenseLinear(head.weight, head.bias)
-            )
+            self._stack = _Stack(layers, inner.norm.weight, DenseLinear(head.weight, head.bias), self.dtype)
+            if packed:
+                self._batch_stack = _Stack(
+                    packed, inner.norm.weight.float(), PackedFp16Linear(head.weight, head.bias), torch.float32
+                )
         self._q_dim = self.num_heads * self.head_dim
         self._kv_dim = self.num_kv_heads * self.head_dim
         self._eps = float(self.config.rms_norm_eps)
@@ -350,10 +408,9 @@ class ModelRunner:
         for module in self.model.modules():
             if isinstance(module, _QuantizedModule):
                 total += module.linear.nbytes
-        if self.quantization != "none" or self.packed_fp16:
-            total += sum(m.nbytes for layer in self._layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
-        if self.packed_fp16:
-            total += self._lm_head.nbytes
+        for stack, counted in ((self._stack, self.quantization == "none"), (self._batch_stack, False)):
+            if stack is not None and not counted:  # dense weights are HF parameters, counted above
+                total += stack.nbytes
         return total
 
     # --- step inputs ---------------------------------------------------------------------------------------------
@@ -451,8 +508,12 @@ class ModelRunner:
         _local.runner = self
         try:
             if self.is_fused:
-                hidden = self._forward_fused(ids, pos)
-                logits = self._lm_head(hidden[keep]) if rows else None
+                stack = self._stack
+                if self._batch_stack is not None and ids.shape[0] > SMALL_STEP_TOKENS:
+                    stack = self._batch_stack
+                assert stack is not None
+                hidden = self._forward_fused(stack, ids, pos)
+                logits = stack.lm_head(hidden[keep]) if rows else None
             else:
                 logits = self._forward_hf(ids, pos, keep) if rows else None
                 if not rows:
@@ -466,15 +527,15 @@ class ModelRunner:
         out = self.model(input_ids=ids[None], position_ids=pos[None], use_cache=False, logits_to_keep=keep)
         return out.logits[0]
 
-    def _forward_fused(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def _forward_fused(self, stack: _Stack, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         inner = self.model.model  # type: ignore[union-attr]
-        x = inner.embed_tokens(ids).to(self.compute_dtype)
+        x = inner.embed_tokens(ids).to(stack.dtype)
         cos, sin = inner.rotary_emb(x, pos[None])
         cos, sin = cos[0][:, None, :], sin[0][:, None, :]  # [T, 1, D]
         ctx, eps, t = self.ctx, self._eps, ids.shape[0]
         assert ctx is not None
         qd, kvd, hd, nh = self._q_dim, self._kv_dim, self.head_dim, self.num_heads
-        for i, layer in enumerate(self._layers):
+        for i, layer in enumerate(stack.layers):
             h = _rms_norm(x, layer.input_norm, eps)
             qkv = layer.qkv(h)
             qk = qkv[:, : qd + kvd].view(t, -1, hd)
@@ -488,7 +549,7 @@ class ModelRunner:
             h = _rms_norm(x, layer.post_norm, eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
-        return _rms_norm(x, self._final_norm, eps)
+        return _rms_norm(x, stack.final_norm, eps)
 
 
 def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app import qtfix
+
+# Idle OpenMP threads sleep instead of spinning, so torch's workers don't take the GUI thread's core
+# between engine steps. Set before torch is first imported (the bridge imports it lazily).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The engine thread runs Python between torch ops; with the default 5 ms switch interval the GUI thread waits
+# up to 5 ms for the GIL each time it hands it over, and a repaint hands it over many times (the convoy effect).
+sys.setswitchinterval(0.001)
 
 qtfix.apply()
 

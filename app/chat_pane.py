@@ -324,7 +324,11 @@ class ChatPane(QWidget):
         if message is None or index != last or not message.can_continue or not self._can_send(conversation):
             self.notice.emit("Only the last reply can be continued, once it stopped at its token limit.")
             return None
-        history = conversation.prompt_messages() + [{"role": "user", "content": CONTINUE_PROMPT}]
+        # The partial reply goes last: the local engine continues a trailing assistant message exactly (no new
+        # turn). A remote server may open a new turn instead, so it gets an explicit instruction.
+        history = conversation.prompt_messages()
+        if self._bridge.remote is not None:
+            history.append({"role": "user", "content": CONTINUE_PROMPT})
         self._store.resume_reply(message)
         self._view.update_message(index, message)
         return self._submit(conversation, message, history)

@@ -33,7 +33,8 @@ STATUS_ERROR = "error"
 
 #: ``finish_reason`` stored for a reply that failed (the database has no error column).
 FINISH_ERROR = "error"
-#: The instruction sent after a reply cut off by its token limit, to have the model go on.
+#: The instruction sent to a remote server after a reply cut off by its token limit (the local engine continues
+#: the trailing assistant message itself, with no instruction).
 CONTINUE_PROMPT = "Continue exactly where your previous reply stopped. Do not repeat anything."
 
 _METRIC_KEYS = ("num_prompt_tokens", "num_generated_tokens", "ttft_s", "tok_s")

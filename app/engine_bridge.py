@@ -42,6 +42,8 @@ REMOTE_DEVICE = "remote server"
 DEFAULT_MODEL_SPEC = "default"
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: Weight quantization levels ``LLM(quantization=...)`` accepts; "none" keeps fp32 weights.
+QUANTIZATION_LEVELS = ("auto", "none", "bf16", "fp16", "int8", "int4")
 
 #: How long the engine loop sleeps on its command queue when the engine is idle.
 IDLE_WAIT_S = 0.05
@@ -50,6 +52,8 @@ METRICS_INTERVAL_S = 1.0
 #: If the engine does not report a cancelled request as finished within this time, the bridge does.
 CANCEL_GRACE_S = 2.0
 MAX_THREADS = 3
+#: Physical cores left to the GUI thread when the engine runs inside the app.
+UI_RESERVED_CORES = 1
 
 
 @dataclass(slots=True)
@@ -60,8 +64,13 @@ class LoadSettings:
     max_wait_ms: float = 5.0
     #: KV-cache budget in MiB; 0 lets the engine size it from free memory.
     kv_cache_mb: int = 0
+    #: One of ``QUANTIZATION_LEVELS``; "auto" lets the engine pick from free memory.
+    quantization: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.quantization not in QUANTIZATION_LEVELS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_LEVELS)}, "
+                             f"got {self.quantization!r}")
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {self.max_batch_size}")
         if self.max_wait_ms < 0:
@@ -85,6 +94,22 @@ class ModelInfo:
     device_reason: str
     weights_bytes: int
     load_s: float
+    #: The quantization level the model was loaded at ("none", "bf16", "fp16", "int8", "int4"; "" if unknown).
+    quantization: str = ""
+
+
+@dataclass(slots=True)
+class QuantizationAdvice:
+    """What ``recommendation_ready`` carries: the recommended level for a model, and the numbers for each level."""
+
+    spec: str
+    device: str
+    #: ``engine.recommend.Recommendation`` for the best level, or None if the model could not be inspected.
+    recommendation: Any = None
+    #: Level ("none", "bf16", "fp16", "int8", "int4") -> its ``Recommendation`` (``fits`` says if it fits).
+    estimates: dict[str, Any] = field(default_factory=dict)
+    #: Why there is no recommendation, in plain words ("" when there is one).
+    error: str = ""
 
 
 @dataclass(slots=True)
@@ -124,6 +149,7 @@ class EngineSignals(QObject):
         error(message): an unexpected engine error.
         remote_models_listed(list[str]): the models a remote server offers, after ``connect_remote``.
         server_state_changed(ServerState): "Serve on localhost" started, stopped or failed.
+        recommendation_ready(QuantizationAdvice): result of ``recommend_quantization``.
     """
 
     token_delta = Signal(str, str)
@@ -138,6 +164,7 @@ class EngineSignals(QObject):
     error = Signal(str)
     remote_models_listed = Signal(object)
     server_state_changed = Signal(object)
+    recommendation_ready = Signal(object)
 
 
 @dataclass(slots=True)
@@ -158,9 +185,15 @@ class _Superseded(Exception):
 
 
 def _import_engine() -> types.SimpleNamespace:
-    """Import the engine (slow: torch). Called from pool threads only."""
+    """Import the engine (slow: torch). Called from pool threads only.
+
+    The engine gets every physical core but one: the GUI thread must not compete with busy torch threads for
+    a core, or painting stalls while a reply streams (measured on 2 cores: >100 ms gaps with 2 torch threads).
+    """
     import engine
     from engine import hardware, monitor
+
+    hardware.configure_threads(reserve=UI_RESERVED_CORES)
 
     return types.SimpleNamespace(
         LLM=engine.LLM,
@@ -594,6 +627,13 @@ class EngineBridge(QObject):
         log.bridge.info("stopped serving on %s", server.url)
         self.signals.server_state_changed.emit(ServerState(False, message=message))
 
+    def recommend_quantization(self, spec: str, device: str = "auto") -> None:
+        """Estimate, in the background, which quantization ``spec`` should load at on ``device`` and what each
+        level needs; emits ``recommendation_ready`` with a :class:`QuantizationAdvice`."""
+        if not self._shutdown.is_set():
+            spec = spec.strip() or DEFAULT_MODEL_SPEC
+            self._start_job("recommend", lambda: self._recommend_worker(spec, device))
+
     def detect_hardware(self) -> None:
         """Detect CPU/GPU/RAM in the background; emits ``hardware_detected``."""
         if not self._shutdown.is_set():
@@ -731,7 +771,8 @@ class EngineBridge(QObject):
                 return
             self.signals.model_load_progress.emit(0.0, "Starting")
             try:
-                llm = api.LLM(spec, device=device, dtype=dtype, max_batch_size=settings.max_batch_size,
+                llm = api.LLM(spec, device=device, dtype=dtype, quantization=settings.quantization,
+                              max_batch_size=settings.max_batch_size,
                               max_wait_ms=settings.max_wait_ms, kv_cache_bytes=settings.kv_cache_bytes,
                               progress=progress, start_loop=False)
             except _Superseded:
@@ -759,7 +800,8 @@ class EngineBridge(QObject):
                              device=str(llm.device), dtype=str(llm.dtype),
                              device_reason=str(getattr(llm, "device_reason", "")),
                              weights_bytes=int(getattr(llm, "weights_bytes", 0) or 0),
-                             load_s=time.monotonic() - started)
+                             load_s=time.monotonic() - started,
+                             quantization=str(getattr(llm, "quantization", "") or ""))
             self.signals.model_load_progress.emit(1.0, "Ready")
             self._pool.start(loop)
             self.signals.model_loaded.emit(info)
@@ -775,6 +817,21 @@ class EngineBridge(QObject):
             if self._is_current(generation):
                 self._fail_queued("The model was unloaded.")
                 self.signals.model_unloaded.emit()
+
+    def _recommend_worker(self, spec: str, device: str) -> None:
+        advice = QuantizationAdvice(spec, device)
+        try:
+            # hardware=None: each call measures free memory itself (and knows whether torch can use a GPU)
+            hardware = self._engine_api().hardware
+            advice.recommendation = hardware.recommend(spec, device=device)
+            advice.estimates = {level: hardware.estimate(spec, level, device=device)
+                                for level in QUANTIZATION_LEVELS if level != "auto"}
+        except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
+            log.bridge.info("no quantization recommendation for %s: %s", spec, exc)
+            advice.recommendation, advice.estimates = None, {}
+            advice.error = str(exc) or type(exc).__name__
+        if not self._shutdown.is_set():
+            self.signals.recommendation_ready.emit(advice)
 
     def _detect_hardware_worker(self) -> None:
         try:

@@ -6,7 +6,8 @@ import html
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtCore import Qt, QTimer, Signal, Slot
+from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -30,10 +31,12 @@ from app import log
 from app.engine_bridge import (
     DEVICES,
     DTYPES,
+    QUANTIZATION_LEVELS,
     REMOTE_DEVICE,
     EngineBridge,
     LoadSettings,
     ModelInfo,
+    QuantizationAdvice,
     ServerState,
 )
 from app.formatting import format_bytes
@@ -45,6 +48,41 @@ SOURCES = (("local", "This computer"), ("remote", "Remote server (OpenAI API)"))
 DEFAULT_REMOTE_URL = "http://localhost:8000/v1"
 _DTYPE_LABELS = {"auto": "Automatic", "float32": "float32 (exact, large)",
                  "bfloat16": "bfloat16 (half size)", "float16": "float16 (half size, GPU)"}
+_QUANTIZATION_LABELS = {"auto": "Automatic", "none": "fp32 (none)", "bf16": "bf16", "fp16": "fp16",
+                        "int8": "int8", "int4": "int4"}
+#: How long the path box must stay unchanged before a recommendation is asked for.
+RECOMMEND_DELAY_MS = 400
+
+
+def level_name(level: str) -> str:
+    """A quantization level as the user reads it ("none" is fp32)."""
+    return "fp32" if level == "none" else level
+
+
+def _gb(num_bytes: float) -> str:
+    return f"{num_bytes / 1e9:.1f} GB"
+
+
+def describe_recommendation(rec: Any) -> str:
+    """Rich text for an ``engine.recommend.Recommendation``: the level, the numbers and the reason."""
+    per_token = rec.kv_bytes_per_token
+    per_token_text = f"{per_token / 1e3:.0f} KB" if per_token >= 1000 else f"{per_token} B"
+    numbers = (f"weights {_gb(rec.weights_bytes)} · KV cache {per_token_text} per token "
+               f"({_gb(rec.kv_budget_bytes)} for {rec.context_length} tokens) · "
+               f"{_gb(rec.free_bytes)} free · fits: {html.escape(str(rec.fits))}")
+    return (f"Recommended: <b>{html.escape(level_name(rec.quantization))}</b> on {html.escape(str(rec.device))}"
+            f"<br>{numbers}<br><span style='color: #757575'>{html.escape(str(rec.reason))}</span>")
+
+
+def fit_warning(rec: Any) -> str:
+    """A plain warning when the level in ``rec`` will not fit (or only just), else ""."""
+    name = level_name(rec.quantization)
+    need = rec.weights_bytes + rec.kv_budget_bytes
+    if rec.fits == "no":
+        return f"{name} needs {_gb(need)} but only {_gb(rec.free_bytes)} is free — it will not fit."
+    if rec.fits == "tight":
+        return f"{name} needs {_gb(need)} of the {_gb(rec.free_bytes)} free — it fits, but only just."
+    return ""
 
 
 class ModelPane(QWidget):
@@ -68,6 +106,13 @@ class ModelPane(QWidget):
         """The bridge signals only this pane uses (the shared ones are wired in ``MainWindow``)."""
         self._bridge.signals.remote_models_listed.connect(self._on_remote_models_listed)
         self._bridge.signals.server_state_changed.connect(self._on_server_state_changed)
+        self._bridge.signals.recommendation_ready.connect(self._on_recommendation_ready)
+
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        if not self._shown_once:
+            self._shown_once = True
+            self.request_recommendation()
 
     # -- layout -----------------------------------------------------------------------------------
 
@@ -131,9 +176,35 @@ class ModelPane(QWidget):
         self._dtype_combo.setObjectName("dtypeCombo")
         for dtype in DTYPES:
             self._dtype_combo.addItem(_DTYPE_LABELS[dtype], dtype)
+        self._quantization_combo = QComboBox()
+        self._quantization_combo.setObjectName("quantizationCombo")
+        self._quantization_combo.setToolTip("How the weights are stored: smaller levels use less memory")
+        for level in QUANTIZATION_LEVELS:
+            self._quantization_combo.addItem(_QUANTIZATION_LABELS[level], level)
+        self._quantization_combo.currentIndexChanged.connect(self._on_quantization_changed)
+        self._recommendation_label = QLabel("")
+        self._recommendation_label.setObjectName("recommendationLabel")
+        self._recommendation_label.setWordWrap(True)
+        self._recommendation_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self._quantization_warning = QLabel("")
+        self._quantization_warning.setObjectName("quantizationWarning")
+        self._quantization_warning.setWordWrap(True)
+        self._quantization_warning.setStyleSheet(
+            "QLabel { color: #8a4b00; background: #fff4e5; border: 1px solid #ffd8a8;"
+            " border-radius: 4px; padding: 6px; }")
+        self._quantization_warning.hide()
+        self._advice: QuantizationAdvice | None = None
+        self._recommend_timer = QTimer(self)
+        self._recommend_timer.setSingleShot(True)
+        self._recommend_timer.setInterval(RECOMMEND_DELAY_MS)
+        self._recommend_timer.timeout.connect(self.request_recommendation)
+        self._path_edit.textChanged.connect(lambda _text: self._recommend_timer.start())
+        self._device_combo.currentIndexChanged.connect(lambda _index: self._recommend_timer.start())
+        self._shown_once = False
         form = QFormLayout()
         form.addRow("Device", self._device_combo)
         form.addRow("Precision", self._dtype_combo)
+        form.addRow("Quantization", self._quantization_combo)
 
         self._load_button = QPushButton("Load model")
         self._load_button.setObjectName("loadModelButton")
@@ -172,6 +243,8 @@ class ModelPane(QWidget):
         local_layout.addLayout(path_row)
         local_layout.addWidget(hint)
         local_layout.addLayout(form)
+        local_layout.addWidget(self._recommendation_label)
+        local_layout.addWidget(self._quantization_warning)
 
         layout = QVBoxLayout(group)
         layout.addLayout(source_form)
@@ -307,7 +380,21 @@ class ModelPane(QWidget):
 
     def load_settings(self) -> LoadSettings:
         return LoadSettings(max_batch_size=self._batch_spin.value(), max_wait_ms=self._wait_spin.value(),
-                            kv_cache_mb=self._kv_spin.value())
+                            kv_cache_mb=self._kv_spin.value(), quantization=self.quantization())
+
+    def quantization(self) -> str:
+        """The chosen quantization level (one of ``QUANTIZATION_LEVELS``)."""
+        return str(self._quantization_combo.currentData())
+
+    def request_recommendation(self) -> None:
+        """Ask the bridge (in the background) which quantization the chosen model should load at."""
+        self._recommend_timer.stop()
+        if self.is_remote():
+            return
+        self._advice = None
+        self._update_quantization_warning()
+        self._recommendation_label.setText("Estimating the memory this model needs…")
+        self._bridge.recommend_quantization(self.model_spec(), self._device_combo.currentData())
 
     def sampling_params(self) -> dict[str, Any]:
         """``SamplingParams`` keyword arguments from the Generation box."""
@@ -361,6 +448,8 @@ class ModelPane(QWidget):
         remote = self.is_remote()
         self._local_box.setVisible(not remote)
         self._remote_box.setVisible(remote)
+        if not remote and self._advice is None:
+            self._recommend_timer.start()
         self._set_state(loaded=self._bridge.model_info is not None, loading=self._bridge.is_loading)
 
     @Slot(int)
@@ -380,6 +469,34 @@ class ModelPane(QWidget):
             self._bridge.start_server(self._serve_port_spin.value(), self._serve_key_edit.text())
         else:
             self._serve_status_label.setText("Starts when a model is loaded on this computer.")
+
+    @Slot(object)
+    def _on_recommendation_ready(self, advice: QuantizationAdvice) -> None:
+        if advice.spec != self.model_spec() or advice.device != self._device_combo.currentData():
+            return  # an answer for a model or device no longer chosen
+        self._advice = advice
+        rec = advice.recommendation
+        if rec is None:
+            self._recommendation_label.setText(
+                f"<span style='color: #757575'>No recommendation: {html.escape(advice.error)}</span>")
+            self._update_quantization_warning()
+            return
+        self._recommendation_label.setText(describe_recommendation(rec))
+        index = self._quantization_combo.findData(rec.quantization)
+        if index >= 0:
+            self._quantization_combo.setCurrentIndex(index)
+        self._update_quantization_warning()
+
+    @Slot(int)
+    def _on_quantization_changed(self, _index: int) -> None:
+        self._update_quantization_warning()
+
+    def _update_quantization_warning(self) -> None:
+        advice = self._advice
+        rec = advice.estimates.get(self.quantization()) if advice is not None else None
+        warning = fit_warning(rec) if rec is not None else ""
+        self._quantization_warning.setText(warning)
+        self._quantization_warning.setVisible(bool(warning))
 
     @Slot(object)
     def _on_remote_models_listed(self, models: list[str]) -> None:
@@ -426,6 +543,8 @@ class ModelPane(QWidget):
             self._bridge.start_server(self._serve_port_spin.value(), self._serve_key_edit.text())
         details = [f"<b>{html.escape(info.model_name)}</b>",
                    f"runs on <b>{html.escape(info.device)}</b> in {html.escape(info.dtype)}"]
+        if info.quantization:
+            details.append(f"quantization <b>{html.escape(level_name(info.quantization))}</b>")
         if info.weights_bytes:
             details.append(f"{format_bytes(info.weights_bytes)} of weights")
         text = " · ".join(details)

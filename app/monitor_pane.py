@@ -66,6 +66,18 @@ _STAT_ROWS: tuple[tuple[str, tuple[str, ...], Callable[[float], str]], ...] = (
 _COLOURS = {"red": "#e4572e", "blue": "#4c6ef5", "green": "#2f9e44", "orange": "#f08c00",
             "purple": "#862e9c", "teal": "#1098ad", "grey": "#adb5bd", "pink": "#d6336c"}
 
+def _steady_label(min_width: int = 0) -> QLabel:
+    """A label whose changing text never changes the layout: a new width would resize (and fully repaint)
+    every graph once a second."""
+    label = QLabel("–")
+    label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+    label.setMinimumWidth(min_width)
+    return label
+
+
+#: Milliseconds between the graphs' repaints in a periodic redraw.
+STAGGER_MS = 60
+
 
 def _gpu_sum(row: dict[str, Any], name: str) -> float | None:
     """Sum of ``gpu{i}_{name}`` over the GPUs in ``row``; None without GPUs."""
@@ -112,7 +124,7 @@ class Graph(QFrame):
         super().__init__(parent)
         self.setFrameShape(QFrame.Shape.StyledPanel)
         self._title = QLabel(f"<b>{title}</b>")
-        self.value_label = QLabel("–")
+        self.value_label = _steady_label()
         self.value_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.value_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         header = QHBoxLayout()
@@ -162,7 +174,7 @@ class Graph(QFrame):
         if fill:
             brush = QColor(colour)
             brush.setAlpha(fill)
-        curve = pg.PlotDataItem(pen=pen, name=label, connect="finite",
+        curve = pg.PlotDataItem(pen=pen, name=label, connect="finite", clipToView=True, autoDownsample=True,
                                 fillLevel=0.0 if fill else None, brush=brush)
         curve.setZValue(len(self._curves))  # later curves in front
         if right:
@@ -248,9 +260,16 @@ class MonitorPane(QWidget):
         sample_interval_ms: how often a history row is taken (and the graphs redrawn).
     """
 
-    def __init__(self, parent: QWidget | None = None, *, sample_interval_ms: int = SAMPLE_INTERVAL_MS) -> None:
+    def __init__(
+        self,
+        parent: QWidget | None = None,
+        *,
+        sample_interval_ms: int = SAMPLE_INTERVAL_MS,
+        stagger_ms: int = STAGGER_MS,
+    ) -> None:
         super().__init__(parent)
         self.setObjectName("monitorPaneWidget")
+        self.stagger_ms = stagger_ms  # 0: periodic redraws update every graph at once
         self._latest: dict[str, Any] = {}
         self._history: deque[dict[str, Any]] = deque(maxlen=HISTORY_ROWS)
         self._model: dict[str, str] = {}
@@ -267,7 +286,7 @@ class MonitorPane(QWidget):
     # -- building ---------------------------------------------------------------------------------
 
     def _build(self) -> None:
-        pg.setConfigOptions(antialias=True, background=self.palette().color(self.backgroundRole()),
+        pg.setConfigOptions(antialias=False, background=self.palette().color(self.backgroundRole()),
                             foreground=self.palette().color(self.foregroundRole()))
 
         self.gpu_graph = Graph("GPU memory", ("memory", "B"))
@@ -320,7 +339,7 @@ class MonitorPane(QWidget):
         stats = QGroupBox("Engine")
         form = QFormLayout(stats)
         for title, _, _ in _STAT_ROWS:
-            label = QLabel("–")
+            label = _steady_label()
             self._stat_labels[title] = label
             form.addRow(title, label)
         self._gpu_detail = QLabel("–")
@@ -350,7 +369,7 @@ class MonitorPane(QWidget):
         row.setContentsMargins(8, 6, 8, 2)
         for key, caption in (("tok_s", "Throughput"), ("kv", "KV cache"), ("ram", "RAM"), ("vram", "VRAM"),
                              ("device", "Device"), ("quantization", "Quantization")):
-            value = QLabel("–")
+            value = _steady_label(min_width=110)
             value.setObjectName(f"headline_{key}")
             font = value.font()
             font.setPointSizeF(font.pointSizeF() * 1.35)
@@ -397,8 +416,14 @@ class MonitorPane(QWidget):
             writer.writerows(rows)
         return len(rows)
 
-    def redraw(self) -> None:
-        """Redraw graphs and numbers from the history now."""
+    def redraw(self, staggered: bool = False) -> None:
+        """Redraw graphs and numbers from the history.
+
+        Args:
+            staggered: hand the graphs their new data one at a time, ``stagger_ms`` apart, so that their
+                repaints land in separate event-loop turns. Painting all five plots at once takes over 100 ms
+                on a slow CPU while a reply streams; one at a time, none blocks the loop for long.
+        """
         self._needs_redraw = False
         self.num_redraws += 1
         rows = list(self._history)
@@ -414,9 +439,13 @@ class MonitorPane(QWidget):
             self.gpu_graph.set_placeholder("No GPU")
         else:
             self.gpu_graph.set_placeholder(None)
-        for graph in self.graphs:
-            graph.update_from(times, rows)
         self._update_numbers(latest)
+        if not staggered:
+            for graph in self.graphs:
+                graph.update_from(times, rows)
+            return
+        for i, graph in enumerate(self.graphs):
+            QTimer.singleShot(i * self.stagger_ms, self, lambda g=graph: g.update_from(times, rows))
 
     def _update_numbers(self, m: dict[str, Any]) -> None:
         def get(key: str) -> float | None:
@@ -484,7 +513,7 @@ class MonitorPane(QWidget):
             return
         self._history.append(dict(self._latest, time=time.time()))
         if self.isVisible():
-            self.redraw()
+            self.redraw(staggered=self.stagger_ms > 0)
         else:
             self._needs_redraw = True  # paused: no drawing while hidden
 

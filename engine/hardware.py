@@ -256,11 +256,14 @@ _threads_lock = threading.Lock()
 _threads_configured = False
 
 
-def configure_threads(hardware: HardwareInfo | None = None) -> int:
+def configure_threads(hardware: HardwareInfo | None = None, reserve: int = 0) -> int:
     """Set torch's intra-op thread count to the number of physical cores, once per process.
 
     Args:
         hardware: A previous :func:`detect` result; detected now when omitted.
+        reserve: Cores to leave free for other work (the app keeps one for its GUI thread); at least one
+            thread is always used. Only the first call in a process sets the count: changing it later, while
+            another thread may be inside a parallel region, is not safe.
 
     Returns:
         The number of threads torch uses.
@@ -269,7 +272,7 @@ def configure_threads(hardware: HardwareInfo | None = None) -> int:
     with _threads_lock:
         if not _threads_configured:
             cores = hardware.physical_cores if hardware is not None else _physical_cores()[0]
-            torch.set_num_threads(max(cores, 1))
+            torch.set_num_threads(max(cores - reserve, 1))
             _threads_configured = True
             logger.debug("torch uses %d threads", torch.get_num_threads())
     return torch.get_num_threads()
@@ -319,3 +322,11 @@ def recommend(model: Any, hardware: HardwareInfo | None = None, context_length: 
     from engine.recommend import recommend as _recommend
 
     return _recommend(model, hardware, context_length, device)
+
+
+def estimate(model: Any, level: str, hardware: HardwareInfo | None = None, context_length: int | None = None,
+             device: str = "auto") -> Any:
+    """The memory numbers for loading ``model`` at one given quantization level (see ``engine.recommend``)."""
+    from engine.recommend import estimate as _estimate
+
+    return _estimate(model, level, hardware, context_length, device)

@@ -144,10 +144,31 @@ def _packed_fp16() -> bool:
     return fbgemm_fp16_available()
 
 
-def recommend(
-    model: Any, hardware: Any = None, context_length: int | None = None, device: str = "auto"
-) -> Recommendation:
-    """Recommend a device and quantization level for ``model`` (a path, "default", a config or a dict)."""
+@dataclass(slots=True)
+class _Budget:
+    info: Any
+    cfg: dict[str, Any]
+    num_params: int
+    context: int
+    per_token: int
+    kv_budget: int
+    target: str
+    free: int
+    where: str
+    overhead: int
+
+    @property
+    def usable(self) -> float:
+        return self.free * MARGIN - self.overhead
+
+    def fits(self, weights: int) -> str:
+        need = weights + self.kv_budget
+        if need > self.usable:
+            return "no"
+        return "tight" if need > self.free * TIGHT - self.overhead else "yes"
+
+
+def _budget(model: Any, hardware: Any, context_length: int | None, device: str) -> _Budget:
     from engine import hardware as hw
 
     info = hardware if hardware is not None else hw.detect()
@@ -155,9 +176,7 @@ def recommend(
     num_params = count_parameters(cfg)
     context = int(context_length or min(int(cfg.get("max_position_embeddings") or 4096), 4096))
     per_token = kv_bytes_per_token(cfg)
-    kv_budget = per_token * context
     use_gpu = device in ("auto", "cuda") and bool(info.gpus) and (info.torch_cuda_available or hardware is not None)
-    target = "cuda" if use_gpu else "cpu"
     if use_gpu:
         free = max(g.free_bytes for g in info.gpus)
         where = f"the GPU's {free / _GB:.1f} GB free"
@@ -165,7 +184,44 @@ def recommend(
         free = int(info.ram_available_bytes)
         where = f"{free / _GB:.1f} GB of free RAM"
     overhead = GPU_OVERHEAD_BYTES if use_gpu else RUNTIME_OVERHEAD_BYTES
-    usable = free * MARGIN - overhead
+    return _Budget(info, cfg, num_params, context, per_token, per_token * context, "cuda" if use_gpu else "cpu",
+                   free, where, overhead)
+
+
+def estimate(
+    model: Any, level: str, hardware: Any = None, context_length: int | None = None, device: str = "auto"
+) -> Recommendation:
+    """The numbers for loading ``model`` at one given ``level`` ("none", "bf16", "fp16", "int8", "int4"), with the
+    same estimates as :func:`recommend`; ``fits`` says whether that level fits, ``reason`` in one sentence.
+    "auto" gives :func:`recommend`'s answer."""
+    from engine.quantization import check_level
+
+    level = check_level(level)
+    if level == "auto":
+        return recommend(model, hardware, context_length, device)
+    b = _budget(model, hardware, context_length, device)
+    weights = _weights_bytes(b.num_params, level, b.cfg)
+    fits = b.fits(weights)
+    name = "fp32" if level == "none" else level
+    need = weights + b.kv_budget
+    if fits == "no":
+        why = (f"{name} needs {need / _GB:.1f} GB (weights {weights / _GB:.1f} GB + a {b.context}-token KV cache "
+               f"{b.kv_budget / _GB:.2f} GB) but only {b.where}; it will not fit.")
+    else:
+        why = (f"{name} weights ({weights / _GB:.1f} GB) plus a {b.context}-token KV cache "
+               f"({b.kv_budget / _GB:.2f} GB) fit in {b.where}.")
+    return Recommendation(b.target, level, fits, weights, b.per_token, b.kv_budget, b.free, why, b.num_params,
+                          b.context)
+
+
+def recommend(
+    model: Any, hardware: Any = None, context_length: int | None = None, device: str = "auto"
+) -> Recommendation:
+    """Recommend a device and quantization level for ``model`` (a path, "default", a config or a dict)."""
+    b = _budget(model, hardware, context_length, device)
+    info, cfg, num_params, context = b.info, b.cfg, b.num_params, b.context
+    per_token, kv_budget, target, free, where = b.per_token, b.kv_budget, b.target, b.free, b.where
+    overhead, usable = b.overhead, b.usable
     order = _candidates(target, info, num_params)
     for level in order:
         weights = _weights_bytes(num_params, level, cfg)

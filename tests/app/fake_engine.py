@@ -1,7 +1,7 @@
 """A small stand-in for the ``engine`` package, following its public API.
 
 ``make_fake_api()`` returns an object with ``LLM``, ``SamplingParams``, ``ModelLoadError``,
-``hardware`` and ``Sampler`` that ``EngineBridge(api=...)`` accepts. The fake streams a canned reply one word
+``hardware`` (``detect``, ``recommend``, ``estimate``) and ``Sampler`` that ``EngineBridge(api=...)`` accepts. The fake streams a canned reply one word
 per ``step()``, batches every running request in each step, honours ``handle.cancel()``, and
 reports ``metrics()`` with the real key set. It imports neither torch nor Qt.
 """
@@ -88,7 +88,17 @@ class HardwareInfo:
 
 
 def reply_for(messages: list[dict[str, str]] | str) -> str:
-    """The fake model's answer: Paris for the France question, a long text otherwise."""
+    """The fake model's answer: Paris for the France question, a long text otherwise.
+
+    Like the real engine, a trailing assistant message is continued (not answered): the rest of the reply
+    it starts follows.
+    """
+    if not isinstance(messages, str) and messages and messages[-1]["role"] == "assistant":
+        partial = messages[-1]["content"]
+        for reply in (FRANCE_REPLY, LONG_REPLY):
+            if reply.startswith(partial):
+                return reply[len(partial):]
+        return " and so on."
     text = messages if isinstance(messages, str) else messages[-1]["content"]
     return FRANCE_REPLY if "France" in text else LONG_REPLY
 
@@ -130,6 +140,8 @@ class FakeEngine:
         self.max_batch_seen = 0
         self.num_generated_total = 0
         self.step_threads: set[str] = set()
+        #: The messages of every submit, in order.
+        self.submitted: list[list[dict[str, str]] | str] = []
 
     def submit(self, messages: list[dict[str, str]] | str, params: SamplingParams,
                priority: int = 0) -> FakeHandle:
@@ -137,6 +149,7 @@ class FakeEngine:
             raise TypeError(f"params must be SamplingParams, not {type(params).__name__}")
         words = _WORDS.findall(reply_for(messages))
         with self._lock:
+            self.submitted.append(messages if isinstance(messages, str) else [dict(m) for m in messages])
             request = _Request(f"eng-{next(self._ids)}", words, params)
             self._waiting.append(request)
             self._lock.notify_all()
@@ -205,9 +218,12 @@ class FakeLLM:
 
     instances: ClassVar[list[FakeLLM]] = []
 
-    def __init__(self, model: str, device: str = "auto", dtype: str = "auto", max_batch_size: int = 16,
-                 max_wait_ms: float = 5.0, kv_cache_bytes: int | None = None, progress: Any = None,
-                 start_loop: bool = True, *, load_delay_s: float = 0.0, step_delay_s: float = 0.01) -> None:
+    def __init__(self, model: str, device: str = "auto", dtype: str = "auto", quantization: str = "auto",
+                 max_batch_size: int = 16, max_wait_ms: float = 5.0, kv_cache_bytes: int | None = None,
+                 progress: Any = None, start_loop: bool = True, *, load_delay_s: float = 0.0,
+                 step_delay_s: float = 0.01) -> None:
+        if quantization not in QUANTIZATION_LEVELS:
+            raise ValueError(f"quantization: unknown level {quantization!r}")
         if start_loop:
             raise AssertionError("the bridge drives the loop itself; it must pass start_loop=False")
         stages = ["Reading config", "Loading weights", "Allocating KV cache"]
@@ -222,7 +238,10 @@ class FakeLLM:
         self.device = "cpu" if device == "auto" else device
         self.dtype = "bfloat16" if dtype == "auto" else dtype
         self.device_reason = "No GPU was found, so the model runs on the CPU."
-        self.weights_bytes = 270 * 1024 * 1024
+        #: What the constructor was asked for, and the level used ("auto" resolves as the fake recommends).
+        self.requested_quantization = quantization
+        self.quantization = recommend(model).quantization if quantization == "auto" else quantization
+        self.weights_bytes = estimate(model, self.quantization).weights_bytes
         self.max_batch_size = max_batch_size
         self.kv_cache_bytes = kv_cache_bytes
         self.engine = FakeEngine(max_batch_size, step_delay_s)
@@ -244,6 +263,58 @@ class FakeLLM:
 
     def close(self) -> None:
         self.is_closed = True
+
+
+QUANTIZATION_LEVELS = ("auto", "none", "bf16", "fp16", "int8", "int4")
+#: The fake model's size: a 4-billion-parameter model, so int8 fits in the fake's 6 GiB of free RAM and bf16 does not.
+FAKE_NUM_PARAMETERS = 4_000_000_000
+_BYTES_PER_PARAM = {"none": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0, "int4": 0.5}
+_KV_PER_TOKEN = 2 * 32 * 8 * 128 * 2
+_CONTEXT = 4096
+
+
+@dataclass(slots=True)
+class Recommendation:
+    """Same fields as ``engine.recommend.Recommendation``."""
+
+    device: str
+    quantization: str
+    fits: str
+    weights_bytes: int
+    kv_bytes_per_token: int
+    kv_budget_bytes: int
+    free_bytes: int
+    reason: str
+    num_parameters: int = 0
+    context_length: int = 0
+
+
+def estimate(model: Any, level: str, hardware: Any = None, context_length: int | None = None,
+             device: str = "auto") -> Recommendation:
+    """Same role as ``engine.hardware.estimate``: the numbers for loading ``model`` at ``level``."""
+    if model != "default" and not Path(str(model)).exists():
+        raise ValueError(f"model: {model!r} is not a config, a model folder, a .gguf file or 'default'")
+    level = "int8" if level == "auto" else level
+    info = hardware if hardware is not None else HardwareInfo()
+    free = info.ram_available_bytes
+    context = context_length or _CONTEXT
+    weights = int(FAKE_NUM_PARAMETERS * _BYTES_PER_PARAM[level])
+    need = weights + _KV_PER_TOKEN * context
+    fits = "no" if need > free * 0.95 else "tight" if need > free * 0.75 else "yes"
+    name = "fp32" if level == "none" else level
+    return Recommendation("cpu", level, fits, weights, _KV_PER_TOKEN, _KV_PER_TOKEN * context, free,
+                          f"{name} weights ({weights / 1e9:.1f} GB) fit in the fake's free RAM.",
+                          FAKE_NUM_PARAMETERS, context)
+
+
+def recommend(model: Any, hardware: Any = None, context_length: int | None = None,
+              device: str = "auto") -> Recommendation:
+    """Same role as ``engine.hardware.recommend``: the best level that fits (int8 for the fake model)."""
+    for level in ("bf16", "int8", "int4"):
+        rec = estimate(model, level, hardware, context_length, device)
+        if rec.fits != "no":
+            return rec
+    return rec
 
 
 class FakeSampler:
@@ -284,6 +355,6 @@ def make_fake_api(load_delay_s: float = 0.0, step_delay_s: float = 0.01) -> type
         LLM=llm_type,
         SamplingParams=SamplingParams,
         ModelLoadError=ModelLoadError,
-        hardware=types.SimpleNamespace(detect=HardwareInfo),
+        hardware=types.SimpleNamespace(detect=HardwareInfo, recommend=recommend, estimate=estimate),
         Sampler=FakeSampler,
     )

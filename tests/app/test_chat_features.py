@@ -30,7 +30,7 @@ from app.main_window import MainWindow
 from app.preset_dialog import PresetDialog
 from app.settings import apply_theme
 from tests.app import ui_flows
-from tests.app.fake_engine import FRANCE_REPLY
+from tests.app.fake_engine import FRANCE_REPLY, FakeLLM
 
 TIMEOUT_MS = 8000
 
@@ -135,6 +135,10 @@ def test_continue_a_reply_cut_at_max_tokens(qtbot: Any, window: MainWindow) -> N
     assert len(conversation.messages) == 2 and conversation.messages[1] is reply
     assert reply.content.startswith(partial) and len(reply.content) > len(partial)
     assert reply.finish_reason == "stop" and "hearth:continue/1" not in window.chat_pane.view.hrefs(1)
+    # The engine got the partial reply as the last message, to continue it exactly (no extra instruction).
+    sent = FakeLLM.instances[-1].engine.submitted[-1]
+    assert sent == [{"role": "user", "content": ui_flows.FRANCE_QUESTION}, {"role": "assistant", "content": partial}]
+    assert reply.content == FRANCE_REPLY
     row = window.storage.get_message(reply.id)
     assert row.content == reply.content and row.num_generated_tokens == reply.stats["num_generated_tokens"]
 

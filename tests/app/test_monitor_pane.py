@@ -38,7 +38,7 @@ def engine_metrics(used: int = 30, cached: int = 10, tok_s: float = 42.0) -> dic
 
 @pytest.fixture
 def pane(qtbot: Any) -> MonitorPane:
-    pane = MonitorPane(sample_interval_ms=3_600_000)  # the tests take rows themselves
+    pane = MonitorPane(sample_interval_ms=3_600_000, stagger_ms=0)  # the tests take rows themselves
     qtbot.add_widget(pane)
     pane.resize(900, 700)
     pane.show()
@@ -111,7 +111,7 @@ def test_unload_clears_engine_values_but_keeps_memory(pane: MonitorPane) -> None
 
 
 def test_the_timer_takes_rows(qtbot: Any) -> None:
-    pane = MonitorPane(sample_interval_ms=20)
+    pane = MonitorPane(sample_interval_ms=20, stagger_ms=0)
     qtbot.add_widget(pane)
     pane.show()
     assert pane.history == []  # nothing until the first metrics
@@ -143,7 +143,7 @@ def test_export_cancelled_writes_nothing(qtbot: Any, pane: MonitorPane, tmp_path
 
 def test_bridge_metrics_reach_the_graphs(qtbot: Any, loaded_bridge: Any) -> None:
     """Wired as MainWindow does: the bridge's monitor sends memory and engine figures together."""
-    pane = MonitorPane(sample_interval_ms=50)
+    pane = MonitorPane(sample_interval_ms=50, stagger_ms=0)
     qtbot.add_widget(pane)
     pane.show()
     loaded_bridge.signals.metrics_updated.connect(pane._on_metrics_updated)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.hardware import GpuInfo, HardwareInfo, recommend
+from engine.hardware import GpuInfo, HardwareInfo, estimate, recommend
 from engine.perplexity import perplexity
 from engine.quantization import BnbLinear, DenseLinear, Int4Linear, Int8Linear, check_level, make_linear
 
@@ -158,6 +158,20 @@ def test_recommend_4gb_free_7b_model_does_not_fit_and_says_why() -> None:
     assert rec.fits == "no"
     assert "GB" in rec.reason and "int4" in rec.reason
     assert rec.free_bytes == 4 * GB
+
+
+def test_estimate_gives_the_numbers_for_one_level() -> None:
+    hw = _hw(gpus=_gpu(8))
+    best = recommend(LLAMA_8B, hardware=hw)
+    same = estimate(LLAMA_8B, best.quantization, hardware=hw)
+    assert (same.weights_bytes, same.kv_budget_bytes, same.free_bytes) == (
+        best.weights_bytes, best.kv_budget_bytes, best.free_bytes)
+    assert same.fits == best.fits
+    bf16 = estimate(LLAMA_8B, "bf16", hardware=hw)
+    assert bf16.fits == "no" and 15 * GB < bf16.weights_bytes < 17 * GB
+    assert bf16.reason.startswith("bf16 needs") and "will not fit" in bf16.reason
+    assert estimate(LLAMA_8B, "auto", hardware=hw) == best
+    assert estimate(LLAMA_8B, "fp32", hardware=hw).quantization == "none"
 
 
 def test_recommend_reads_the_default_models_config() -> None:

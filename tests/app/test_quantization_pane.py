@@ -1,0 +1,76 @@
+"""The model pane's quantization choice on the fake engine: recommendation, fit warning, and the level loaded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtWidgets import QComboBox, QLabel, QLineEdit
+
+from app.engine_bridge import QuantizationAdvice
+from app.main_window import MainWindow
+from tests.app import ui_flows
+from tests.app.fake_engine import FakeLLM
+
+TIMEOUT_MS = 5000
+
+
+def _wait_recommendation(qtbot: Any, window: MainWindow) -> None:
+    label = ui_flows.child(window, QLabel, "recommendationLabel")
+    qtbot.wait_until(lambda: "Recommended" in label.text(), timeout=TIMEOUT_MS)
+
+
+def test_recommendation_shows_and_preselects(qtbot: Any, window: MainWindow) -> None:
+    _wait_recommendation(qtbot, window)
+    text = ui_flows.child(window, QLabel, "recommendationLabel").text()
+    # The fake model has 4 B parameters and 6 GiB free: int8 (4.0 GB) fits, bf16 (8.0 GB) does not.
+    assert "<b>int8</b>" in text and "weights 4.0 GB" in text and "131 KB per token" in text
+    assert "0.5 GB for 4096 tokens" in text and "6.4 GB free" in text and "fits: yes" in text
+    assert "fit in the fake&#x27;s free RAM" in text  # the reason, escaped
+    combo = ui_flows.child(window, QComboBox, "quantizationCombo")
+    assert combo.currentData() == "int8" and combo.currentText() == "int8"
+    assert not ui_flows.child(window, QLabel, "quantizationWarning").isVisible()
+
+
+def test_level_that_does_not_fit_warns(qtbot: Any, window: MainWindow) -> None:
+    _wait_recommendation(qtbot, window)
+    combo = ui_flows.child(window, QComboBox, "quantizationCombo")
+    warning = ui_flows.child(window, QLabel, "quantizationWarning")
+    combo.setCurrentIndex(combo.findData("bf16"))
+    assert warning.isVisible()
+    assert warning.text() == "bf16 needs 8.5 GB but only 6.4 GB is free — it will not fit."
+    combo.setCurrentIndex(combo.findData("none"))
+    assert warning.text().startswith("fp32 needs 16.5 GB")
+    combo.setCurrentIndex(combo.findData("int4"))
+    assert not warning.isVisible()
+    combo.setCurrentIndex(combo.findData("auto"))
+    assert not warning.isVisible()
+
+
+def test_chosen_level_reaches_the_llm(qtbot: Any, window: MainWindow) -> None:
+    _wait_recommendation(qtbot, window)
+    combo = ui_flows.child(window, QComboBox, "quantizationCombo")
+    combo.setCurrentIndex(combo.findData("int4"))
+    ui_flows.load_model(qtbot, window)
+    llm = FakeLLM.instances[-1]
+    assert llm.requested_quantization == "int4" and llm.quantization == "int4"
+    assert window.bridge.model_info.quantization == "int4"
+    assert "quantization <b>int4</b>" in ui_flows.child(window, QLabel, "modelInfoLabel").text()
+    assert window.monitor_pane._model["quantization"] == "int4"
+
+
+def test_bad_path_gives_no_recommendation(qtbot: Any, window: MainWindow, tmp_path: Any) -> None:
+    _wait_recommendation(qtbot, window)
+    label = ui_flows.child(window, QLabel, "recommendationLabel")
+    with qtbot.wait_signal(window.bridge.signals.recommendation_ready, timeout=TIMEOUT_MS):
+        ui_flows.child(window, QLineEdit, "modelPathEdit").setText(str(tmp_path / "missing.gguf"))
+    qtbot.wait_until(lambda: "No recommendation" in label.text(), timeout=TIMEOUT_MS)
+
+
+def test_bridge_recommends_each_level(qtbot: Any, bridge: Any) -> None:
+    with qtbot.wait_signal(bridge.signals.recommendation_ready, timeout=TIMEOUT_MS) as blocker:
+        bridge.recommend_quantization("", "cpu")
+    advice = blocker.args[0]
+    assert isinstance(advice, QuantizationAdvice) and advice.spec == "default" and advice.device == "cpu"
+    assert advice.recommendation.quantization == "int8" and not advice.error
+    assert set(advice.estimates) == {"none", "bf16", "fp16", "int8", "int4"}
+    assert advice.estimates["bf16"].fits == "no" and advice.estimates["int4"].fits == "yes"

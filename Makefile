@@ -25,8 +25,9 @@ $(STAMP): pyproject.toml | $(PY)
 	      || $(PIP) install --quiet torch==$(TORCH_VERSION); \
 	else \
 	    echo "no NVIDIA GPU: installing the CPU build of torch $(TORCH_VERSION)"; \
-	    $(PIP) install --quiet --no-index torch==$(TORCH_VERSION) 2>/dev/null \
-	      || $(PIP) install --quiet --index-url https://download.pytorch.org/whl/cpu torch==$(TORCH_VERSION); \
+	    $(PIP) install --quiet "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
+	      || $(PIP) install --quiet --index-url https://download.pytorch.org/whl/cpu \
+	           --extra-index-url https://pypi.org/simple "torch==$(TORCH_VERSION)+cpu"; \
 	fi
 	$(PIP) install --quiet -e '.[test]'
 	touch $@

@@ -55,9 +55,6 @@ class DenseLinear:
     def nbytes(self) -> int:
         return self.weight.nbytes + (0 if self.bias is None else self.bias.nbytes)
 
-    def widened(self) -> DenseLinear:
-        return DenseLinear(self.weight.float(), None if self.bias is None else self.bias.float())
-
 
 @dataclass(slots=True)
 class Int8Linear:

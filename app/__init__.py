@@ -19,8 +19,8 @@ sys.setswitchinterval(0.001)
 qtfix.apply()
 
 if TYPE_CHECKING:
-    from app.engine_bridge import EngineBridge
-    from app.main_window import MainWindow
+    from app.bridge.engine_bridge import EngineBridge
+    from app.window.main_window import MainWindow
 
 __all__ = ["create_window"]
 
@@ -35,6 +35,6 @@ def create_window(data_dir: str | Path | None = None, *, bridge: EngineBridge | 
         bridge: the engine bridge to use; None creates one on the real engine. Tests pass one
             built on a fake engine.
     """
-    from app.main_window import MainWindow
+    from app.window.main_window import MainWindow
 
     return MainWindow(data_dir=Path(data_dir) if data_dir is not None else None, bridge=bridge)

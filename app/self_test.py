@@ -2,7 +2,7 @@
 
 It checks that an installed or bundled Hearth can load its default model and generate, e.g. on a
 machine without a display or network (``packaging/smoke.sh`` runs it on the PyInstaller bundle).
-It talks to ``engine`` directly instead of through ``app.engine_bridge``, which needs a Qt event
+It talks to ``engine`` directly instead of through ``app.bridge.engine_bridge``, which needs a Qt event
 loop; that makes it the second ``app`` module importing ``engine``.
 """
 

@@ -15,22 +15,27 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.config import EngineConfig
-    from engine.errors import CapacityError, ModelLoadError
-    from engine.llm import LLM
-    from engine.llm_engine import LLMEngine, RequestHandle, RequestOutput, StepOutput
-    from engine.sampling_params import SamplingParams
+    from engine.api import (
+        CapacityError,
+        EngineConfig,
+        ModelLoadError,
+        RequestOutput,
+        SamplingParams,
+        StepOutput,
+    )
+    from engine.core.llm import LLM
+    from engine.core.llm_engine import LLMEngine, RequestHandle
 
 _EXPORTS = {
-    "LLM": "engine.llm",
-    "CapacityError": "engine.errors",
-    "ModelLoadError": "engine.errors",
-    "EngineConfig": "engine.config",
-    "LLMEngine": "engine.llm_engine",
-    "RequestHandle": "engine.llm_engine",
-    "RequestOutput": "engine.llm_engine",
-    "StepOutput": "engine.llm_engine",
-    "SamplingParams": "engine.sampling_params",
+    "LLM": "engine.core.llm",
+    "CapacityError": "engine.api",
+    "ModelLoadError": "engine.api",
+    "EngineConfig": "engine.api",
+    "LLMEngine": "engine.core.llm_engine",
+    "RequestHandle": "engine.core.llm_engine",
+    "RequestOutput": "engine.api",
+    "StepOutput": "engine.api",
+    "SamplingParams": "engine.api",
 }
 
 __all__ = [

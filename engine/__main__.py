@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine.errors import ModelLoadError
+from engine.api import ModelLoadError
 
 _GB = 1e9
 
@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _info(model: str, device: str, dtype: str) -> int:
     """Load ``model`` and print the facts about it."""
-    from engine.loader import inspect_model, load_model
+    from engine.loading.loader import inspect_model, load_model
 
     info = inspect_model(model)
     loaded = load_model(model, device=device, dtype=dtype)

@@ -20,8 +20,8 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
 import app  # noqa: F401 (applies app.qtfix)
-from app.engine_bridge import EngineBridge
-from app.monitor_pane import MonitorPane
+from app.bridge.engine_bridge import EngineBridge
+from app.monitor.monitor_pane import MonitorPane
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "resources" / "screenshots"
@@ -78,8 +78,8 @@ def main_window(out: Path) -> None:
     from PySide6.QtWidgets import QDoubleSpinBox, QPushButton
 
     import app as hearth
-    from app.chat_input import ChatInput
-    from app.conversations import STATUS_STREAMING
+    from app.chat.chat_input import ChatInput
+    from app.data.conversations import STATUS_STREAMING
 
     qapp = QApplication.instance() or QApplication(sys.argv)
     win = hearth.create_window(data_dir=Path(tempfile.mkdtemp(prefix="hearth-shot-")))

@@ -16,7 +16,7 @@ def default_model_dir() -> Path:
     ``make test`` converts it beforehand through ``python -m engine.default_model``; otherwise the
     first test that needs it pays for the conversion (~40 s).
     """
-    from engine.default_model import default_model_path
+    from engine.loading.default_model import default_model_path
 
     return default_model_path()
 

@@ -30,7 +30,7 @@ def fake_api() -> Iterator[Any]:
 
 @pytest.fixture
 def bridge(qtbot: Any, fake_api: Any) -> Iterator[Any]:
-    from app.engine_bridge import EngineBridge
+    from app.bridge.engine_bridge import EngineBridge
 
     bridge = EngineBridge(api=fake_api)
     yield bridge
@@ -47,7 +47,7 @@ def loaded_bridge(qtbot: Any, bridge: Any) -> Any:
 @pytest.fixture
 def window(qtbot: Any, fake_api: Any, tmp_path: Path) -> Any:
     from app import create_window
-    from app.engine_bridge import EngineBridge
+    from app.bridge.engine_bridge import EngineBridge
 
     win = create_window(data_dir=tmp_path, bridge=EngineBridge(api=fake_api))
     qtbot.add_widget(win)

@@ -1,7 +1,8 @@
 """A small stand-in for the ``engine`` package, following its public API.
 
-``make_fake_api()`` returns an object with ``LLM``, ``SamplingParams``, ``ModelLoadError``,
-``hardware`` (``detect``, ``recommend``, ``estimate``) and ``Sampler`` that ``EngineBridge(api=...)`` accepts. The fake streams a canned reply one word
+``make_fake_api()`` returns an object with ``LLM``, ``SamplingParams``, ``ModelLoadError``, ``detect_hardware``,
+``recommend``, ``estimate`` and ``Sampler`` that ``EngineBridge(api=...)`` accepts. Every type comes from
+``engine.api``, the contracts the real engine uses, so none is copied here. The fake streams a canned reply one word
 per ``step()``, batches every running request in each step, honours ``handle.cancel()``, and
 reports ``metrics()`` with the real key set. It imports neither torch nor Qt.
 """
@@ -14,11 +15,20 @@ import threading
 import time
 import types
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import psutil
+
+from engine.api import (
+    BYTES_PER_PARAM,
+    HardwareInfo,
+    ModelLoadError,
+    Recommendation,
+    SamplingParams,
+    StepOutput,
+    check_level,
+)
 
 FRANCE_REPLY = "The capital of France is **Paris**. It is also the largest city in France."
 LONG_REPLY = (
@@ -30,61 +40,21 @@ LONG_REPLY = (
 _WORDS = re.compile(r"\s*\S+\s*")
 
 
-class ModelLoadError(Exception):
-    """Same role as ``engine.ModelLoadError``."""
-
-
-@dataclass(slots=True)
-class SamplingParams:
-    max_tokens: int = 512
-    temperature: float = 0.7
-    top_p: float = 0.95
-    top_k: int = 0
-    repetition_penalty: float = 1.0
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must not be negative, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-
-
-@dataclass(slots=True)
-class StepOutput:
-    request_id: str
-    delta_text: str
-    new_token_ids: list[int]
-    finished: bool
-    finish_reason: str | None = None
-    metrics: dict[str, Any] | None = None
-
-
-@dataclass(slots=True)
-class GpuInfo:
-    index: int
-    name: str
-    total_bytes: int
-    free_bytes: int
-    compute_capability: tuple[int, int]
-
-
-@dataclass(slots=True)
-class HardwareInfo:
-    cpu_model: str = "Fake CPU 9000"
-    physical_cores: int = 2
-    avx2: bool = True
-    avx512: bool = False
-    avx512_bf16: bool = False
-    amx: bool = False
-    ram_total_bytes: int = 8 * 1024**3
-    ram_available_bytes: int = 6 * 1024**3
-    gpus: list[GpuInfo] = field(default_factory=list)
-    gpu_reason: str = "No NVIDIA GPU was found (fake engine)."
+def fake_hardware() -> HardwareInfo:
+    """The machine the fake engine reports: 2 cores, 6 GiB free of 8, no GPU."""
+    return HardwareInfo(
+        cpu_model="Fake CPU 9000",
+        physical_cores=2,
+        logical_cores=2,
+        avx2=True,
+        avx512=False,
+        avx512_bf16=False,
+        amx=False,
+        ram_total_bytes=8 * 1024**3,
+        ram_available_bytes=6 * 1024**3,
+        gpus=[],
+        gpu_reason="No NVIDIA GPU was found (fake engine).",
+    )
 
 
 def reply_for(messages: list[dict[str, str]] | str) -> str:
@@ -222,8 +192,7 @@ class FakeLLM:
                  max_batch_size: int = 16, max_wait_ms: float = 5.0, kv_cache_bytes: int | None = None,
                  progress: Any = None, start_loop: bool = True, *, load_delay_s: float = 0.0,
                  step_delay_s: float = 0.01) -> None:
-        if quantization not in QUANTIZATION_LEVELS:
-            raise ValueError(f"quantization: unknown level {quantization!r}")
+        quantization = check_level(quantization)
         if start_loop:
             raise AssertionError("the bridge drives the loop itself; it must pass start_loop=False")
         stages = ["Reading config", "Loading weights", "Allocating KV cache"]
@@ -265,51 +234,32 @@ class FakeLLM:
         self.is_closed = True
 
 
-QUANTIZATION_LEVELS = ("auto", "none", "bf16", "fp16", "int8", "int4")
 #: The fake model's size: a 4-billion-parameter model, so int8 fits in the fake's 6 GiB of free RAM and bf16 does not.
 FAKE_NUM_PARAMETERS = 4_000_000_000
-_BYTES_PER_PARAM = {"none": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0, "int4": 0.5}
 _KV_PER_TOKEN = 2 * 32 * 8 * 128 * 2
 _CONTEXT = 4096
 
 
-@dataclass(slots=True)
-class Recommendation:
-    """Same fields as ``engine.recommend.Recommendation``."""
-
-    device: str
-    quantization: str
-    fits: str
-    weights_bytes: int
-    kv_bytes_per_token: int
-    kv_budget_bytes: int
-    free_bytes: int
-    reason: str
-    num_parameters: int = 0
-    context_length: int = 0
-
-
 def estimate(model: Any, level: str, hardware: Any = None, context_length: int | None = None,
              device: str = "auto") -> Recommendation:
-    """Same role as ``engine.hardware.estimate``: the numbers for loading ``model`` at ``level``."""
+    """Same role as ``engine.loading.recommend.estimate``: the numbers for loading ``model`` at ``level``."""
     if model != "default" and not Path(str(model)).exists():
         raise ValueError(f"model: {model!r} is not a config, a model folder, a .gguf file or 'default'")
     level = "int8" if level == "auto" else level
-    info = hardware if hardware is not None else HardwareInfo()
+    info = hardware if hardware is not None else fake_hardware()
     free = info.ram_available_bytes
     context = context_length or _CONTEXT
-    weights = int(FAKE_NUM_PARAMETERS * _BYTES_PER_PARAM[level])
+    weights = int(FAKE_NUM_PARAMETERS * BYTES_PER_PARAM[level])
     need = weights + _KV_PER_TOKEN * context
     fits = "no" if need > free * 0.95 else "tight" if need > free * 0.75 else "yes"
-    name = "fp32" if level == "none" else level
     return Recommendation("cpu", level, fits, weights, _KV_PER_TOKEN, _KV_PER_TOKEN * context, free,
-                          f"{name} weights ({weights / 1e9:.1f} GB) fit in the fake's free RAM.",
+                          f"{level} weights ({weights / 1e9:.1f} GB) fit in the fake's free RAM.",
                           FAKE_NUM_PARAMETERS, context)
 
 
 def recommend(model: Any, hardware: Any = None, context_length: int | None = None,
               device: str = "auto") -> Recommendation:
-    """Same role as ``engine.hardware.recommend``: the best level that fits (int8 for the fake model)."""
+    """Same role as ``engine.loading.recommend.recommend``: the best level that fits (int8 for the fake model)."""
     for level in ("bf16", "int8", "int4"):
         rec = estimate(model, level, hardware, context_length, device)
         if rec.fits != "no":
@@ -318,7 +268,7 @@ def recommend(model: Any, hardware: Any = None, context_length: int | None = Non
 
 
 class FakeSampler:
-    """Same role as ``engine.monitor.Sampler``: process memory plus the engine's metrics, per interval."""
+    """Same role as ``engine.system.monitor.Sampler``: process memory plus the engine's metrics, per interval."""
 
     def __init__(self, interval_s: float = 1.0, metrics_source: Any = None, on_sample: Any = None) -> None:
         self._interval_s = interval_s
@@ -355,6 +305,8 @@ def make_fake_api(load_delay_s: float = 0.0, step_delay_s: float = 0.01) -> type
         LLM=llm_type,
         SamplingParams=SamplingParams,
         ModelLoadError=ModelLoadError,
-        hardware=types.SimpleNamespace(detect=HardwareInfo, recommend=recommend, estimate=estimate),
+        detect_hardware=fake_hardware,
+        recommend=recommend,
+        estimate=estimate,
         Sampler=FakeSampler,
     )

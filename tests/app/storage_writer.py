@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from app.storage import Storage
+from app.data.storage import Storage
 
 UPDATE_INTERVAL_S = 0.05
 MAX_UPDATES = 2000  # about 100 s: the parent kills us long before

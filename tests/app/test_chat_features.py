@@ -23,12 +23,12 @@ from PySide6.QtWidgets import (
     QSpinBox,
 )
 
-from app import chat_pane as chat_pane_module
-from app import export
-from app.conversations import STATUS_DONE, STATUS_STREAMING
-from app.main_window import MainWindow
-from app.preset_dialog import PresetDialog
-from app.settings import apply_theme
+from app.chat import chat_pane as chat_pane_module
+from app.chat.preset_dialog import PresetDialog
+from app.data import export
+from app.data.conversations import STATUS_DONE, STATUS_STREAMING
+from app.data.settings import apply_theme
+from app.window.main_window import MainWindow
 from tests.app import ui_flows
 from tests.app.fake_engine import FRANCE_REPLY, FakeLLM
 
@@ -39,7 +39,7 @@ TIMEOUT_MS = 8000
 def open_window(qtbot: Any, fake_api: Any) -> Iterator[Callable[[Path], MainWindow]]:
     """Open main windows on the fake engine; they stay referenced (so alive) until teardown closes them."""
     from app import create_window
-    from app.engine_bridge import EngineBridge
+    from app.bridge.engine_bridge import EngineBridge
 
     windows: list[MainWindow] = []
 
@@ -359,7 +359,7 @@ def test_keyboard_shortcuts(qtbot: Any, window: MainWindow) -> None:
 
 
 def test_settings_dialog_sets_theme_font_model_and_default_preset(qtbot: Any, window: MainWindow) -> None:
-    from app.settings_dialog import SettingsDialog
+    from app.window.settings_dialog import SettingsDialog
 
     preset = window.storage.list_presets()[1]
     dialog = SettingsDialog(window.settings, window.storage.list_presets(), window)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.conversations import (
+from app.data.conversations import (
     DEFAULT_TITLE,
     STATUS_DONE,
     STATUS_ERROR,
@@ -16,7 +16,7 @@ from app.conversations import (
     ConversationStore,
     Message,
 )
-from app.storage import Storage
+from app.data.storage import Storage
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from app.export import from_json, to_json, to_markdown
-from app.storage import Message, Storage
+from app.data.export import from_json, to_json, to_markdown
+from app.data.storage import Message, Storage
 
 
 @pytest.fixture

@@ -84,7 +84,7 @@ def test_main_opens_the_window_and_returns_on_close(qtbot: Any, monkeypatch: pyt
                                                     fake_api: Any, tmp_path: Path) -> None:
     import app
     import app.__main__ as app_main
-    from app.engine_bridge import EngineBridge
+    from app.bridge.engine_bridge import EngineBridge
 
     windows: list[Any] = []
 

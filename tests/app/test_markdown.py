@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import itertools
 
-from app.markdown import Span, add_copy_links, close_open_fence, code_blocks, tokenize_code
+from app.chat.markdown import Span, add_copy_links, close_open_fence, code_blocks, tokenize_code
 
 
 def test_close_open_fence_closes_a_streaming_code_block() -> None:

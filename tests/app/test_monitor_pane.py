@@ -12,7 +12,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFileDialog
 
-from app.monitor_pane import MonitorPane
+from app.monitor.monitor_pane import MonitorPane
 
 GiB = 1 << 30
 

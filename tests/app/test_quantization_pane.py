@@ -6,8 +6,8 @@ from typing import Any
 
 from PySide6.QtWidgets import QComboBox, QLabel, QLineEdit
 
-from app.engine_bridge import QuantizationAdvice
-from app.main_window import MainWindow
+from app.bridge.engine_bridge import QuantizationAdvice
+from app.window.main_window import MainWindow
 from tests.app import ui_flows
 from tests.app.fake_engine import FakeLLM
 
@@ -38,7 +38,7 @@ def test_level_that_does_not_fit_warns(qtbot: Any, window: MainWindow) -> None:
     combo.setCurrentIndex(combo.findData("bf16"))
     assert warning.isVisible()
     assert warning.text() == "bf16 needs 8.5 GB but only 6.4 GB is free — it will not fit."
-    combo.setCurrentIndex(combo.findData("none"))
+    combo.setCurrentIndex(combo.findData("fp32"))
     assert warning.text().startswith("fp32 needs 16.5 GB")
     combo.setCurrentIndex(combo.findData("int4"))
     assert not warning.isVisible()
@@ -72,5 +72,5 @@ def test_bridge_recommends_each_level(qtbot: Any, bridge: Any) -> None:
     advice = blocker.args[0]
     assert isinstance(advice, QuantizationAdvice) and advice.spec == "default" and advice.device == "cpu"
     assert advice.recommendation.quantization == "int8" and not advice.error
-    assert set(advice.estimates) == {"none", "bf16", "fp16", "int8", "int4"}
+    assert set(advice.estimates) == {"fp32", "bf16", "fp16", "int8", "int4"}
     assert advice.estimates["bf16"].fits == "no" and advice.estimates["int4"].fits == "yes"

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from app.engine_bridge import REMOTE_DEVICE, EngineBridge, ModelInfo, RequestInfo
-from app.remote_backend import api_root, parse_server_metrics, sampling_body
+from app.bridge.engine_bridge import REMOTE_DEVICE, EngineBridge, ModelInfo, RequestInfo
+from app.bridge.remote_backend import api_root, parse_server_metrics, sampling_body
 from tests.engine.server_process import ServerProcess, free_port, run_server
 
 pytestmark = pytest.mark.slow
@@ -82,7 +82,7 @@ def test_connection_errors_are_in_plain_words(qtbot: Any, bridge: EngineBridge, 
 
 def test_model_pane_connects_through_the_remote_choice(qtbot: Any, bridge: EngineBridge,
                                                        server: ServerProcess) -> None:
-    from app.model_pane import ModelPane
+    from app.model.model_pane import ModelPane
 
     pane = ModelPane(bridge)
     qtbot.add_widget(pane)
@@ -113,7 +113,7 @@ def test_serve_on_localhost_shares_the_loaded_engine(qtbot: Any, bridge: EngineB
                                                      default_model_dir: Path) -> None:
     import httpx
 
-    from app.engine_bridge import ServerState
+    from app.bridge.engine_bridge import ServerState
     from tests.engine.conftest import build_tiny_model
 
     folder = build_tiny_model("llama", tmp_path / "tiny", default_model_dir)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.storage import (
+from app.data.storage import (
     DEFAULT_PRESETS,
     DEFAULT_TITLE,
     MAX_TITLE_CHARS,

@@ -14,9 +14,9 @@ from typing import Any
 from PySide6.QtCore import Qt, QTimer, QUrl
 from PySide6.QtWidgets import QDoubleSpinBox, QLabel, QLineEdit, QPushButton, QSpinBox
 
-from app.chat_input import ChatInput
-from app.conversations import STATUS_DONE, STATUS_STOPPED, STATUS_STREAMING, Message
-from app.main_window import MainWindow
+from app.chat.chat_input import ChatInput
+from app.data.conversations import STATUS_DONE, STATUS_STOPPED, STATUS_STREAMING, Message
+from app.window.main_window import MainWindow
 
 FRANCE_QUESTION = "What is the capital of France?"
 LONG_PROMPT = "Write a long story about a dragon who learns to bake bread. Use many paragraphs."

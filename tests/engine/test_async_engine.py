@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from engine import LLM, SamplingParams, StepOutput
-from engine.async_engine import AsyncLLMEngine
+from engine.serving.async_engine import AsyncLLMEngine
 from tests.engine.conftest import build_tiny_model
 
 

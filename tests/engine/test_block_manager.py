@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_manager import NULL_BLOCK, BlockManager
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from engine.api import SamplingParams
+from engine.core.block_manager import NULL_BLOCK, BlockManager
+from engine.core.sequence import Sequence
 
 
 def _seq(tokens: list[int], rid: str = "r") -> Sequence:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import default_model
-from engine.default_model import GGUF_SHA256, MARKER_FILENAME, MODEL_NAME
+from engine.loading import default_model
+from engine.loading.default_model import GGUF_SHA256, MARKER_FILENAME, MODEL_NAME
 
 
 def _fake_converted(folder: Path) -> Path:

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import default_model, paths
-from engine.default_model import (
+from engine.api import ModelLoadError
+from engine.loading import default_model
+from engine.loading.default_model import (
     GGUF_SHA256,
     MARKER_FILENAME,
     default_model_path,
@@ -21,7 +22,7 @@ from engine.default_model import (
     sha256_of,
     source_gguf_path,
 )
-from engine.errors import ModelLoadError
+from engine.system import paths
 
 
 def test_data_dir_follows_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -102,7 +103,7 @@ def test_fresh_data_dir_is_not_converted(monkeypatch: pytest.MonkeyPatch, tmp_pa
 def test_cli_is_a_fast_no_op_when_converted(default_model_dir: Path, repo_root: Path) -> None:
     code = (
         "import sys, engine; before = set(sys.modules); "
-        "from engine.default_model import main; rc = main([]); "
+        "from engine.loading.default_model import main; rc = main([]); "
         "new = {m for m in set(sys.modules) - before if m.split('.')[0] in ('transformers', 'torch')}; "
         "print('heavy imports:', sorted(new)); sys.exit(rc)"
     )

@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from engine import hardware
-from engine.hardware import GpuInfo, HardwareInfo
+from engine.api import GpuInfo, HardwareInfo
+from engine.system import hardware
 
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a usable CUDA GPU")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 def test_engine_never_imports_qt(repo_root: Path) -> None:
     code = (
-        "import sys, engine, engine.llm, engine.bench, engine.loader, engine.hardware\n"
+        "import sys, engine, engine.core.llm, engine.tools.bench, engine.loading.loader, engine.system.hardware\n"
         "bad = sorted(m for m in sys.modules if m.startswith(('PySide6', 'shiboken6', 'app')))\n"
         "assert not bad, bad\n"
     )

@@ -19,9 +19,9 @@ import psutil
 import pytest
 import torch
 
-from engine.default_model import source_gguf_path
-from engine.errors import ModelLoadError
-from engine.loader import (
+from engine.api import ModelLoadError
+from engine.loading.default_model import source_gguf_path
+from engine.loading.loader import (
     LoadedModel,
     estimate_weights_bytes,
     inspect_model,
@@ -328,7 +328,7 @@ def test_not_enough_memory(tiny: Path) -> None:
     assert "GB" in message and "0.00 GB" in message
 
 
-@pytest.mark.parametrize(("field", "value"), [("dtype", "int3"), ("device", "tpu"), ("quantization", "q2")])
+@pytest.mark.parametrize(("field", "value"), [("dtype", "int3"), ("device", "tpu")])
 def test_bad_options_raise_value_error(tiny: Path, field: str, value: str) -> None:
     with pytest.raises(ValueError, match=field):
         load_model(tiny, **{field: value})  # type: ignore[arg-type]

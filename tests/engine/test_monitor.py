@@ -1,4 +1,4 @@
-"""engine.monitor.Sampler: psutil/pynvml/engine sampling, ring buffer, CSV, cost, and a real generation."""
+"""engine.system.monitor.Sampler: psutil/pynvml/engine sampling, ring buffer, CSV, cost, and a real generation."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 import pytest
 
-from engine.monitor import Sampler
+from engine.system.monitor import Sampler
 
 
 def wait_for(predicate: Any, timeout: float = 5.0) -> None:

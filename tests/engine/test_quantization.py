@@ -9,9 +9,18 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.hardware import GpuInfo, HardwareInfo, estimate, recommend
-from engine.perplexity import perplexity
-from engine.quantization import BnbLinear, DenseLinear, Int4Linear, Int8Linear, check_level, make_linear
+from engine.api import GpuInfo, HardwareInfo, check_level
+from engine.loading.recommend import estimate, recommend
+from engine.model import quantization
+from engine.model.quantization import (
+    BnbLinear,
+    DenseLinear,
+    Int4Linear,
+    Int8Linear,
+    bitsandbytes_problem,
+    make_linear,
+)
+from engine.tools.perplexity import perplexity
 
 TEXT = (Path(__file__).parent.parent / "data" / "gettysburg_and_austen.txt").read_text()
 GB = 1_000_000_000
@@ -30,13 +39,34 @@ def test_int8_and_int4_kernels_track_the_dense_matmul(dtype: torch.dtype) -> Non
     assert _rel_error(Int4Linear.quantize(w)(x.to(dtype)), ref) < 0.15
 
 
-def test_bitsandbytes_path_runs_on_the_cpu_too() -> None:
-    """The CUDA levels go through bitsandbytes; its code path is exercised here on the CPU (slowly)."""
+@pytest.mark.parametrize("level", ["int8", "int4"])
+def test_bitsandbytes_serves_only_where_its_probe_is_right(level: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The CUDA levels go through bitsandbytes. Where its kernels are wrong (0.50's CPU NF4 for layers narrower than
+    its 64-weight block), the load-time probe refuses it with a logged reason and the layer falls back to torch's
+    kernels; either way the layer computes the right thing."""
     torch.manual_seed(0)
     w, x = torch.randn(64, 32), torch.randn(3, 32)
     ref = x @ w.t()
-    assert _rel_error(BnbLinear(w, None, "int8", torch.device("cpu"))(x), ref) < 0.05
-    assert _rel_error(BnbLinear(w, None, "int4", torch.device("cpu"))(x.bfloat16()), ref) < 0.2
+    cpu = torch.device("cpu")
+    quantization._bnb_verdicts.clear()
+    with caplog.at_level("WARNING", logger="engine"):
+        problem = bitsandbytes_problem(level, cpu, in_features=32)
+        layer = make_linear(w, None, level, cpu, backend="bitsandbytes")
+    xin = x if level == "int8" else x.bfloat16()
+    if problem is None:
+        assert isinstance(layer, BnbLinear)
+        assert _rel_error(layer(xin), ref) < quantization.BNB_MAX_REL_ERROR[level]
+    else:
+        assert "relative error" in problem or "failed" in problem
+        assert problem in caplog.text
+        assert isinstance(layer, Int8Linear | Int4Linear)
+        assert _rel_error(layer(xin), ref) < 0.15
+    # a probe that computes garbage is always refused: its verdict is what make_linear obeys
+    quantization._bnb_verdicts[(str(cpu), level, 32)] = "bitsandbytes is wrong here (test)"
+    try:
+        assert not isinstance(make_linear(w, None, level, cpu, backend="bitsandbytes"), BnbLinear)
+    finally:
+        quantization._bnb_verdicts.clear()
 
 
 def test_level_names_are_checked() -> None:
@@ -127,8 +157,16 @@ LLAMA_8B = {
 MISTRAL_7B = {**LLAMA_8B, "model_type": "mistral", "vocab_size": 32000, "max_position_embeddings": 32768}
 
 
-def _gpu(gb: float) -> list[GpuInfo]:
-    return [GpuInfo(index=0, name="Test GPU", total_bytes=int(gb * GB), free_bytes=int(gb * GB), compute_capability="8.9")]
+def _gpu(gb: float, capability: tuple[int, int] = (8, 9)) -> list[GpuInfo]:
+    """A GPU as detection reports it: the compute capability is a (major, minor) tuple, never a string."""
+    return [GpuInfo(index=0, name="Test GPU", total_bytes=int(gb * GB), free_bytes=int(gb * GB),
+                    compute_capability=capability)]
+
+
+def test_recommend_reads_the_compute_capability_as_detection_reports_it() -> None:
+    """pynvml and torch both give a tuple; a Hopper GPU (9, 0) runs bf16, a Turing GPU (7, 5) fp16."""
+    assert recommend(LLAMA_8B, hardware=_hw(gpus=_gpu(80, (9, 0)))).quantization == "bf16"
+    assert recommend(LLAMA_8B, hardware=_hw(gpus=_gpu(80, (7, 5)))).quantization == "fp16"
 
 
 def test_recommend_24gb_gpu_8b_model_runs_bf16() -> None:
@@ -171,7 +209,8 @@ def test_estimate_gives_the_numbers_for_one_level() -> None:
     assert bf16.fits == "no" and 15 * GB < bf16.weights_bytes < 17 * GB
     assert bf16.reason.startswith("bf16 needs") and "will not fit" in bf16.reason
     assert estimate(LLAMA_8B, "auto", hardware=hw) == best
-    assert estimate(LLAMA_8B, "fp32", hardware=hw).quantization == "none"
+    assert estimate(LLAMA_8B, "fp32", hardware=hw).quantization == "fp32"
+    assert estimate(LLAMA_8B, "none", hardware=hw).quantization == "fp32"  # the old name stays an alias
 
 
 def test_recommend_reads_the_default_models_config() -> None:

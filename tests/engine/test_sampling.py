@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.sampler import Sampler, filtered_probs
-from engine.sampling_params import SamplingParams
+from engine.api import SamplingParams
+from engine.core.detokenizer import IncrementalDetokenizer
+from engine.model.sampler import Sampler, filtered_probs
 
 
 @pytest.mark.parametrize(

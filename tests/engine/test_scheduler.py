@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from engine.block_manager import BlockManager
-from engine.config import EngineConfig
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.api import EngineConfig, SamplingParams
+from engine.core.block_manager import BlockManager
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence
 
 
 def _scheduler(num_blocks: int = 64, **cfg: object) -> Scheduler:

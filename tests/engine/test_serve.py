@@ -224,7 +224,7 @@ def test_openai_client_sees_a_too_long_prompt_as_bad_request(client: OpenAI) -> 
 
 
 def test_exposure_warning() -> None:
-    from engine.serve import exposure_warning
+    from engine.serving.openai_app import exposure_warning
 
     assert exposure_warning("127.0.0.1", 8000, None) is None
     assert exposure_warning("localhost", 8000, None) is None

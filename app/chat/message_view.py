@@ -1,0 +1,287 @@
+"""The transcript of one conversation, rendered from Markdown, with per-message actions."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QUrl, Signal, Slot
+from PySide6.QtGui import (
+    QColor,
+    QDesktopServices,
+    QFont,
+    QPalette,
+    QTextBlockFormat,
+    QTextCharFormat,
+    QTextCursor,
+    QTextFormat,
+    QTextFrame,
+    QTextFrameFormat,
+)
+from PySide6.QtWidgets import QTextBrowser, QWidget
+
+from app.chat.code_highlighter import CodeHighlighter
+from app.chat.markdown import add_copy_links, close_open_fence
+from app.data.conversations import STATUS_ERROR, STATUS_STREAMING, Conversation, Message
+from app.formatting import reply_stats_line
+
+_ROLE_NAMES = {"user": "You", "assistant": "Hearth", "system": "System"}
+_BUBBLE_PADDING = 10
+_BUBBLE_INDENT = 48
+#: Links in the transcript with this scheme are actions, not web pages.
+ACTION_SCHEME = "hearth"
+#: Actions a link can ask for; ``copy-code`` also names the code block.
+ACTIONS = ("copy", "edit", "regenerate", "continue", "prev", "next", "copy-code")
+
+
+def action_href(action: str, index: int, extra: int = 0) -> str:
+    """The link for ``action`` on message ``index`` (``extra``: the code block, for copy-code)."""
+    return f"{ACTION_SCHEME}:{action}/{index}" + (f"/{extra}" if action == "copy-code" else "")
+
+
+class MessageView(QTextBrowser):
+    """Shows a conversation as a column of message frames, one ``QTextFrame`` per message.
+
+    Assistant replies are Markdown (``QTextCursor.insertMarkdown``) with highlighted code blocks;
+    user messages are plain text. Updating a streaming reply re-renders only its own frame, so
+    the cost of a repaint does not grow with the length of the conversation.
+
+    Under each message a line of links offers its actions (copy, edit, regenerate, continue, and
+    "‹ 1/2 ›" to switch between branches); each finished code block gets a "Copy code" link. A
+    click emits :attr:`action_requested`; other links open in the browser.
+
+    Signals:
+        action_requested(str, int, int): the action (one of :data:`ACTIONS`), the message index,
+            and the code block index for "copy-code" (else 0).
+    """
+
+    action_requested = Signal(str, int, int)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("messageView")
+        self.setOpenLinks(False)
+        self.anchorClicked.connect(self._on_anchor_clicked)
+        self.setPlaceholderText("Ask anything. Enter sends, Shift+Enter starts a new line.")
+        self.document().setDocumentMargin(12)
+        self._highlighter = CodeHighlighter(self.document())
+        self._frames: list[QTextFrame] = []
+        self._conversation: Conversation | None = None
+
+    # -- public API -------------------------------------------------------------------------------
+
+    def show_conversation(self, conversation: Conversation | None) -> None:
+        """Replace the view with all messages of ``conversation`` (or nothing)."""
+        self.clear()
+        self._frames = []
+        self._conversation = conversation
+        if conversation is not None:
+            for message in conversation.messages:
+                self.append_message(message)
+        self._scroll_to_bottom()
+
+    def set_font_size(self, points: float) -> None:
+        """Use ``points`` for the transcript text (0: the application's size) and re-render."""
+        font = QFont(self.font())
+        font.setPointSizeF(points if points > 0 else QFont().pointSizeF())
+        self.setFont(font)
+        self.document().setDefaultFont(font)
+        self.show_conversation(self._conversation)
+
+    def append_message(self, message: Message) -> None:
+        """Add a message frame at the end."""
+        was_at_bottom = self._is_at_bottom()
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        frame = cursor.insertFrame(self._frame_format(message.role))
+        self._frames.append(frame)
+        self._render(frame, message, len(self._frames) - 1)
+        if was_at_bottom:
+            self._scroll_to_bottom()
+
+    def update_message(self, index: int, message: Message) -> None:
+        """Re-render message ``index`` (e.g. a reply that received more text)."""
+        if not 0 <= index < len(self._frames):
+            return
+        was_at_bottom = self._is_at_bottom()
+        self._render(self._frames[index], message, index)
+        if was_at_bottom:
+            self._scroll_to_bottom()
+
+    @property
+    def message_count(self) -> int:
+        return len(self._frames)
+
+    def message_text(self, index: int) -> str:
+        """The rendered plain text of message ``index`` (header and stats included)."""
+        frame = self._frames[index]
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(frame.firstPosition())
+        cursor.setPosition(frame.lastPosition(), QTextCursor.MoveMode.KeepAnchor)
+        return cursor.selection().toPlainText()
+
+    def hrefs(self, index: int) -> list[str]:
+        """The links in message ``index``, in order (its actions and copy-code links)."""
+        frame = self._frames[index]
+        found: list[str] = []
+        block = self.document().findBlock(frame.firstPosition())
+        while block.isValid() and block.position() <= frame.lastPosition():
+            it = block.begin()
+            while not it.atEnd():
+                fmt = it.fragment().charFormat()
+                if fmt.isAnchor() and (not found or found[-1] != fmt.anchorHref()):
+                    found.append(fmt.anchorHref())
+                it += 1
+            block = block.next()
+        return found
+
+    @Slot(QUrl)
+    def _on_anchor_clicked(self, url: QUrl) -> None:
+        if url.scheme() != ACTION_SCHEME:
+            QDesktopServices.openUrl(url)
+            return
+        action, _, rest = url.path().partition("/")
+        numbers = [int(part) for part in rest.split("/") if part.isdigit()]
+        if action in ACTIONS and numbers:
+            self.action_requested.emit(action, numbers[0], numbers[1] if len(numbers) > 1 else 0)
+
+    # -- rendering --------------------------------------------------------------------------------
+
+    def _frame_format(self, role: str) -> QTextFrameFormat:
+        palette = self.palette()
+        fmt = QTextFrameFormat()
+        fmt.setPadding(_BUBBLE_PADDING)
+        fmt.setTopMargin(4)
+        fmt.setBottomMargin(8)
+        fmt.setBorder(1)
+        fmt.setBorderStyle(QTextFrameFormat.BorderStyle.BorderStyle_Solid)
+        if role == "user":
+            tint = QColor(palette.color(QPalette.ColorRole.Highlight))
+            tint.setAlpha(28)
+            border = QColor(palette.color(QPalette.ColorRole.Highlight))
+            border.setAlpha(70)
+            fmt.setBackground(tint)
+            fmt.setLeftMargin(_BUBBLE_INDENT)
+        else:
+            border = QColor(palette.color(QPalette.ColorRole.Mid))
+            border.setAlpha(90)
+            fmt.setBackground(palette.color(QPalette.ColorRole.AlternateBase))
+            fmt.setRightMargin(_BUBBLE_INDENT)
+        fmt.setBorderBrush(border)
+        return fmt
+
+    def _render(self, frame: QTextFrame, message: Message, index: int) -> None:
+        cursor = QTextCursor(self.document())
+        cursor.beginEditBlock()
+        cursor.setPosition(frame.firstPosition())
+        cursor.setPosition(frame.lastPosition(), QTextCursor.MoveMode.KeepAnchor)
+        cursor.removeSelectedText()
+        cursor.setBlockFormat(QTextBlockFormat())
+        cursor.setCharFormat(QTextCharFormat())
+
+        name = _ROLE_NAMES.get(message.role, message.role)
+        if message.role == "assistant" and message.content:
+            # The name goes in as the first Markdown paragraph: a fragment's first block merges
+            # into the block it is inserted at, which would strip a leading code block's format.
+            body = close_open_fence(add_copy_links(message.content,
+                                                   lambda k: action_href("copy-code", index, k)))
+            cursor.insertMarkdown(f"{name}\n\n{body}")
+            self._shade_code_blocks(frame.firstPosition(), cursor.position())
+        else:
+            cursor.insertText(name)
+            cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
+            if message.role != "assistant":
+                cursor.insertText(message.content)
+            elif message.is_streaming:
+                self._insert_note(cursor, "Thinking…", italic=True)
+        self._style_header(frame)
+
+        note = self._note_for(message)
+        if note:
+            if cursor.block().length() > 1:  # not an empty body line
+                cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
+            self._insert_note(cursor, note, error=message.status == STATUS_ERROR)
+        actions = self._actions_for(message)
+        if actions:
+            if cursor.block().length() > 1:
+                cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
+            self._insert_actions(cursor, actions, index, message)
+        cursor.endEditBlock()
+
+    @staticmethod
+    def _actions_for(message: Message) -> list[str]:
+        """The action links shown under a message: labels are looked up in :meth:`_insert_actions`."""
+        if message.is_streaming:
+            return []
+        actions = ["copy"] if message.content else []
+        if message.role == "user":
+            actions.append("edit")
+        elif message.role == "assistant":
+            actions.append("regenerate")
+            if message.can_continue:
+                actions.append("continue")
+        if message.branch_count > 1:
+            actions += ["prev", "next"]
+        return actions
+
+    def _insert_actions(self, cursor: QTextCursor, actions: list[str], index: int,
+                        message: Message) -> None:
+        labels = {"copy": "Copy", "edit": "Edit", "regenerate": "Regenerate", "continue": "Continue",
+                  "prev": "‹", "next": "›"}
+        plain = QTextCharFormat()
+        plain.setFontPointSize(max(self.font().pointSizeF() * 0.85, 7.0))
+        plain.setForeground(self.palette().color(QPalette.ColorRole.PlaceholderText))
+        for n, action in enumerate(actions):
+            if n and action != "next":
+                cursor.insertText("   ", plain)
+            if action == "next":
+                cursor.insertText(f" {message.branch_index + 1}/{message.branch_count} ", plain)
+            link = QTextCharFormat(plain)
+            link.setAnchor(True)
+            link.setAnchorHref(action_href(action, index))
+            link.setForeground(self.palette().color(QPalette.ColorRole.Link))
+            cursor.insertText(labels[action], link)
+
+    def _style_header(self, frame: QTextFrame) -> None:
+        header = QTextCharFormat()
+        header.setFontWeight(QFont.Weight.Bold)
+        header.setForeground(self.palette().color(QPalette.ColorRole.PlaceholderText))
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(frame.firstPosition())
+        cursor.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
+        cursor.mergeCharFormat(header)
+
+    @staticmethod
+    def _note_for(message: Message) -> str:
+        if message.status == STATUS_ERROR:
+            return f"⚠ {message.error}"
+        if message.role != "assistant" or message.status == STATUS_STREAMING:
+            return ""
+        return reply_stats_line(message.stats, message.finish_reason)
+
+    def _insert_note(self, cursor: QTextCursor, text: str, *, italic: bool = False,
+                     error: bool = False) -> None:
+        fmt = QTextCharFormat()
+        fmt.setFontItalic(italic)
+        fmt.setFontPointSize(max(self.font().pointSizeF() * 0.85, 7.0))
+        colour = QColor("#c62828") if error else self.palette().color(QPalette.ColorRole.PlaceholderText)
+        fmt.setForeground(colour)
+        cursor.insertText(text, fmt)
+
+    def _shade_code_blocks(self, start: int, end: int) -> None:
+        background = QColor(self.palette().color(QPalette.ColorRole.Text))
+        background.setAlpha(14)
+        block = self.document().findBlock(start)
+        while block.isValid() and block.position() <= end:
+            fmt = block.blockFormat()
+            if fmt.hasProperty(QTextFormat.Property.BlockCodeFence) or fmt.nonBreakableLines():
+                shade = QTextCursor(block)
+                fmt.setBackground(background)
+                fmt.setLeftMargin(6)
+                shade.setBlockFormat(fmt)
+            block = block.next()
+
+    def _is_at_bottom(self) -> bool:
+        bar = self.verticalScrollBar()
+        return bar.value() >= bar.maximum() - 4
+
+    def _scroll_to_bottom(self) -> None:
+        bar = self.verticalScrollBar()
+        bar.setValue(bar.maximum())

@@ -1,0 +1,415 @@
+"""Hearth's main window: three rearrangeable panes around the engine bridge, menus and shortcuts."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+from PySide6.QtCore import QByteArray, Qt, Slot
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtWidgets import (
+    QDockWidget,
+    QDoubleSpinBox,
+    QFileDialog,
+    QLabel,
+    QLineEdit,
+    QMainWindow,
+    QMenu,
+    QMessageBox,
+    QSpinBox,
+    QWidget,
+)
+
+from app import log
+from app.bridge.engine_bridge import EngineBridge, ModelInfo
+from app.chat.chat_pane import ChatPane
+from app.data import export
+from app.data.conversations import ConversationStore
+from app.data.settings import Settings, apply_theme
+from app.data.storage import Storage
+from app.icon import app_icon
+from app.model.model_pane import ModelPane
+from app.monitor.monitor_pane import MonitorPane
+from app.window.settings_dialog import SettingsDialog
+
+DATA_DIR_ENV = "HEARTH_DATA_DIR"
+#: The conversation database, in the data dir.
+DATABASE_FILE = "hearth.db"
+#: The Model pane's Generation spin boxes (by object name), which hold the sampling defaults.
+_GENERATION_SPINS = {"temperature": "temperatureSpin", "top_p": "topPSpin", "max_tokens": "maxTokensSpin"}
+
+
+def default_data_dir() -> Path:
+    """Hearth's data folder; mirrors ``engine.system.paths.data_dir()`` without importing the engine."""
+    override = os.environ.get(DATA_DIR_ENV)
+    if override:
+        return Path(override).expanduser()
+    return Path(platformdirs.user_data_dir("Hearth", appauthor=False))
+
+
+class MainWindow(QMainWindow):
+    """The window: chat, model and monitor panes as dock widgets the user can move, tab or hide.
+
+    The docks are named ``chatPane``, ``modelPane`` and ``monitorPane``. Every connection from the
+    bridge's signals to the panes is made in :meth:`_connect_engine`. Conversations live in
+    ``hearth.db`` and preferences in ``settings.ini``, both in the data dir; window geometry and the
+    pane layout are restored from the settings. Closing the window saves them, shuts the bridge
+    down (stops the engine loop and frees the model) and closes the database.
+    """
+
+    def __init__(self, data_dir: Path | None = None, bridge: EngineBridge | None = None,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.data_dir = data_dir if data_dir is not None else default_data_dir()
+        self.bridge = bridge if bridge is not None else EngineBridge()
+        self.bridge.setParent(self)
+        self.setWindowTitle("Hearth")
+        self.setWindowIcon(app_icon())
+        self.setObjectName("mainWindow")
+        self.setDockNestingEnabled(True)
+        self.setDockOptions(QMainWindow.DockOption.AnimatedDocks | QMainWindow.DockOption.AllowNestedDocks
+                            | QMainWindow.DockOption.AllowTabbedDocks)
+        self.resize(1280, 820)
+
+        self._is_closed = False
+        self.settings = Settings(self.data_dir)
+        self.storage = self._open_storage()
+        self.store = ConversationStore(self.storage)
+        self.store.purge_deleted()  # the trash only lives as long as the "Undo" offer
+        self.chat_pane = ChatPane(self.bridge, self.store)
+        self.chat_pane.default_preset_id = self.settings.default_preset_id
+        self.model_pane = ModelPane(self.bridge)
+        self.monitor_pane = MonitorPane()
+        self.chat_dock = self._make_dock("Chat", "chatPane", self.chat_pane)
+        self.model_dock = self._make_dock("Model", "modelPane", self.model_pane)
+        self.monitor_dock = self._make_dock("Monitor", "monitorPane", self.monitor_pane)
+        self._place_docks()
+        self._default_state = QByteArray(self.saveState())
+
+        self._model_status = QLabel("No model loaded")
+        self._model_status.setObjectName("modelStatusLabel")
+        self._activity_status = QLabel("")
+        self._activity_status.setObjectName("activityStatusLabel")
+        for label in (self._model_status, self._activity_status):
+            label.setContentsMargins(8, 0, 8, 0)
+        self.statusBar().addPermanentWidget(self._activity_status)
+        self.statusBar().addPermanentWidget(self._model_status)
+        self.statusBar().showMessage("Load a model to start.", 5000)
+        self._build_menus()
+
+        self._restore_settings()
+        self.chat_pane.set_sampling_params(self.model_pane.sampling_params())
+        self._connect_engine()
+        self.bridge.detect_hardware()
+        self.chat_pane.setFocus()
+
+    def _open_storage(self) -> Storage:
+        """Open the conversation database; if it cannot be opened, keep chats in memory and say so."""
+        try:
+            return Storage(self.data_dir / DATABASE_FILE)
+        except (ValueError, sqlite3.Error, OSError) as exc:
+            log.ui.error("cannot open %s: %s", self.data_dir / DATABASE_FILE, exc)
+            QMessageBox.warning(self, "Hearth", f"Your conversations could not be opened:\n{exc}\n\n"
+                                "Hearth will keep this session's chats in memory only.")
+            return Storage(Path(":memory:"))
+
+    def _restore_settings(self) -> None:
+        """Apply the stored theme, font, defaults, window geometry and pane layout."""
+        apply_theme(self.settings.theme)
+        self.chat_pane.set_font_size(self.settings.font_size)
+        path_edit = self.model_pane.findChild(QLineEdit, "modelPathEdit")
+        if path_edit is not None:
+            path_edit.setText(self.settings.default_model)
+        for name, value in self.settings.generation.items():
+            spin = self.model_pane.findChild((QDoubleSpinBox, QSpinBox)[name == "max_tokens"],
+                                             _GENERATION_SPINS[name])
+            if spin is not None:
+                spin.setValue(value)
+        geometry, state = self.settings.geometry, self.settings.window_state
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        if state is not None:
+            self.restoreState(state)
+
+    def save_settings(self) -> None:
+        """Store the window geometry, pane layout and generation defaults."""
+        self.settings.geometry = self.saveGeometry()
+        self.settings.window_state = self.saveState()
+        self.settings.generation = self.model_pane.sampling_params()
+        self.settings.sync()
+
+    # -- layout -----------------------------------------------------------------------------------
+
+    def _make_dock(self, title: str, name: str, pane: QWidget) -> QDockWidget:
+        dock = QDockWidget(title, self)
+        dock.setObjectName(name)
+        dock.setWidget(pane)
+        dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable
+                         | QDockWidget.DockWidgetFeature.DockWidgetFloatable
+                         | QDockWidget.DockWidgetFeature.DockWidgetClosable)
+        return dock
+
+    def _place_docks(self) -> None:
+        """Chat on the left; model above monitor on the right."""
+        self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, self.chat_dock)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.model_dock)
+        self.splitDockWidget(self.model_dock, self.monitor_dock, Qt.Orientation.Vertical)
+        self.resizeDocks([self.chat_dock, self.model_dock], [820, 440], Qt.Orientation.Horizontal)
+        self.resizeDocks([self.model_dock, self.monitor_dock], [430, 370], Qt.Orientation.Vertical)
+
+    def _add_action(self, menu: QMenu, text: str, name: str, slot: Callable[[], None],
+                    shortcut: QKeySequence | QKeySequence.StandardKey | str | None = None) -> QAction:
+        action = QAction(text, self)
+        action.setObjectName(name)
+        if shortcut is not None:
+            action.setShortcut(QKeySequence(shortcut))
+            action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+        action.triggered.connect(slot)
+        menu.addAction(action)
+        return action
+
+    def _build_menus(self) -> None:
+        file_menu = self.menuBar().addMenu("&File")
+        self._add_action(file_menu, "&New chat", "newChatAction", self._on_new_chat_triggered,
+                         QKeySequence.StandardKey.New)
+        file_menu.addSeparator()
+        self._add_action(file_menu, "&Import conversation (JSON)…", "importJsonAction",
+                         self._on_import_json_triggered)
+        self._add_action(file_menu, "Export as &Markdown…", "exportMarkdownAction",
+                         self._on_export_markdown_triggered)
+        self._add_action(file_menu, "Export as &JSON…", "exportJsonAction", self._on_export_json_triggered)
+        file_menu.addSeparator()
+        self._add_action(file_menu, "&Settings…", "settingsAction", self._on_settings_triggered, "Ctrl+,")
+        file_menu.addSeparator()
+        self._add_action(file_menu, "&Quit", "quitAction", self.close, QKeySequence.StandardKey.Quit)
+
+        chat_menu = self.menuBar().addMenu("&Chat")
+        self._add_action(chat_menu, "&Focus message box", "focusInputAction", self.chat_pane.focus_input,
+                         "Ctrl+L")
+        self._add_action(chat_menu, "&Search conversations", "searchAction", self._on_search_triggered,
+                         "Ctrl+F")
+        chat_menu.addSeparator()
+        self._add_action(chat_menu, "&Regenerate reply", "regenerateAction", self._on_regenerate_triggered,
+                         "Ctrl+R")
+        self._add_action(chat_menu, "&Continue reply", "continueAction", self._on_continue_triggered,
+                         "Ctrl+Shift+R")
+        self._add_action(chat_menu, "S&top reply", "stopAction", self.chat_pane.escape, "Esc")
+        self._add_action(chat_menu, "Copy &last reply", "copyReplyAction", self._on_copy_reply_triggered,
+                         "Ctrl+Shift+C")
+        chat_menu.addSeparator()
+        self._add_action(chat_menu, "&Rename conversation", "renameAction", self._on_rename_triggered, "F2")
+        self._add_action(chat_menu, "System prompt &presets…", "presetsAction",
+                         self.chat_pane.open_presets_dialog)
+
+        view_menu = self.menuBar().addMenu("&View")
+        for dock in (self.chat_dock, self.model_dock, self.monitor_dock):
+            view_menu.addAction(dock.toggleViewAction())
+        view_menu.addSeparator()
+        reset = QAction("&Reset layout", self)
+        reset.triggered.connect(self._on_reset_layout_triggered)
+        view_menu.addAction(reset)
+
+        help_menu = self.menuBar().addMenu("&Help")
+        about = QAction("&About Hearth", self)
+        about.triggered.connect(self._on_about_triggered)
+        help_menu.addAction(about)
+
+    # -- wiring -----------------------------------------------------------------------------------
+
+    def _connect_engine(self) -> None:
+        """Every connection from the engine bridge to the panes, in one place."""
+        signals = self.bridge.signals
+        signals.token_delta.connect(self.chat_pane._on_token_delta)
+        signals.request_finished.connect(self.chat_pane._on_request_finished)
+        signals.request_failed.connect(self.chat_pane._on_request_failed)
+        signals.model_load_progress.connect(self.model_pane._on_model_load_progress)
+        signals.model_load_progress.connect(self._on_model_load_progress)
+        signals.model_loaded.connect(self.model_pane._on_model_loaded)
+        signals.model_loaded.connect(self._on_model_loaded)
+        signals.model_loaded.connect(self.chat_pane.set_model_info)
+        signals.model_loaded.connect(self.monitor_pane._on_model_loaded)
+        signals.model_load_failed.connect(self.model_pane._on_model_load_failed)
+        signals.model_load_failed.connect(self._on_model_load_failed)
+        signals.model_unloaded.connect(self.model_pane._on_model_unloaded)
+        signals.model_unloaded.connect(self.monitor_pane._on_model_unloaded)
+        signals.model_unloaded.connect(self._on_model_unloaded)
+        signals.metrics_updated.connect(self.monitor_pane._on_metrics_updated)
+        signals.hardware_detected.connect(self.model_pane._on_hardware_detected)
+        signals.hardware_detected.connect(self.monitor_pane._on_hardware_detected)
+        signals.error.connect(self._on_engine_error)
+        # Pane to pane.
+        self.model_pane.sampling_params_changed.connect(self._on_sampling_params_changed)
+        self.chat_pane.streaming_changed.connect(self._on_streaming_changed)
+        self.chat_pane.notice.connect(self._on_notice)
+
+    # -- events -----------------------------------------------------------------------------------
+
+    @Slot(float, str)
+    def _on_model_load_progress(self, fraction: float, stage: str) -> None:
+        if self.bridge.is_loading:
+            self._model_status.setText(f"Loading… {fraction * 100:.0f} %")
+            self.chat_pane.set_model_ready(True)
+
+    @Slot(object)
+    def _on_model_loaded(self, info: ModelInfo) -> None:
+        self._model_status.setText(f"{info.model_name} · {info.device} · {info.dtype}")
+        self.statusBar().showMessage(f"{info.model_name} is ready.", 4000)
+        self.chat_pane.set_model_ready(True)
+
+    @Slot(str)
+    def _on_model_load_failed(self, message: str) -> None:
+        self._model_status.setText("No model loaded")
+        self.statusBar().showMessage("The model could not be loaded; see the Model pane.", 6000)
+        self.chat_pane.set_model_ready(False)
+        self.model_dock.show()
+        self.model_dock.raise_()
+
+    @Slot()
+    def _on_model_unloaded(self) -> None:
+        self._model_status.setText("No model loaded")
+        self.chat_pane.set_model_ready(False)
+        self.chat_pane.set_model_info(None)
+
+    @Slot(str)
+    def _on_notice(self, message: str) -> None:
+        self.statusBar().showMessage(message, 4000)
+
+    @Slot(str)
+    def _on_engine_error(self, message: str) -> None:
+        log.ui.error("engine error: %s", message)
+        self.statusBar().showMessage(message, 10000)
+
+    @Slot(object)
+    def _on_sampling_params_changed(self, params: dict[str, Any]) -> None:
+        self.chat_pane.set_sampling_params(params)
+
+    @Slot(int)
+    def _on_streaming_changed(self, count: int) -> None:
+        self._activity_status.setText("" if count == 0 else
+                                      f"{count} {'reply' if count == 1 else 'replies'} streaming")
+
+    @Slot()
+    def _on_new_chat_triggered(self) -> None:
+        self.chat_dock.show()
+        self.chat_pane.new_conversation()
+
+    @Slot()
+    def _on_search_triggered(self) -> None:
+        self.chat_dock.show()
+        self.chat_pane.focus_search()
+
+    @Slot()
+    def _on_regenerate_triggered(self) -> None:
+        self.chat_pane.regenerate()
+
+    @Slot()
+    def _on_continue_triggered(self) -> None:
+        self.chat_pane.continue_reply()
+
+    @Slot()
+    def _on_copy_reply_triggered(self) -> None:
+        conversation = self.chat_pane.current_conversation
+        if conversation is not None and conversation.messages:
+            self.chat_pane.copy_message(len(conversation.messages) - 1)
+
+    @Slot()
+    def _on_rename_triggered(self) -> None:
+        if self.chat_pane.current_conversation is not None:
+            self.chat_pane.sidebar.edit_title(self.chat_pane.current_conversation.id)
+
+    @Slot()
+    def _on_settings_triggered(self) -> None:
+        dialog = SettingsDialog(self.settings, self.storage.list_presets(), self)
+        if dialog.exec() == SettingsDialog.DialogCode.Accepted:
+            dialog.apply_to(self.settings)
+            self.apply_settings()
+
+    def apply_settings(self) -> None:
+        """Apply the theme, font size and default preset from :attr:`settings`."""
+        apply_theme(self.settings.theme)
+        self.chat_pane.set_font_size(self.settings.font_size)
+        self.chat_pane.default_preset_id = self.settings.default_preset_id
+
+    # -- export and import ------------------------------------------------------------------------
+
+    def export_conversation(self, kind: str) -> Path | None:
+        """Ask for a file and write the current conversation as "markdown" or "json" to it."""
+        conversation = self.chat_pane.current_conversation
+        if conversation is None:
+            return None
+        suffix, label = (".md", "Markdown (*.md)") if kind == "markdown" else (".json", "JSON (*.json)")
+        stem = re.sub(r"[^\w\- ]+", "", conversation.title).strip() or "conversation"
+        path_text, _ = QFileDialog.getSaveFileName(self, "Export conversation",
+                                                   str(Path.home() / f"{stem}{suffix}"),
+                                                   f"{label};;All files (*)")
+        if not path_text:
+            return None
+        path = Path(path_text)
+        if kind == "markdown":
+            text = export.to_markdown(self.storage, conversation.id)
+        else:
+            text = json.dumps(export.to_json(self.storage, conversation.id), ensure_ascii=False, indent=2)
+        try:
+            path.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            QMessageBox.warning(self, "Export failed", f"Could not write {path}:\n{exc}")
+            return None
+        self.statusBar().showMessage(f"Exported to {path}", 5000)
+        return path
+
+    def import_conversation(self) -> int | None:
+        """Ask for a JSON file and import it as a new conversation; returns its id."""
+        path_text, _ = QFileDialog.getOpenFileName(self, "Import conversation", str(Path.home()),
+                                                   "JSON (*.json);;All files (*)")
+        if not path_text:
+            return None
+        try:
+            data = json.loads(Path(path_text).read_text(encoding="utf-8"))
+            conversation = export.from_json(self.storage, data)
+        except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+            QMessageBox.warning(self, "Import failed", f"Could not import {path_text}:\n{exc}")
+            return None
+        self.chat_pane.refresh()
+        self.chat_pane.select_conversation(conversation.id)
+        self.statusBar().showMessage(f"Imported “{conversation.title}”.", 5000)
+        return conversation.id
+
+    @Slot()
+    def _on_export_markdown_triggered(self) -> None:
+        self.export_conversation("markdown")
+
+    @Slot()
+    def _on_export_json_triggered(self) -> None:
+        self.export_conversation("json")
+
+    @Slot()
+    def _on_import_json_triggered(self) -> None:
+        self.import_conversation()
+
+    @Slot()
+    def _on_reset_layout_triggered(self) -> None:
+        for dock in (self.chat_dock, self.model_dock, self.monitor_dock):
+            dock.setFloating(False)
+            dock.show()
+        self.restoreState(self._default_state)
+
+    @Slot()
+    def _on_about_triggered(self) -> None:
+        QMessageBox.about(self, "About Hearth",
+                          "<h3>Hearth</h3><p>Chat with language models on your own computer, "
+                          "on Hearth's own inference engine.</p>")
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        if not self._is_closed:
+            self._is_closed = True
+            self.save_settings()
+            self.chat_pane.shutdown()
+            self.bridge.shutdown()
+            self.storage.close()
+        super().closeEvent(event)

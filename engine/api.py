@@ -1,0 +1,319 @@
+"""The engine's contracts: the types the app, the server and test fakes share. No torch, no Qt, no engine imports.
+
+Everything a caller hands the engine or gets back is defined here once: sampling parameters, the engine
+configuration, errors, step and request outputs, hardware facts, the quantization recommendation, model facts and
+the names of quantization levels. ``engine/__init__.py`` re-exports the public ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "abort", "error", "timeout"]
+FitVerdict = Literal["yes", "tight", "no"]
+LoadStage = Literal["resolve", "validate", "config", "tokenizer", "weights", "quantize", "ready"]
+MetricKey = Literal[
+    "num_running",
+    "num_waiting",
+    "kv_blocks_used",
+    "kv_blocks_total",
+    "kv_usage",
+    "gen_tok_s",
+    "prompt_tok_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "itl_p50_s",
+    "itl_p90_s",
+    "e2e_p50_s",
+    "e2e_p90_s",
+    "batch_efficiency",
+]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Errors
+
+
+class ModelLoadError(Exception):
+    """A model could not be loaded. The message says what is wrong and what to do about it."""
+
+
+class CapacityError(Exception):
+    """The engine's request queue is full; retry later or raise ``max_waiting``."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Quantization levels
+
+#: What ``LLM(quantization=...)`` accepts. ``fp32`` keeps the weights in fp32 (``none`` is an accepted alias);
+#: ``bf16``/``fp16`` store them in 16 bits; ``int8``/``int4`` quantize the decoder's linear layers.
+QUANTIZATION_LEVELS = ("auto", "fp32", "bf16", "fp16", "int8", "int4")
+#: The levels that change the weights themselves, not only their dtype.
+WEIGHT_LEVELS = ("int8", "int4")
+#: Weight dtype of each concrete level (int8/int4 keep the embedding and norms in bf16).
+LEVEL_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "bfloat16", "int4": "bfloat16"}
+#: Bytes per parameter of each level (int4 adds a bf16 scale and zero per group of 32).
+BYTES_PER_PARAM = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0 + 2 / 4096, "int4": 0.5 + 4 / 32}
+_LEVEL_ALIASES = {
+    "none": "fp32",
+    "float32": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "q8": "int8",
+    "q4": "int4",
+}
+
+
+def check_level(level: str) -> str:
+    """Normalise a quantization name; unknown ones raise ``ValueError`` naming the field."""
+    name = level.strip().lower()
+    name = _LEVEL_ALIASES.get(name, name)
+    if name not in QUANTIZATION_LEVELS:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_LEVELS)}; got {level!r}")
+    return name
+
+
+#: Canonical dtype names (as torch spells them) for every spelling the engine accepts.
+DTYPE_NAMES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+}
+
+
+def dtype_name(name: str) -> str:
+    """The canonical torch name of a dtype spelling ("bf16" -> "bfloat16"); ``ValueError`` for others."""
+    key = name.strip().lower().removeprefix("torch.")
+    if key not in DTYPE_NAMES:
+        raise ValueError(f"dtype must be one of float32, bfloat16 or float16; got {name!r}")
+    return DTYPE_NAMES[key]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Requests
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """How one request picks its tokens. Invalid values raise ``ValueError`` naming the field.
+
+    ``temperature == 0`` is greedy decoding. ``top_k == 0`` and ``top_p == 1`` switch those filters off.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if not isinstance(self.temperature, (int, float)) or not 0.0 <= self.temperature <= 100.0:
+            raise ValueError(f"temperature must be between 0 and 100, got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be a non-negative integer, got {self.top_k!r}")
+        if not isinstance(self.repetition_penalty, (int, float)) or self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be positive, got {self.repetition_penalty!r}")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """Knobs of the engine. Bad values raise ``ValueError`` naming the field.
+
+    Attributes:
+        max_batch_size: most sequences in one step (running batch).
+        max_wait_ms: longest time admission waits to gather a batch when the engine is idle. The scheduler
+            shrinks the actual wait below this when requests arrive slowly (see ``Scheduler.batch_window_s``).
+        max_num_batched_tokens: token budget of one step; longer prompts are prefilled in chunks.
+        block_size: tokens per KV-cache block.
+        kv_cache_bytes: memory for the KV-cache pool; ``None`` sizes it from free memory.
+        kv_dtype: ``"auto"`` (the model's dtype), ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        max_waiting: most queued requests before ``submit`` raises ``CapacityError``.
+        max_model_len: longest prompt plus reply; ``None`` takes the model's own limit.
+        enable_prefix_caching: share full KV blocks between requests with the same prefix.
+    """
+
+    max_batch_size: int = 16
+    max_wait_ms: float = 5.0
+    max_num_batched_tokens: int = 512
+    block_size: int = 16
+    kv_cache_bytes: int | None = None
+    kv_dtype: str = "auto"
+    max_waiting: int = 256
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.max_wait_ms < 0:
+            raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
+        if self.max_num_batched_tokens < 16:
+            raise ValueError(f"max_num_batched_tokens must be >= 16, got {self.max_num_batched_tokens}")
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
+        if self.kv_dtype not in ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"):
+            raise ValueError(f"kv_dtype must be auto, float32, bfloat16 or float16, got {self.kv_dtype!r}")
+        if self.max_waiting < 1:
+            raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    """Timings of one request, in seconds since its arrival where noted."""
+
+    arrival_time: float
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finish_time: float | None = None
+    num_prompt_tokens: int = 0
+    num_generated_tokens: int = 0
+    num_cached_tokens: int = 0
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.finish_time is None else self.finish_time - self.arrival_time
+
+    @property
+    def tokens(self) -> int:
+        return self.num_generated_tokens
+
+    @property
+    def tok_s(self) -> float:
+        """Decode speed after the first token."""
+        if self.first_token_time is None or self.last_token_time is None or self.num_generated_tokens < 2:
+            return 0.0
+        span = self.last_token_time - self.first_token_time
+        return (self.num_generated_tokens - 1) / span if span > 0 else 0.0
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {
+            "ttft_s": self.ttft_s,
+            "e2e_s": self.e2e_s,
+            "num_prompt_tokens": self.num_prompt_tokens,
+            "num_generated_tokens": self.num_generated_tokens,
+            "num_cached_tokens": self.num_cached_tokens,
+            "tokens": self.num_generated_tokens,
+            "tok_s": self.tok_s,
+        }
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What one step produced for one request."""
+
+    request_id: str
+    delta_text: str
+    new_token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    metrics: dict[str, Any] | None = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """A finished request."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    metrics: RequestMetrics
+    error: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hardware, models and recommendations
+
+
+@dataclass(slots=True)
+class GpuInfo:
+    """One NVIDIA GPU as the driver (or torch) reports it."""
+
+    index: int
+    name: str
+    total_bytes: int
+    free_bytes: int
+    compute_capability: tuple[int, int] | None
+
+
+@dataclass(slots=True)
+class HardwareInfo:
+    """A snapshot of the machine's compute resources."""
+
+    cpu_model: str
+    physical_cores: int
+    logical_cores: int
+    avx2: bool
+    avx512: bool
+    avx512_bf16: bool
+    amx: bool
+    ram_total_bytes: int
+    ram_available_bytes: int
+    gpus: list[GpuInfo] = field(default_factory=list)
+    gpu_reason: str = ""
+    torch_cuda_available: bool = False
+    torch_is_cpu_build: bool = True
+
+
+@dataclass(slots=True)
+class ModelInfo:
+    """What a model is, read from its files without loading the weights."""
+
+    path: Path
+    format: str  # "safetensors", "gguf" or "pytorch"
+    architecture: str
+    model_type: str
+    num_parameters: int | None
+    stored_dtype: str
+    weight_files: list[Path] = field(default_factory=list)
+    file_bytes: int = 0
+
+
+@dataclass(slots=True)
+class Recommendation:
+    """The level to load at, and the numbers behind it."""
+
+    device: str  # "cuda" or "cpu"
+    quantization: str  # "none" (fp32), "bf16", "fp16", "int8" or "int4"
+    fits: str  # "yes", "tight" or "no"
+    weights_bytes: int
+    kv_bytes_per_token: int
+    kv_budget_bytes: int
+    free_bytes: int
+    reason: str
+    num_parameters: int = 0
+    context_length: int = 0

@@ -1,0 +1,188 @@
+"""Paged KV-cache bookkeeping: block tables, prefix sharing by chained hashes, LRU eviction.
+
+No tensors live here; the model runner owns the KV pool and reads the block tables this module fills.
+Block 0 is reserved as an always-zero block that padded attention reads point at.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from engine.core.sequence import Sequence
+
+NULL_BLOCK = 0
+
+
+@dataclass(slots=True)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None
+    token_ids: tuple[int, ...] = ()
+
+
+def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
+    """Hash of a full block, chained over every block before it."""
+    return hash((parent, token_ids))
+
+
+class BlockManager:
+    """Allocates fixed-size KV blocks to sequences and shares full blocks with equal prefixes.
+
+    A block is in exactly one of three states: used (``ref_count > 0``), cached (unreferenced but holding a
+    registered prefix hash, kept in LRU order for reuse), or free.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 2:
+            raise ValueError(f"the KV cache needs at least 2 blocks, got {num_blocks}")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.blocks[NULL_BLOCK].ref_count = 1  # never handed out
+        self._free: list[int] = list(range(num_blocks - 1, 0, -1))  # pop() gives low ids first
+        self._cached: OrderedDict[int, None] = OrderedDict()  # unreferenced hashed blocks, LRU first
+        self._hash_to_block: dict[int, int] = {}
+        self.num_prefix_queried_tokens = 0
+        self.num_prefix_hit_tokens = 0
+
+    # --- queries -------------------------------------------------------------------------------------------
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.num_blocks - 1
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that can be handed out now: free plus evictable cached ones."""
+        return len(self._free) + len(self._cached)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._cached)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_usable_blocks - self.num_free_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # --- admission -----------------------------------------------------------------------------------------
+    def _match_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks covering the longest full-block prefix of ``seq``, keeping one token to compute."""
+        if not self.enable_prefix_caching:
+            return []
+        matched: list[int] = []
+        parent: int | None = None
+        max_blocks = (len(seq.token_ids) - 1) // self.block_size
+        for i in range(max_blocks):
+            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+            h = chain_hash(parent, tokens)
+            block_id = self._hash_to_block.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            matched.append(block_id)
+            parent = h
+        return matched
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        matched = self._match_prefix(seq)
+        num_cached = sum(1 for b in matched if self.blocks[b].ref_count == 0)
+        first_new = len(matched) * self.block_size
+        target = max(first_new + num_new_tokens, first_new + 1)
+        needed = self.blocks_needed(target) - len(matched)
+        return needed <= self.num_free_blocks - num_cached
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Give ``seq`` its cached prefix blocks plus room for ``num_new_tokens`` more tokens."""
+        assert not seq.block_table, "sequence already holds blocks"
+        matched = self._match_prefix(seq)
+        parent: int | None = None
+        for block_id in matched:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                self._cached.pop(block_id)
+            block.ref_count += 1
+            seq.block_table.append(block_id)
+            seq.block_hashes.append(block.hash)  # type: ignore[arg-type]
+            parent = block.hash
+        del parent
+        seq.num_cached_tokens = len(matched) * self.block_size
+        seq.num_computed_tokens = seq.num_cached_tokens
+        seq.num_hashed_blocks = len(matched)
+        self.num_prefix_queried_tokens += len(seq.token_ids)
+        self.num_prefix_hit_tokens += seq.num_cached_tokens
+        self.ensure_slots(seq, seq.num_computed_tokens + num_new_tokens)
+
+    # --- growth --------------------------------------------------------------------------------------------
+    def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
+        return self.blocks_needed(num_tokens) - len(seq.block_table) <= self.num_free_blocks
+
+    def ensure_slots(self, seq: Sequence, num_tokens: int) -> None:
+        """Make sure ``seq`` owns blocks for its first ``num_tokens`` tokens."""
+        while len(seq.block_table) < self.blocks_needed(num_tokens):
+            seq.block_table.append(self._take_block())
+
+    def _take_block(self) -> int:
+        if self._free:
+            block_id = self._free.pop()
+        elif self._cached:
+            block_id, _ = self._cached.popitem(last=False)  # evict least recently used
+            block = self.blocks[block_id]
+            if block.hash is not None and self._hash_to_block.get(block.hash) == block_id:
+                del self._hash_to_block[block.hash]
+            block.hash, block.token_ids = None, ()
+        else:
+            raise RuntimeError("KV cache exhausted: the scheduler must check can_grow/can_allocate first")
+        self.blocks[block_id].ref_count = 1
+        return block_id
+
+    def register_full_blocks(self, seq: Sequence) -> None:
+        """Publish the hashes of blocks whose KV is now fully computed, so later requests can share them."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = seq.num_computed_tokens // self.block_size
+        while seq.num_hashed_blocks < num_full:
+            i = seq.num_hashed_blocks
+            parent = seq.block_hashes[i - 1] if i else None
+            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+            h = chain_hash(parent, tokens)
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is None and h not in self._hash_to_block:
+                block.hash, block.token_ids = h, tokens
+                self._hash_to_block[h] = block.block_id
+            seq.block_hashes.append(h)
+            seq.num_hashed_blocks += 1
+
+    # --- release -------------------------------------------------------------------------------------------
+    def free(self, seq: Sequence) -> None:
+        """Drop ``seq``'s references at once; hashed blocks stay reusable until evicted."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.hash is not None and self._hash_to_block.get(block.hash) == block_id:
+                    self._cached[block_id] = None
+                else:
+                    block.hash, block.token_ids = None, ()
+                    self._free.append(block_id)
+        seq.block_table.clear()
+        seq.block_hashes.clear()
+        seq.num_hashed_blocks = 0
+        seq.num_computed_tokens = 0
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (for example after the KV dtype changes)."""
+        while self._cached:
+            block_id, _ = self._cached.popitem(last=False)
+            self.blocks[block_id].hash, self.blocks[block_id].token_ids = None, ()
+            self._free.append(block_id)
+        self._hash_to_block.clear()
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        if not self.num_prefix_queried_tokens:
+            return 0.0
+        return self.num_prefix_hit_tokens / self.num_prefix_queried_tokens

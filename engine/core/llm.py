@@ -1,0 +1,191 @@
+"""``LLM``: load a model, start an engine over it, and generate."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from pathlib import Path
+from typing import Any, Self
+
+import psutil
+import torch
+
+from engine.api import (
+    LEVEL_DTYPES,
+    WEIGHT_LEVELS,
+    EngineConfig,
+    ModelLoadError,
+    RequestOutput,
+    SamplingParams,
+    check_level,
+)
+from engine.core.llm_engine import LLMEngine, Prompt
+from engine.loading.loader import LoadedModel, load_model
+from engine.loading.recommend import recommend
+from engine.model.runner import kv_bytes_per_token, resolve_kv_dtype
+from engine.system import hardware
+
+log = logging.getLogger("engine")
+
+ProgressFn = Any
+_CPU_KV_DEFAULT_CAP = 1 << 30  # 1 GiB: a CPU model rarely runs enough streams to use more
+
+
+class LLM:
+    """A loaded model with a running engine.
+
+    Args:
+        model: "default", an HF folder, or a .gguf file.
+        device: "auto", "cpu" or "cuda"; an unusable CUDA request falls back to the CPU with a warning.
+        dtype: "auto", "float32", "bfloat16" or "float16".
+        quantization: "auto", "fp32" (alias "none"), "bf16", "fp16", "int8" or "int4" (see ``engine/quantization.py``).
+            "auto" takes ``engine.loading.recommend``'s choice for this machine.
+        progress: ``progress(fraction, stage)`` for a progress bar.
+        start_loop: run the engine on its own thread. The app passes False and drives ``engine.step()``.
+        **engine_options: fields of :class:`EngineConfig` (``max_batch_size``, ``max_wait_ms``,
+            ``kv_cache_bytes``, ...).
+    """
+
+    def __init__(
+        self,
+        model: str | Path = "default",
+        device: str = "auto",
+        dtype: str = "auto",
+        quantization: str = "auto",
+        progress: ProgressFn | None = None,
+        start_loop: bool = True,
+        quant_backend: str = "auto",
+        **engine_options: Any,
+    ) -> None:
+        self.config = EngineConfig(**engine_options)  # TypeError on an unknown option, ValueError on a bad value
+        hardware.configure_threads()
+        level = check_level(quantization)
+        if level == "auto":
+            # an explicit dtype means "this precision, no weight quantization"
+            level = self._auto_level(model, device) if dtype == "auto" else "fp32"
+        if dtype == "auto":
+            dtype = LEVEL_DTYPES[level]
+        self.quantization = level
+        loaded = load_model(model, device=device, dtype=dtype, progress=progress)
+        try:
+            if level in WEIGHT_LEVELS and progress is not None:
+                progress(0.9, "quantize")
+            self.engine = self._build_engine(loaded, level, quant_backend)
+            if progress is not None:
+                progress(0.95, "warm up")
+            self._warm_up()
+        except torch.OutOfMemoryError as exc:
+            del loaded
+            self._release()
+            raise ModelLoadError(
+                "not enough memory for the KV cache; lower the KV-cache budget or the batch size"
+            ) from exc
+        self.model_name = Path(loaded.path).name if str(model) != "default" else "SmolLM2-135M-Instruct"
+        self.path = loaded.path
+        self.device = str(loaded.device)
+        self.dtype = str(loaded.dtype).removeprefix("torch.")
+        self.device_reason = loaded.device_reason
+        self.weights_bytes = self.engine.runner.weights_bytes
+        self.num_parameters = loaded.num_parameters
+        self.tokenizer = loaded.tokenizer
+        if progress is not None:
+            progress(1.0, "ready")
+        if start_loop:
+            self.engine.start_loop()
+
+    @staticmethod
+    def _auto_level(model: str | Path, device: str) -> str:
+        try:
+            rec = recommend(model, device=device)
+        except (ModelLoadError, ValueError, OSError, KeyError):
+            return "bf16"  # the loader will report what is wrong with the model
+        log.info("quantization auto -> %s: %s", rec.quantization, rec.reason)
+        return rec.quantization
+
+    def _build_engine(self, loaded: LoadedModel, level: str, quant_backend: str) -> LLMEngine:
+        cfg = self.config
+        kv_dtype = resolve_kv_dtype(cfg.kv_dtype, loaded.dtype)
+        per_token = kv_bytes_per_token(loaded.config, kv_dtype)
+        model_len = int(getattr(loaded.config, "max_position_embeddings", 0) or 4096)
+        max_model_len = min(model_len, cfg.max_model_len or model_len)
+        budget = cfg.kv_cache_bytes or self._default_kv_budget(loaded.device)
+        num_blocks = budget // (per_token * cfg.block_size)
+        # more than every stream at full length is never needed
+        cap = cfg.max_batch_size * -(-max_model_len // cfg.block_size) + 1
+        num_blocks = int(min(num_blocks, cap))
+        if num_blocks < 2:
+            raise ModelLoadError(
+                f"the KV-cache budget of {budget / 1e6:.1f} MB holds less than one block "
+                f"({per_token * cfg.block_size / 1e6:.2f} MB); raise the KV-cache budget"
+            )
+        return LLMEngine(loaded.model, loaded.tokenizer, cfg, num_blocks, kv_dtype, max_model_len, level, quant_backend)
+
+    @staticmethod
+    def _default_kv_budget(device: torch.device) -> int:
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            return int(free * 0.8)
+        return int(min(_CPU_KV_DEFAULT_CAP, psutil.virtual_memory().available * 0.2))
+
+    def _warm_up(self) -> None:
+        """One short request through prefill and decode, so the first user request does not pay for it."""
+        start = time.perf_counter()
+        handle = self.engine.submit([1, 2, 3, 4, 5, 6, 7, 8], SamplingParams(max_tokens=3, temperature=0.0))
+        while not handle.done():
+            self.engine.step()
+        self.engine.block_manager.reset_prefix_cache()
+        self.engine.block_manager.num_prefix_queried_tokens = 0
+        self.engine.block_manager.num_prefix_hit_tokens = 0
+        self.engine.stats.reset()
+        log.info("warm-up took %.2f s", time.perf_counter() - start)
+
+    # --- generation --------------------------------------------------------------------------------------------
+    def generate(
+        self, prompts: Prompt | list[str] | list[list[int]], params: SamplingParams | None = None
+    ) -> list[RequestOutput]:
+        """Run all prompts through the engine concurrently; return outputs in prompt order."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        handles = [self.engine.submit(p, params) for p in prompts]  # type: ignore[union-attr, arg-type]
+        self._drive_until(lambda: all(h.done() for h in handles))
+        return [h.result() for h in handles]
+
+    def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None) -> RequestOutput:
+        """Answer a conversation, formatted with the tokenizer's chat template."""
+        handle = self.engine.submit(messages, params)
+        self._drive_until(handle.done)
+        return handle.result()
+
+    def _drive_until(self, done: Any) -> None:
+        """Wait for the loop thread, or step the engine here when no loop runs."""
+        if self.engine._loop_thread is not None:
+            while not done():
+                time.sleep(0.002)
+            return
+        while not done():
+            self.engine.step()
+
+    def metrics(self) -> dict[str, float]:
+        return self.engine.metrics()
+
+    def close(self) -> None:
+        """Stop the engine and free the model and the KV cache."""
+        engine = getattr(self, "engine", None)
+        if engine is None:
+            return
+        engine.stop_loop()
+        del self.engine
+        self._release()
+
+    @staticmethod
+    def _release() -> None:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

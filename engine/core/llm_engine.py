@@ -1,0 +1,398 @@
+"""The engine loop: requests in, one ``step()`` at a time, text deltas out.
+
+``step()`` is three calls: ``scheduler.schedule()`` -> ``runner.run()`` -> ``scheduler.postprocess()``, then the
+sampled tokens are detokenized and handed to each request's handle. ``submit`` and ``cancel`` are thread-safe;
+``step`` runs on one thread at a time, either the engine's own loop thread or a caller's (the app's bridge).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.api import CapacityError, EngineConfig, RequestMetrics, RequestOutput, SamplingParams, StepOutput
+from engine.core.block_manager import BlockManager
+from engine.core.detokenizer import IncrementalDetokenizer
+from engine.core.metrics import EngineMetrics
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence
+from engine.model.runner import ModelRunner
+from engine.model.sampler import Sampler
+
+log = logging.getLogger("engine")
+
+Prompt = str | list[int] | list[dict[str, str]]
+
+
+@dataclass(slots=True)
+class _Request:
+    seq: Sequence
+    detok: IncrementalDetokenizer
+    metrics: RequestMetrics
+    handle: RequestHandle
+    max_tokens: int
+    eos_ids: frozenset[int]
+    finish_reason: str | None = None
+
+
+OutputCallback = Callable[[StepOutput], None]
+
+
+class RequestHandle:
+    """The caller's end of a request: iterate it for text deltas, ``cancel()`` it, or wait for ``result()``.
+
+    ``on_output``, if given, is called with every ``StepOutput`` on the thread that steps the engine, right
+    after it is queued; it must be quick and must not raise (``AsyncLLMEngine`` uses it to wake an event loop).
+    """
+
+    def __init__(
+        self,
+        engine: LLMEngine,
+        request_id: str,
+        prompt_token_ids: list[int],
+        on_output: OutputCallback | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self._engine = engine
+        self._on_output = on_output
+        self._queue: queue.Queue[StepOutput] = queue.Queue()
+        self._done = threading.Event()
+        self._text: list[str] = []
+        self._token_ids: list[int] = []
+        self._final: StepOutput | None = None
+        self._metrics: RequestMetrics | None = None
+
+    def cancel(self) -> None:
+        """Stop generating; the request finishes with reason "abort" and keeps its partial text."""
+        self._engine.cancel(self.request_id)
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def _deliver(self, out: StepOutput, metrics: RequestMetrics) -> None:
+        self._text.append(out.delta_text)
+        self._token_ids.extend(out.new_token_ids)
+        self._metrics = metrics
+        self._queue.put(out)
+        if out.finished:
+            self._final = out
+            self._done.set()
+        if self._on_output is not None:
+            try:
+                self._on_output(out)
+            except Exception:
+                log.exception("on_output callback of %s failed", self.request_id)
+
+    def __iter__(self) -> Iterator[str]:
+        """Yield text deltas as they arrive, until the request finishes."""
+        while True:
+            out = self._queue.get()
+            if out.delta_text:
+                yield out.delta_text
+            if out.finished:
+                if out.error:
+                    raise RuntimeError(out.error)
+                return
+
+    def result(self, timeout: float | None = None) -> RequestOutput:
+        """Block until the request finishes and return its output."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.request_id} did not finish within {timeout} s")
+        assert self._final is not None and self._metrics is not None
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt_token_ids=self.prompt_token_ids,
+            text="".join(self._text),
+            token_ids=list(self._token_ids),
+            finish_reason=self._final.finish_reason,
+            metrics=self._metrics,
+            error=self._final.error,
+        )
+
+
+class LLMEngine:
+    """Continuous-batching engine over one loaded model."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        config: EngineConfig,
+        num_blocks: int,
+        kv_dtype: torch.dtype,
+        max_model_len: int,
+        quantization: str = "fp32",
+        quant_backend: str = "auto",
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.runner = ModelRunner(
+            model, num_blocks, config.block_size, kv_dtype, quantization, quant_backend
+        )
+        self.sampler = Sampler()
+        self.stats = EngineMetrics(max_batch_size=config.max_batch_size)
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self._requests: dict[str, _Request] = {}
+        self._inbox: list[_Request] = []
+        self._cancels: list[str] = []
+        self._cv = threading.Condition()
+        self._step_lock = threading.Lock()
+        self._ids = itertools.count()
+        self._loop_thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # --- requests ----------------------------------------------------------------------------------------------
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt: text, ids, or chat messages (through the tokenizer's chat template)."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        if not isinstance(prompt, list) or not prompt:
+            raise ValueError("prompt must be a non-empty string, list of token ids, or list of messages")
+        if all(isinstance(t, int) for t in prompt):
+            vocab = self.runner.config.vocab_size
+            if any(not 0 <= t < vocab for t in prompt):  # type: ignore[operator]
+                raise ValueError(f"prompt token ids must lie in [0, {vocab})")
+            return list(prompt)  # type: ignore[arg-type]
+        if all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
+            # a trailing assistant message is a reply to continue, not a finished turn
+            cont = prompt[-1]["role"] == "assistant"  # type: ignore[index]
+            ids = self.tokenizer.apply_chat_template(
+                prompt, add_generation_prompt=not cont, continue_final_message=cont, tokenize=True
+            )
+            if hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            return list(ids)
+        raise ValueError("messages must be dicts with 'role' and 'content'")
+
+    def submit(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        request_id: str | None = None,
+        on_output: OutputCallback | None = None,
+    ) -> RequestHandle:
+        """Queue a request without blocking. Lower ``priority`` values run first (0 = interactive chat).
+
+        ``on_output(step_output)`` is called on the stepping thread for each output (see ``RequestHandle``).
+        """
+        params = params or SamplingParams()
+        token_ids = self.tokenize(prompt)
+        room = min(self.max_model_len, self.block_manager.num_usable_blocks * self.config.block_size)
+        if len(token_ids) >= room:
+            raise ValueError(
+                f"prompt has {len(token_ids)} tokens but the context holds {room}; shorten the prompt"
+            )
+        with self._cv:
+            if len(self._inbox) + self.scheduler.num_waiting >= self.config.max_waiting:
+                raise CapacityError(
+                    f"{self.config.max_waiting} requests are already waiting; retry when some have finished"
+                )
+            rid = request_id or f"req-{next(self._ids)}"
+            handle = RequestHandle(self, rid, token_ids, on_output)
+            seq = Sequence(rid, list(token_ids), params, priority=priority)
+            req = _Request(
+                seq=seq,
+                detok=IncrementalDetokenizer(self.tokenizer, params.stop),
+                metrics=RequestMetrics(arrival_time=seq.arrival_time, num_prompt_tokens=len(token_ids)),
+                handle=handle,
+                max_tokens=min(params.max_tokens, room - len(token_ids)),
+                eos_ids=frozenset() if params.ignore_eos else self.eos_ids,
+            )
+            self._inbox.append(req)
+            self._cv.notify_all()
+        return handle
+
+    def cancel(self, request_id: str) -> None:
+        with self._cv:
+            self._cancels.append(request_id)
+            self._cv.notify_all()
+
+    # --- loop --------------------------------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self._inbox or self._cancels or self.scheduler.has_work())
+
+    def wait_for_work(self, timeout_s: float) -> bool:
+        """Block until there is something to step, or ``timeout_s`` passes."""
+        with self._cv:
+            if self.has_work():
+                return True
+            self._cv.wait(timeout_s)
+            return self.has_work()
+
+    def _drain_inbox(self, outputs: list[StepOutput]) -> None:
+        with self._cv:
+            inbox, self._inbox = self._inbox, []
+            cancels, self._cancels = self._cancels, []
+        for req in inbox:
+            self._requests[req.seq.request_id] = req
+            self.scheduler.add(req.seq)
+        for rid in cancels:
+            req = self._requests.get(rid)
+            if req is None:
+                continue
+            self.scheduler.abort(rid)
+            req.finish_reason = "abort"
+            outputs.append(self._finish(req, ""))
+
+    def step(self) -> list[StepOutput]:
+        """Run one engine iteration; return what each touched request produced."""
+        with self._step_lock:
+            outputs: list[StepOutput] = []
+            self._drain_inbox(outputs)
+            delay = self.scheduler.admission_delay_s()
+            if delay > 0:
+                with self._cv:
+                    self._cv.wait(delay)  # an arrival wakes us early; then gather it into this batch
+                self._drain_inbox(outputs)
+            batch = self.scheduler.schedule()
+            if not batch.seqs:
+                return outputs
+            try:
+                logits, rows = self.runner.run(batch)
+            except Exception as exc:
+                log.exception("engine step failed")
+                return outputs + self._fail_all(batch.seqs, exc)
+            self.scheduler.postprocess(batch)
+            now = time.monotonic()
+            itls: list[float] = []
+            if logits is not None:
+                seqs = [batch.seqs[i] for i in rows]
+                histories = [s.token_ids for s in seqs] if any(
+                    s.params.repetition_penalty != 1.0 for s in seqs
+                ) else [[] for _ in seqs]
+                tokens = self.sampler.sample(
+                    logits, [s.params for s in seqs], [s.request_id for s in seqs], histories
+                )
+                for seq, token in zip(seqs, tokens, strict=True):
+                    req = self._requests[seq.request_id]
+                    if req.metrics.last_token_time is not None:
+                        itls.append(now - req.metrics.last_token_time)
+                    outputs.append(self._on_token(req, token, now))
+            self.stats.record_step(len(batch.seqs), len(rows), itls, now)
+            return outputs
+
+    def _on_token(self, req: _Request, token: int, now: float) -> StepOutput:
+        seq, m = req.seq, req.metrics
+        seq.token_ids.append(token)
+        if m.first_token_time is None:
+            m.first_token_time = now
+            m.num_cached_tokens = seq.num_cached_tokens
+            self.stats.record_first_token(now - m.arrival_time)
+        m.last_token_time = now
+        m.num_generated_tokens += 1
+        is_eos = token in req.eos_ids
+        delta = "" if is_eos else req.detok.add([token])
+        if is_eos or req.detok.stopped:
+            req.finish_reason = "stop"
+        elif m.num_generated_tokens >= req.max_tokens:
+            req.finish_reason = "length"
+        if req.finish_reason is None:
+            out = StepOutput(seq.request_id, delta, [token])
+            req.handle._deliver(out, m)
+            return out
+        self.scheduler.running.remove(seq)
+        self.scheduler.finish(seq)
+        return self._finish(req, delta, [token])
+
+    def _finish(
+        self, req: _Request, delta: str, new_token_ids: list[int] | None = None, error: str | None = None
+    ) -> StepOutput:
+        now = time.monotonic()
+        delta += req.detok.finish()
+        req.metrics.finish_time = now
+        self.stats.record_finish(now - req.metrics.arrival_time, now)
+        self._requests.pop(req.seq.request_id, None)
+        self.sampler.forget(req.seq.request_id)
+        out = StepOutput(
+            req.seq.request_id, delta, new_token_ids or [], True, req.finish_reason, req.metrics.as_dict(), error
+        )
+        req.handle._deliver(out, req.metrics)
+        return out
+
+    def _fail_all(self, seqs: list[Sequence], exc: BaseException) -> list[StepOutput]:
+        if isinstance(exc, torch.OutOfMemoryError):
+            message = "out of memory while generating; lower the batch size or the KV-cache budget"
+        else:
+            message = f"generation failed: {exc}"
+        outputs = []
+        for seq in seqs:
+            req = self._requests.get(seq.request_id)
+            if req is None:
+                continue
+            self.scheduler.abort(seq.request_id)
+            req.finish_reason = "error"
+            outputs.append(self._finish(req, "", error=message))
+        return outputs
+
+    def start_loop(self) -> None:
+        """Run the engine on its own daemon thread until ``stop_loop()``."""
+        if self._loop_thread is not None:
+            return
+        self._stop.clear()
+        self._loop_thread = threading.Thread(target=self._loop, name="hearth-engine", daemon=True)
+        self._loop_thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if self.wait_for_work(0.1):
+                self.step()
+
+    def stop_loop(self) -> None:
+        self._stop.set()
+        with self._cv:
+            self._cv.notify_all()
+        if self._loop_thread is not None:
+            self._loop_thread.join(timeout=10)
+            self._loop_thread = None
+
+    # --- metrics -----------------------------------------------------------------------------------------------
+    def metrics(self) -> dict[str, float]:
+        bm = self.block_manager
+        snap = self.stats.snapshot()
+        snap.update(
+            {
+                "num_running": float(self.scheduler.num_running),
+                "num_waiting": float(self.scheduler.num_waiting + len(self._inbox)),
+                "kv_cache_usage": bm.num_used_blocks / bm.num_usable_blocks,
+                "kv_blocks_used": float(bm.num_used_blocks),
+                "kv_blocks_cached": float(bm.num_cached_blocks),
+                "kv_blocks_total": float(bm.num_usable_blocks),
+                "prefix_cache_hit_rate": bm.prefix_cache_hit_rate,
+                "prefix_cache_queries": float(bm.num_prefix_queried_tokens),
+                "prefix_cache_hits": float(bm.num_prefix_hit_tokens),
+                "num_preemptions": float(self.scheduler.num_preemptions),
+                "batch_window_ms": self.scheduler.batch_window_s() * 1000.0,
+            }
+        )
+        return snap
+
+
+def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        eos = getattr(source, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(e) for e in eos)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
+
+
+__all__ = ["LLMEngine", "RequestHandle", "RequestOutput", "StepOutput"]

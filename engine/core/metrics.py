@@ -1,0 +1,100 @@
+"""Engine metrics: latency percentiles, sliding-window throughput, batch efficiency.
+
+Names follow vLLM's Prometheus metrics where one exists (``num_requests_running`` -> ``num_running``,
+``time_to_first_token_seconds`` -> ``ttft_*``, ``inter_token_latency_seconds`` -> ``itl_*``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile; 0.0 for no data."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = min(len(ordered) - 1, max(0, round(q / 100.0 * (len(ordered) - 1))))
+    return ordered[rank]
+
+
+@dataclass(slots=True)
+class EngineMetrics:
+    """Rolling statistics the engine updates once per step and reads from any thread."""
+
+    max_batch_size: int
+    window_s: float = 10.0
+    max_samples: int = 2000
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _tokens: deque[tuple[float, int]] = field(default_factory=deque)  # (time, tokens generated in a step)
+    _finished: deque[float] = field(default_factory=deque)  # finish times
+    _ttft: deque[float] = field(default_factory=deque)
+    _itl: deque[float] = field(default_factory=deque)
+    _e2e: deque[float] = field(default_factory=deque)
+    _batch_sizes: deque[int] = field(default_factory=deque)
+    num_generated_tokens_total: int = 0
+    num_requests_total: int = 0
+    num_steps: int = 0
+
+    def _trim(self, now: float) -> None:
+        while self._tokens and self._tokens[0][0] < now - self.window_s:
+            self._tokens.popleft()
+        while self._finished and self._finished[0] < now - self.window_s:
+            self._finished.popleft()
+        for d in (self._ttft, self._itl, self._e2e, self._batch_sizes):
+            while len(d) > self.max_samples:
+                d.popleft()
+
+    def record_step(self, batch_size: int, num_new_tokens: int, itls: list[float], now: float) -> None:
+        with self._lock:
+            self.num_steps += 1
+            self.num_generated_tokens_total += num_new_tokens
+            self._tokens.append((now, num_new_tokens))
+            self._batch_sizes.append(batch_size)
+            self._itl.extend(itls)
+            self._trim(now)
+
+    def record_first_token(self, ttft: float) -> None:
+        with self._lock:
+            self._ttft.append(ttft)
+
+    def record_finish(self, e2e: float, now: float) -> None:
+        with self._lock:
+            self.num_requests_total += 1
+            self._e2e.append(e2e)
+            self._finished.append(now)
+
+    def reset(self) -> None:
+        with self._lock:
+            for d in (self._tokens, self._finished, self._ttft, self._itl, self._e2e, self._batch_sizes):
+                d.clear()
+            self.num_generated_tokens_total = self.num_requests_total = self.num_steps = 0
+
+    def snapshot(self, now: float | None = None) -> dict[str, float]:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            self._trim(now)
+            span = self.window_s
+            if self._tokens:
+                span = max(1.0, min(self.window_s, now - self._tokens[0][0]))  # >= 1 s: no spike on step one
+            tokens = sum(n for _, n in self._tokens)
+            ttft, itl, e2e = list(self._ttft), list(self._itl), list(self._e2e)
+            sizes = list(self._batch_sizes)
+            return {
+                "throughput_tok_s": tokens / span if self._tokens else 0.0,
+                "requests_per_s": len(self._finished) / self.window_s,
+                "ttft_p50": percentile(ttft, 50),
+                "ttft_p90": percentile(ttft, 90),
+                "ttft_p99": percentile(ttft, 99),
+                "itl_p50": percentile(itl, 50),
+                "itl_p99": percentile(itl, 99),
+                "e2e_p50": percentile(e2e, 50),
+                "e2e_p99": percentile(e2e, 99),
+                "batch_efficiency": (sum(sizes) / len(sizes) / self.max_batch_size) if sizes else 0.0,
+                "mean_batch_size": (sum(sizes) / len(sizes)) if sizes else 0.0,
+                "num_generated_tokens_total": float(self.num_generated_tokens_total),
+                "num_requests_total": float(self.num_requests_total),
+            }

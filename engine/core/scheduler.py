@@ -1,0 +1,158 @@
+"""Iteration-level continuous batching: who runs in the next step, and with how many tokens.
+
+Each step has a token budget. Running sequences go first (a decode costs one token, an unfinished prefill takes
+a chunk of what is left of the budget), then waiting sequences are admitted in priority order while the batch
+has room. When blocks run out, the least urgent running sequence is preempted and later recomputed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from engine.api import EngineConfig
+from engine.core.block_manager import BlockManager
+from engine.core.sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    """One step's work: each sequence with the number of tokens it computes now."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def add(self, seq: Sequence, num_tokens: int) -> None:
+        self.seqs.append(seq)
+        self.num_new_tokens.append(num_tokens)
+        if num_tokens == 1 and seq.num_computed_tokens == len(seq.token_ids) - 1 and seq.num_generated_tokens:
+            self.num_decode_tokens += 1
+        else:
+            self.num_prefill_tokens += num_tokens
+
+
+class Scheduler:
+    """Owns the ``waiting`` and ``running`` lists and the block manager's admission decisions."""
+
+    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self._mean_gap_s: float | None = None  # moving average of the time between arrivals
+        self._last_arrival: float | None = None
+
+    # --- queue -----------------------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        now = time.monotonic()
+        if self._last_arrival is not None:
+            gap = now - self._last_arrival
+            self._mean_gap_s = gap if self._mean_gap_s is None else 0.8 * self._mean_gap_s + 0.2 * gap
+        self._last_arrival = now
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def abort(self, request_id: str) -> Sequence | None:
+        for queue in (self.running, self.waiting):
+            for seq in queue:
+                if seq.request_id == request_id:
+                    queue.remove(seq)
+                    self.finish(seq)
+                    return seq
+        return None
+
+    def finish(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.FINISHED
+        self.block_manager.free(seq)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    # --- batching window -------------------------------------------------------------------------------------
+    def batch_window_s(self) -> float:
+        """How long an idle engine waits to gather a batch.
+
+        Adaptive: when requests arrive in bursts (mean gap below the configured window), waiting lets them
+        share the first step; when they arrive slowly, waiting only adds latency, so the window shrinks to 0.
+        """
+        max_wait = self.config.max_wait_ms / 1000.0
+        if self._mean_gap_s is None or self._mean_gap_s > max_wait:
+            return 0.0
+        return min(max_wait, 2.0 * self._mean_gap_s)
+
+    def admission_delay_s(self, now: float | None = None) -> float:
+        """Seconds to hold back admission now (0 means admit)."""
+        if self.running or not self.waiting or len(self.waiting) >= self.config.max_batch_size:
+            return 0.0
+        now = time.monotonic() if now is None else now
+        oldest = min(seq.arrival_time for seq in self.waiting)
+        return max(0.0, oldest + self.batch_window_s() - now)
+
+    # --- scheduling ------------------------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.config.max_num_batched_tokens
+        self.running.sort(key=lambda s: s.sort_key)
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            while not self.block_manager.can_grow(seq, seq.num_computed_tokens + num_new):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                self.block_manager.ensure_slots(seq, seq.num_computed_tokens + num_new)
+                batch.add(seq, num_new)
+                budget -= num_new
+                i += 1
+                continue
+            break  # seq itself was preempted: nothing behind it can run either
+
+        if self.admission_delay_s() > 0:
+            return batch
+        self.waiting.sort(key=lambda s: s.sort_key)
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_batch_size:
+            seq = self.waiting[0]
+            # the prefix cache may cover the start of the prompt; size the first chunk after the cached part
+            if not self.block_manager.can_allocate(seq, min(len(seq.token_ids), budget)):
+                break
+            self.waiting.pop(0)
+            self.block_manager.allocate(seq, 0)
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            self.block_manager.ensure_slots(seq, seq.num_computed_tokens + num_new)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.add(seq, num_new)
+            budget -= num_new
+        return batch
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free ``seq``'s blocks and queue it again; its tokens are recomputed (prefix cache permitting)."""
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.append(seq)
+
+    def postprocess(self, batch: ScheduledBatch) -> None:
+        """Advance the computed-token counts after the model ran ``batch``."""
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            seq.num_computed_tokens += num_new
+            self.block_manager.register_full_blocks(seq)

@@ -1,0 +1,285 @@
+"""Benchmark: our engine against HF ``generate`` (one request after another) and HF's static padded batch.
+
+Everything is measured in the same run, so the ratios hold even on a noisy machine. Prints one JSON object
+per line, then a summary line with the ratios the targets are stated in::
+
+    python -m engine.bench --model default --concurrency 1,4,16 --max-tokens 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.api import SamplingParams
+from engine.core.llm import LLM
+from engine.core.metrics import percentile
+from engine.system import hardware
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a short poem about autumn leaves.",
+    "Explain what a hash table is in two sentences.",
+    "Give me three tips for better sleep.",
+    "How do I reverse a list in Python?",
+    "What causes the seasons on Earth?",
+    "Summarise the plot of Romeo and Juliet.",
+    "Why is the sky blue?",
+    "Name five programming languages and one strength of each.",
+    "What is the difference between weather and climate?",
+    "Describe a cat to someone who has never seen one.",
+    "How does a bicycle stay upright?",
+    "What is photosynthesis?",
+    "Suggest a name for a bakery.",
+    "Explain recursion to a child.",
+    "What are prime numbers?",
+]
+
+
+@dataclass(slots=True)
+class Timings:
+    """Per-request token timestamps, turned into the figures each JSON line carries."""
+
+    starts: list[float] = field(default_factory=list)
+    token_times: list[list[float]] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def row(self, name: str, concurrency: int) -> dict[str, Any]:
+        tokens = sum(len(t) for t in self.token_times)
+        ttft = [t[0] - s for s, t in zip(self.starts, self.token_times, strict=True) if t]
+        itl = [b - a for t in self.token_times for a, b in itertools.pairwise(t)]
+        return {
+            "system": name,
+            "concurrency": concurrency,
+            "tokens": tokens,
+            "wall_s": round(self.wall_s, 3),
+            "tok_s": round(tokens / self.wall_s, 2),
+            "ttft_p50_ms": round(percentile(ttft, 50) * 1e3, 1),
+            "ttft_p99_ms": round(percentile(ttft, 99) * 1e3, 1),
+            "itl_p50_ms": round(percentile(itl, 50) * 1e3, 2),
+            "itl_p99_ms": round(percentile(itl, 99) * 1e3, 2),
+        }
+
+
+def _messages(i: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
+
+
+def bench_engine(llm: LLM, concurrency: int, max_tokens: int) -> Timings:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    timings = Timings()
+    start = time.perf_counter()
+    handles = []
+    for i in range(concurrency):
+        timings.starts.append(time.perf_counter())
+        handles.append(llm.engine.submit(_messages(i), params))
+        timings.token_times.append([])
+    index = {h.request_id: i for i, h in enumerate(handles)}
+    while not all(h.done() for h in handles):
+        for out in llm.engine.step():
+            if out.new_token_ids:
+                timings.token_times[index[out.request_id]].append(time.perf_counter())
+    timings.wall_s = time.perf_counter() - start
+    return timings
+
+
+class _Clock:
+    """A logits processor that only records when each generation step happens."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.times.append(time.perf_counter())
+        return scores
+
+
+def _hf_inputs(tokenizer: Any, indices: list[int]) -> dict[str, torch.Tensor]:
+    texts = [tokenizer.apply_chat_template(_messages(i), add_generation_prompt=True, tokenize=False) for i in indices]
+    tokenizer.padding_side = "left"
+    return dict(tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False))
+
+
+def _hf_generate(model: Any, tokenizer: Any, indices: list[int], max_tokens: int) -> list[float]:
+    from transformers import LogitsProcessorList
+
+    clock = _Clock()
+    inputs = _hf_inputs(tokenizer, indices)
+    with torch.inference_mode():
+        model.generate(
+            **inputs,
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            logits_processor=LogitsProcessorList([clock]),
+            pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+        )
+    return clock.times
+
+
+def bench_hf_sequential(model: Any, tokenizer: Any, concurrency: int, max_tokens: int) -> Timings:
+    """All requests arrive at once; HF serves them one after another."""
+    timings = Timings()
+    start = time.perf_counter()
+    for i in range(concurrency):
+        timings.starts.append(start)
+        timings.token_times.append(_hf_generate(model, tokenizer, [i], max_tokens))
+    timings.wall_s = time.perf_counter() - start
+    return timings
+
+
+def bench_hf_static(model: Any, tokenizer: Any, concurrency: int, max_tokens: int) -> Timings:
+    """All requests in one left-padded batch."""
+    timings = Timings()
+    start = time.perf_counter()
+    times = _hf_generate(model, tokenizer, list(range(concurrency)), max_tokens)
+    timings.wall_s = time.perf_counter() - start
+    timings.starts = [start] * concurrency
+    timings.token_times = [list(times) for _ in range(concurrency)]
+    return timings
+
+
+def bench_multi_turn(llm: LLM, turns: int, max_tokens: int) -> list[float]:
+    """TTFT of each turn of one growing chat."""
+    messages: list[dict[str, str]] = []
+    ttfts = []
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    for turn in range(turns):
+        messages.append({"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]})
+        out = llm.chat(messages, params)
+        ttfts.append(out.metrics.ttft_s or 0.0)
+        messages.append({"role": "assistant", "content": out.text})
+    return ttfts
+
+
+def bench_quantization(model: str, levels: list[str], max_tokens: int) -> None:
+    """Each level: weight bytes, 1- and 16-stream tok/s, perplexity vs bf16, greedy agreement with bf16."""
+    from pathlib import Path
+
+    from engine.tools.perplexity import perplexity
+
+    text = (Path(__file__).resolve().parent.parent / "tests" / "data" / "gettysburg_and_austen.txt").read_text()
+    greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    reference: dict[str, Any] = {}
+    for level in levels:
+        llm = LLM(model, quantization=level, start_loop=False, max_batch_size=16)
+        bench_engine(llm, 1, 4)
+        single = bench_engine(llm, 1, max_tokens).row("hearth", 1)
+        bench_engine(llm, 16, 4)
+        multi = bench_engine(llm, 16, max_tokens).row("hearth", 16)
+        ppl = perplexity(llm, text)
+        tokens = [o.token_ids for o in llm.generate([_messages(i) for i in range(8)], greedy)]  # type: ignore[misc]
+        if not reference:
+            reference = {"ppl": ppl, "tokens": tokens, "level": level}
+        same = sum(a == b for ref, out in zip(reference["tokens"], tokens, strict=True) for a, b in zip(ref, out, strict=False))
+        total = sum(max(len(ref), len(out)) for ref, out in zip(reference["tokens"], tokens, strict=True))
+        _emit(
+            {
+                "system": "quantization",
+                "level": level,
+                "dtype": llm.dtype,
+                "weights_mb": round(llm.weights_bytes / 1e6, 1),
+                "single_tok_s": single["tok_s"],
+                "c16_tok_s": multi["tok_s"],
+                "perplexity": round(ppl, 3),
+                f"ppl_delta_vs_{reference['level']}_pct": round((ppl / reference["ppl"] - 1) * 100, 2),
+                f"greedy_agreement_vs_{reference['level']}": round(same / max(total, 1), 3),
+            }
+        )
+        llm.close()
+
+
+def _emit(row: dict[str, Any]) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--concurrency", default="1,4,16")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--dtype", default="bfloat16", help="ours and HF's (default bfloat16)")
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--skip-hf", action="store_true", help="measure only our engine")
+    parser.add_argument("--skip-multi-turn", action="store_true")
+    parser.add_argument(
+        "--quantization", default=None, help="'all' or a comma list (bf16,int8,int4,none): compare levels only"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    hardware.configure_threads()
+    _emit({"system": "machine", "threads": torch.get_num_threads(), "torch": torch.__version__, "dtype": args.dtype})
+    if args.quantization:
+        names = ["bf16", "fp32", "int8", "int4"] if args.quantization == "all" else args.quantization.split(",")
+        bench_quantization(args.model, names, args.max_tokens)
+        return 0
+
+    llm = LLM(args.model, dtype=args.dtype, start_loop=False, max_batch_size=max(levels + [16]))
+    results: dict[tuple[str, int], dict[str, Any]] = {}
+    for c in levels:
+        bench_engine(llm, c, 4)  # warm this batch shape
+        results[("hearth", c)] = row = bench_engine(llm, c, args.max_tokens).row("hearth", c)
+        _emit(row)
+
+    if not args.skip_hf:
+        from transformers import AutoModelForCausalLM
+
+        path = llm.path
+        tokenizer = llm.tokenizer
+        llm.close()
+        hf_dtype = getattr(torch, args.dtype)
+        for dtype_name, dtype in {args.dtype: hf_dtype, "float32": torch.float32}.items():
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+            _hf_generate(model, tokenizer, [0], 4)  # warm up
+            for c in levels:
+                name = f"hf_sequential_{dtype_name}"
+                if c <= 4 and dtype_name == args.dtype:
+                    results[(name, c)] = row = bench_hf_sequential(model, tokenizer, c, args.max_tokens).row(name, c)
+                    _emit(row)
+                name = f"hf_static_batch_{dtype_name}"
+                results[(name, c)] = row = bench_hf_static(model, tokenizer, c, args.max_tokens).row(name, c)
+                _emit(row)
+            del model
+        llm = LLM(args.model, dtype=args.dtype, start_loop=False)
+
+    if not args.skip_multi_turn:
+        for cached in (True, False):
+            run = llm if cached else LLM(args.model, dtype=args.dtype, start_loop=False, enable_prefix_caching=False)
+            ttfts = bench_multi_turn(run, args.turns, 32)
+            _emit(
+                {
+                    "system": "hearth_multi_turn",
+                    "prefix_cache": cached,
+                    "ttft_ms_per_turn": [round(t * 1e3, 1) for t in ttfts],
+                    "turn_last_over_first": round(ttfts[-1] / ttfts[0], 2),
+                }
+            )
+            if not cached:
+                run.close()
+
+    summary: dict[str, Any] = {"system": "summary"}
+    single = results.get(("hearth", 1))
+    hf_single = results.get((f"hf_sequential_{args.dtype}", 1))
+    if single and hf_single:
+        summary["single_stream_vs_hf_generate"] = round(single["tok_s"] / hf_single["tok_s"], 2)
+    top = max(levels)
+    ours = results.get(("hearth", top))
+    statics = [r["tok_s"] for (name, c), r in results.items() if name.startswith("hf_static") and c == top]
+    if ours and statics:
+        summary[f"c{top}_vs_best_hf_static_batch"] = round(ours["tok_s"] / max(statics), 2)
+    if len(summary) > 1:
+        _emit(summary)
+    llm.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -6,7 +6,6 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.hearth-installed
 MODEL_STAMP := $(VENV)/.hearth-default-model
-# The CPU wheel of torch lies on this disk; a CUDA build is only wanted where nvidia-smi works.
 TORCH_VERSION := 2.13.0
 
 .PHONY: help
@@ -18,17 +17,9 @@ $(PY):
 	$(PIP) install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml | $(PY)
-	@if nvidia-smi >/dev/null 2>&1; then \
-	    echo "NVIDIA GPU found: installing a CUDA build of torch $(TORCH_VERSION)"; \
-	    $(PIP) install --quiet --index-url https://download.pytorch.org/whl/cu128 \
-	        --extra-index-url https://pypi.org/simple torch==$(TORCH_VERSION) \
-	      || $(PIP) install --quiet torch==$(TORCH_VERSION); \
-	else \
-	    echo "no NVIDIA GPU: installing the CPU build of torch $(TORCH_VERSION)"; \
-	    $(PIP) install --quiet "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
-	      || $(PIP) install --quiet --index-url https://download.pytorch.org/whl/cpu \
-	           --extra-index-url https://pypi.org/simple "torch==$(TORCH_VERSION)+cpu"; \
-	fi
+	@# torch comes from pip's configured index by version: a CPU build where one is on disk or configured,
+	@# otherwise PyPI's default build. Set PIP_INDEX_URL / PIP_EXTRA_INDEX_URL to choose another build.
+	$(PIP) install --quiet torch==$(TORCH_VERSION)
 	$(PIP) install --quiet -e '.[test]'
 	touch $@
 
@@ -44,8 +35,14 @@ install: $(STAMP) $(MODEL_STAMP) ## create .venv, install the project and the de
 run: install ## open the app
 	$(PY) -m app
 
+.PHONY: check
+check: $(STAMP) ## ruff, import-linter layer contracts, mypy on engine/
+	$(PY) -m ruff check app engine tests
+	$(VENV)/bin/lint-imports
+	$(PY) -m mypy engine
+
 .PHONY: test
-test: install ## run the whole suite offscreen
+test: install check ## the checks, then the whole suite offscreen
 	QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
 .PHONY: bench
@@ -68,10 +65,6 @@ install-desktop-entry: ## add dist/Hearth to the app menu (~/.local/share/applic
 screenshots: install ## retake resources/screenshots/ with the real model (needs xvfb-run)
 	PYTHONPATH=. xvfb-run -a -s "-screen 0 1600x1100x24" $(PY) packaging/screenshots.py main
 	PYTHONPATH=. xvfb-run -a -s "-screen 0 1600x1300x24" $(PY) packaging/screenshots.py monitor
-
-.PHONY: lint
-lint: $(STAMP) ## ruff over the tree
-	$(PY) -m ruff check app engine tests
 
 .PHONY: clean
 clean: ## remove the venv and caches

@@ -23,7 +23,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _info(model: str, device: str, dtype: str) -> int:
     """Load ``model`` and print the facts about it."""
-    from engine.loading.loader import inspect_model, load_model
+    from engine.loading.loader import load_model
+    from engine.loading.validate import inspect_model
 
     info = inspect_model(model)
     loaded = load_model(model, device=device, dtype=dtype)

@@ -13,22 +13,33 @@ from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort", "error", "timeout"]
 FitVerdict = Literal["yes", "tight", "no"]
-LoadStage = Literal["resolve", "validate", "config", "tokenizer", "weights", "quantize", "ready"]
+LoadStage = Literal["convert", "validate", "read weights", "quantize", "warm up", "ready"]
+#: The keys of ``LLM.metrics()`` / ``LLMEngine.metrics()`` (all values are floats).
 MetricKey = Literal[
+    "throughput_tok_s",
+    "requests_per_s",
+    "ttft_p50",
+    "ttft_p90",
+    "ttft_p99",
+    "itl_p50",
+    "itl_p99",
+    "e2e_p50",
+    "e2e_p99",
+    "batch_efficiency",
+    "mean_batch_size",
+    "num_generated_tokens_total",
+    "num_requests_total",
     "num_running",
     "num_waiting",
+    "kv_cache_usage",
     "kv_blocks_used",
+    "kv_blocks_cached",
     "kv_blocks_total",
-    "kv_usage",
-    "gen_tok_s",
-    "prompt_tok_s",
-    "ttft_p50_s",
-    "ttft_p90_s",
-    "itl_p50_s",
-    "itl_p90_s",
-    "e2e_p50_s",
-    "e2e_p90_s",
-    "batch_efficiency",
+    "prefix_cache_hit_rate",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "num_preemptions",
+    "batch_window_ms",
 ]
 
 
@@ -99,12 +110,28 @@ def dtype_name(name: str) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # Requests
 
+#: The KV block that is never handed out and stays zero: padded attention reads point at it.
+NULL_BLOCK = 0
+
+
+#: Temperatures below this sample as greedy decoding (dividing logits by less overflows or ties everything).
+GREEDY_TEMPERATURE = 1e-5
+MAX_TEMPERATURE = 100.0
+#: Repetition penalties outside this range only produce overflow or NaN, never a useful distribution.
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
+MAX_SEED = 2**64 - 1  # seeds are unsigned 64-bit values
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
 
 @dataclass(slots=True)
 class SamplingParams:
     """How one request picks its tokens. Invalid values raise ``ValueError`` naming the field.
 
-    ``temperature == 0`` is greedy decoding. ``top_k == 0`` and ``top_p == 1`` switch those filters off.
+    ``temperature`` below ``GREEDY_TEMPERATURE`` (0 included) is greedy decoding. ``top_k == 0`` and
+    ``top_p == 1`` switch those filters off. ``seed`` is an unsigned 64-bit value.
     """
 
     max_tokens: int = 256
@@ -121,22 +148,30 @@ class SamplingParams:
             self.stop = [self.stop]
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if not isinstance(self.temperature, (int, float)) or not 0.0 <= self.temperature <= 100.0:
-            raise ValueError(f"temperature must be between 0 and 100, got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+        # written as "not (in range)" so that NaN fails too
+        if not _is_number(self.temperature) or not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be between 0 and {MAX_TEMPERATURE:g}, got {self.temperature!r}")
+        if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
             raise ValueError(f"top_k must be a non-negative integer, got {self.top_k!r}")
-        if not isinstance(self.repetition_penalty, (int, float)) or self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be positive, got {self.repetition_penalty!r}")
-        if not all(isinstance(s, str) and s for s in self.stop):
+        if not _is_number(self.repetition_penalty) or not (
+            MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY
+        ):
+            raise ValueError(
+                f"repetition_penalty must be between {MIN_REPETITION_PENALTY:g} and {MAX_REPETITION_PENALTY:g}, "
+                f"got {self.repetition_penalty!r}"
+            )
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if self.seed is not None and (
+            not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED
+        ):
+            raise ValueError(f"seed must be an integer between 0 and 2**64 - 1, got {self.seed!r}")
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE
 
 
 @dataclass(slots=True)

@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from engine.api import NULL_BLOCK
 from engine.core.sequence import Sequence
-
-NULL_BLOCK = 0
 
 
 @dataclass(slots=True)
@@ -99,7 +98,6 @@ class BlockManager:
         """Give ``seq`` its cached prefix blocks plus room for ``num_new_tokens`` more tokens."""
         assert not seq.block_table, "sequence already holds blocks"
         matched = self._match_prefix(seq)
-        parent: int | None = None
         for block_id in matched:
             block = self.blocks[block_id]
             if block.ref_count == 0:
@@ -107,8 +105,6 @@ class BlockManager:
             block.ref_count += 1
             seq.block_table.append(block_id)
             seq.block_hashes.append(block.hash)  # type: ignore[arg-type]
-            parent = block.hash
-        del parent
         seq.num_cached_tokens = len(matched) * self.block_size
         seq.num_computed_tokens = seq.num_cached_tokens
         seq.num_hashed_blocks = len(matched)

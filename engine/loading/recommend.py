@@ -1,7 +1,8 @@
 """Which quantization to load a model at, from its config and the memory measured free on this machine.
 
 Called as ``engine.system.hardware.recommend(model, hardware=None, context_length=None)``. Everything is estimated from
-the config alone, before any weight is read:
+the config alone, before any weight is read, with the formulas of the model registry
+(``engine.model.architectures``, plain data that this lower layer may read):
 
 * weights = parameter count x bytes per parameter of the level (int4 adds its group scales);
 * KV bytes per token = 2 x layers x KV heads x head dim x dtype size (K and V, every layer);
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.api import BYTES_PER_PARAM, Recommendation
+from engine.model.architectures import count_parameters, kv_bytes_per_token, ties_embeddings
 
 _GB = 1e9
 RUNTIME_OVERHEAD_BYTES = 600_000_000  # CPU: torch, tokenizer, activations, the app itself
@@ -59,7 +61,7 @@ def _config_dict(model: Any) -> dict[str, Any]:
     if path.is_dir():
         return _read_config(path)
     if path.suffix == ".gguf":
-        from engine.loading.loader import inspect_model
+        from engine.loading.validate import inspect_model
 
         info = inspect_model(path)
         return {"num_parameters": info.num_parameters or 0}
@@ -74,36 +76,10 @@ def _read_config(folder: Path) -> dict[str, Any]:
     return data.get("text_config", data) if "num_hidden_layers" not in data else data
 
 
-def count_parameters(cfg: dict[str, Any]) -> int:
-    """Parameters of a decoder-only transformer, from its config."""
-    if cfg.get("num_parameters"):
-        return int(cfg["num_parameters"])
-    hidden = int(cfg["hidden_size"])
-    heads = int(cfg["num_attention_heads"])
-    kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
-    inter = int(cfg.get("intermediate_size") or 4 * hidden)
-    vocab = int(cfg["vocab_size"])
-    attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
-    mlp = 3 * hidden * inter
-    layers = int(cfg["num_hidden_layers"]) * (attn + mlp + 2 * hidden)
-    embed = vocab * hidden * (1 if cfg.get("tie_word_embeddings", False) else 2)
-    return layers + embed + hidden
-
-
-def kv_bytes_per_token(cfg: dict[str, Any], dtype_bytes: int = 2) -> int:
-    if "num_hidden_layers" not in cfg:
-        return 0
-    heads = int(cfg["num_attention_heads"])
-    kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
-    return 2 * int(cfg["num_hidden_layers"]) * kv_heads * head_dim * dtype_bytes
-
-
 def _weights_bytes(num_params: int, level: str, cfg: dict[str, Any]) -> int:
     """int8/int4 leave the embedding and lm_head in 16-bit."""
     if level in ("int8", "int4") and "vocab_size" in cfg:
-        embed = int(cfg["vocab_size"]) * int(cfg["hidden_size"]) * (1 if cfg.get("tie_word_embeddings") else 2)
+        embed = int(cfg["vocab_size"]) * int(cfg["hidden_size"]) * (1 if ties_embeddings(cfg) else 2)
         return int(embed * 2 + (num_params - embed) * BYTES_PER_PARAM[level])
     return int(num_params * BYTES_PER_PARAM[level])
 
@@ -133,7 +109,7 @@ def compute_capability_major(capability: tuple[int, int] | str | None) -> int:
 
 
 def _packed_fp16() -> bool:
-    from engine.model.quantization import fbgemm_fp16_available
+    from engine.system.hardware import fbgemm_fp16_available
 
     return fbgemm_fp16_available()
 

@@ -1,6 +1,6 @@
 """Weight quantization for the fused decoder: one callable per linear layer.
 
-Levels: ``none``/``bf16``/``fp16`` keep dense weights; ``int8`` and ``int4`` quantize the decoder's linear layers
+Levels: ``fp32``/``bf16``/``fp16`` keep dense weights; ``int8`` and ``int4`` quantize the decoder's linear layers
 (the embedding and ``lm_head`` stay in the model dtype, where quality is most sensitive).
 
 Backends, chosen per device:
@@ -145,23 +145,6 @@ class PackedFp16Linear:
         return self.out_features * self.in_features * 2 + self.bias.nbytes
 
 
-_fbgemm_fp16: bool | None = None
-
-
-def fbgemm_fp16_available() -> bool:
-    """Whether torch has fbgemm's fp16-weight GEMM on this CPU (x86 builds with fbgemm)."""
-    global _fbgemm_fp16
-    if _fbgemm_fp16 is None:
-        try:
-            layer = PackedFp16Linear(torch.ones(8, 8))
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                _fbgemm_fp16 = bool(torch.allclose(layer(torch.ones(1, 8)), torch.full((1, 8), 8.0)))
-        except (AttributeError, RuntimeError):
-            _fbgemm_fp16 = False
-    return _fbgemm_fp16
-
-
 class BnbLinear:
     """bitsandbytes LLM.int8 or NF4 (the CUDA path; also runs, slowly, on a CPU for tests)."""
 
@@ -170,6 +153,7 @@ class BnbLinear:
 
         out_features, in_features = weight.shape
         w = weight.detach().to(torch.float16 if level == "int8" else torch.bfloat16).cpu()
+        module: torch.nn.Module
         if level == "int8":
             module = bnb.nn.Linear8bitLt(in_features, out_features, bias=bias is not None, has_fp16_weights=False)
             module.weight = bnb.nn.Int8Params(w, requires_grad=False, has_fp16_weights=False)
@@ -183,7 +167,7 @@ class BnbLinear:
         self.module = module.to(device)  # moving it quantizes it
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.module(x).to(x.dtype)  # type: ignore[no-any-return]
+        return self.module(x).to(x.dtype)
 
     @property
     def nbytes(self) -> int:

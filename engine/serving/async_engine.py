@@ -84,6 +84,15 @@ class AsyncLLMEngine:
         request._handle = self.engine.submit(prompt, params, priority=priority, on_output=request._on_output)
         return request
 
+    async def add_request(
+        self, prompt: Prompt, params: SamplingParams | None = None, priority: int = 0
+    ) -> AsyncRequest:
+        """Like :meth:`submit`, but tokenizing (and chat templating) run on a worker thread, so a long prompt
+        never holds up the event loop. Raises as :meth:`submit` does."""
+        if not (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
+            prompt = await asyncio.to_thread(self.engine.tokenize, prompt)
+        return self.submit(prompt, params, priority)
+
     async def stream(
         self, prompt: Prompt, params: SamplingParams | None = None, priority: int = 0
     ) -> AsyncIterator[StepOutput]:
@@ -97,3 +106,11 @@ class AsyncLLMEngine:
 
     def metrics(self) -> dict[str, float]:
         return self.engine.metrics()
+
+    def is_alive(self) -> bool:
+        """False once the engine's own loop thread has died: no request would ever finish.
+
+        An engine without a loop thread (stepped by the app's bridge, or stopped) counts as alive.
+        """
+        thread = getattr(self.engine, "_loop_thread", None)
+        return thread is None or thread.is_alive()

@@ -7,12 +7,13 @@ import logging
 import os
 import platform
 import threading
+import warnings
 from pathlib import Path
 
 import psutil
 import torch
 
-from engine.api import GpuInfo, HardwareInfo
+from engine.api import GpuInfo, HardwareInfo, dtype_name
 
 logger = logging.getLogger("engine")
 
@@ -248,16 +249,6 @@ def configure_threads(hardware: HardwareInfo | None = None, reserve: int = 0) ->
     return torch.get_num_threads()
 
 
-_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
-
-
 def resolve_dtype(requested: str, device: torch.device | str) -> torch.dtype:
     """Choose the dtype weights are held in.
 
@@ -273,10 +264,11 @@ def resolve_dtype(requested: str, device: torch.device | str) -> torch.dtype:
         ValueError: ``requested`` is not an accepted value.
     """
     text = requested.strip().lower()
-    if text in _DTYPES:
-        return _DTYPES[text]
     if text != "auto":
-        raise ValueError(f"dtype: {requested!r} is not valid; use auto, float32, bfloat16 or float16")
+        try:
+            return getattr(torch, dtype_name(text))
+        except ValueError:
+            raise ValueError(f"dtype: {requested!r} is not valid; use auto, float32, bfloat16 or float16") from None
     dev = torch.device(device)
     if dev.type == "cuda":
         try:
@@ -285,3 +277,20 @@ def resolve_dtype(requested: str, device: torch.device | str) -> torch.dtype:
             return torch.float16
     return torch.bfloat16
 
+
+_fbgemm_fp16: bool | None = None
+
+
+def fbgemm_fp16_available() -> bool:
+    """Whether torch has fbgemm's fp16-weight GEMM on this CPU (x86 builds with fbgemm), checked once by use."""
+    global _fbgemm_fp16
+    if _fbgemm_fp16 is None:
+        try:
+            with warnings.catch_warnings():  # torch marks the fbgemm fp16 ops deprecated; they are pinned with torch
+                warnings.simplefilter("ignore")
+                packed = torch.fbgemm_pack_gemm_matrix_fp16(torch.ones(8, 8))
+                y = torch.fbgemm_linear_fp16_weight(torch.ones(1, 8), packed, torch.zeros(8))
+            _fbgemm_fp16 = bool(torch.allclose(y, torch.full((1, 8), 8.0)))
+        except (AttributeError, RuntimeError):
+            _fbgemm_fp16 = False
+    return _fbgemm_fp16

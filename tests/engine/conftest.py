@@ -10,24 +10,24 @@ from typing import Any
 import pytest
 import torch
 
+from engine.model.architectures import TESTED_MODEL_TYPES
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
-# family -> config class name and the fields that differ from the shared tiny shape
-TINY_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
-    "llama": ("LlamaConfig", {}),
-    "qwen2": ("Qwen2Config", {}),
-    "mistral": ("MistralConfig", {"sliding_window": None}),
-    "qwen3": ("Qwen3Config", {"head_dim": 16}),
-    "gemma": ("GemmaConfig", {"head_dim": 16}),  # runs through the HF-module path
+# model type -> the fields that differ from the shared tiny shape, for the registry's tested types
+TINY_OVERRIDES: dict[str, dict[str, Any]] = {
+    "mistral": {"sliding_window": None},
+    "qwen3": {"head_dim": 16},
+    "gemma": {"head_dim": 16},
 }
 
 
 def build_tiny_model(family: str, folder: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
-    """Save a random-weight model of ``family`` with the default model's tokenizer."""
+    """Save a random-weight model of ``family`` (a model type) with the default model's tokenizer."""
     import transformers
 
-    cls_name, extra = TINY_FAMILIES[family]
-    config = getattr(transformers, cls_name)(
+    config = transformers.AutoConfig.for_model(
+        family,
         vocab_size=49152,
         hidden_size=64,
         intermediate_size=128,
@@ -40,7 +40,7 @@ def build_tiny_model(family: str, folder: Path, tokenizer_dir: Path, seed: int =
         eos_token_id=2,
         pad_token_id=2,
         tie_word_embeddings=False,
-        **extra,
+        **TINY_OVERRIDES.get(family, {}),
     )
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -54,7 +54,7 @@ def build_tiny_model(family: str, folder: Path, tokenizer_dir: Path, seed: int =
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny-models")
-    return {f: build_tiny_model(f, root / f, default_model_dir) for f in TINY_FAMILIES}
+    return {f: build_tiny_model(f, root / f, default_model_dir) for f in TESTED_MODEL_TYPES}
 
 
 @pytest.fixture(scope="session")

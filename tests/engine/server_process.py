@@ -48,9 +48,10 @@ def run_server(repo_root: Path, log_path: Path, api_key: str | None = None, *ext
     port = free_port()
     args = [sys.executable, "-m", "engine.serve", "--model", "default", "--host", "127.0.0.1", "--port",
             str(port), "--max-batch-size", "8", "--kv-cache-mb", "64", "--log-level", "warning", *extra]
-    if api_key:
-        args += ["--api-key", api_key]
     env = {**os.environ, "PYTHONWARNINGS": "default"}
+    env.pop("HEARTH_API_KEY", None)
+    if api_key:
+        env["HEARTH_API_KEY"] = api_key  # not on argv, where ps shows it
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(args, cwd=repo_root, stdout=log_file, stderr=subprocess.STDOUT, env=env)
     server = ServerProcess(f"http://127.0.0.1:{port}", api_key, process, log_path)

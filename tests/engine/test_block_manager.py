@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.api import SamplingParams
-from engine.core.block_manager import NULL_BLOCK, BlockManager
+from engine.api import NULL_BLOCK, SamplingParams
+from engine.core.block_manager import BlockManager
 from engine.core.sequence import Sequence
 
 

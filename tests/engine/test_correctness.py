@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.model.architectures import ARCHITECTURES, TESTED_MODEL_TYPES
 from tests.engine.hf_reference import assert_matches_hf
 
 MAX_NEW = 24
@@ -72,7 +73,7 @@ def test_default_model_matches_hf(
     assert default_llm.metrics()["kv_blocks_used"] == 0
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3", "gemma"])
+@pytest.mark.parametrize("family", TESTED_MODEL_TYPES)
 def test_tiny_models_match_hf(family: str, tiny_model_dirs: dict[str, Path]) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -80,7 +81,7 @@ def test_tiny_models_match_hf(family: str, tiny_model_dirs: dict[str, Path]) -> 
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
     llm = LLM(folder, dtype="float32", start_loop=False, kv_cache_bytes=8 << 20, max_num_batched_tokens=64)
     try:
-        assert llm.engine.runner.is_fused == (family != "gemma")
+        assert llm.engine.runner.is_fused == (ARCHITECTURES[family].path == "fused")
         prompts = [llm.engine.tokenize(p) for p in PROMPTS[1:7]]
         params = SamplingParams(max_tokens=16, temperature=0.0)
         for mode in ("together", "staggered"):

@@ -21,13 +21,9 @@ import torch
 
 from engine.api import ModelLoadError
 from engine.loading.default_model import source_gguf_path
-from engine.loading.loader import (
-    LoadedModel,
-    estimate_weights_bytes,
-    inspect_model,
-    load_model,
-    read_safetensors_header,
-)
+from engine.loading.loader import LoadedModel, load_model
+from engine.loading.safetensors_reader import read_safetensors_header
+from engine.loading.validate import estimate_weights_bytes, inspect_model
 
 log = logging.getLogger(__name__)
 

@@ -22,13 +22,36 @@ from engine.model.sampler import Sampler, filtered_probs
         ("top_p", 1.5),
         ("top_k", -1),
         ("repetition_penalty", 0.0),
+        ("repetition_penalty", 1e-300),  # NaN probabilities in multinomial, once
+        ("repetition_penalty", float("inf")),
+        ("temperature", float("nan")),
+        ("temperature", float("inf")),
+        ("top_p", float("nan")),
         ("stop", [""]),
         ("seed", -1),
+        ("seed", 2**64),  # overflowed the generator's seed, once
+        ("seed", True),
     ],
 )
 def test_invalid_sampling_values_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})  # type: ignore[arg-type]
+
+
+def test_tiny_temperatures_mean_greedy() -> None:
+    """1e-40 used to divide the logits into inf and NaN; below the greedy threshold it is plain argmax."""
+    assert SamplingParams(temperature=1e-40).is_greedy
+    assert SamplingParams(temperature=0.0).is_greedy
+    assert not SamplingParams(temperature=0.01).is_greedy
+    logits = torch.randn(2, 100)
+    tokens = Sampler().sample(logits, [SamplingParams(temperature=1e-40, seed=2**64 - 1)] * 2, ["a", "b"], [[], []])
+    assert tokens == logits.argmax(dim=-1).tolist()
+
+
+def test_the_largest_seed_samples() -> None:
+    params = SamplingParams(temperature=0.9, seed=2**64 - 1)
+    tokens = Sampler().sample(torch.randn(1, 100), [params], ["a"], [[]])
+    assert 0 <= tokens[0] < 100
 
 
 def test_seeded_sampling_is_reproducible_whatever_it_is_batched_with() -> None:

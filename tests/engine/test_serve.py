@@ -26,7 +26,7 @@ HI = [{"role": "user", "content": "Say hello."}]
 @pytest.fixture(scope="module")
 def server(repo_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     log_path = tmp_path_factory.mktemp("serve") / "server.log"
-    with run_server(repo_root, log_path, API_KEY) as proc:
+    with run_server(repo_root, log_path, API_KEY, "--metrics-auth") as proc:
         yield proc
 
 
@@ -96,6 +96,16 @@ def test_completions_honour_stop_and_seed(client: OpenAI) -> None:
     seeded = [client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=1.0, seed=7)
               .choices[0].text for _ in range(2)]
     assert seeded[0] == seeded[1]
+
+
+def test_completions_streamed(client: OpenAI) -> None:
+    chunks = list(client.completions.create(model=MODEL, prompt="The three primary colors are", max_tokens=6,
+                                            temperature=0, stream=True, stream_options={"include_usage": True}))
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finish[-1] in ("stop", "length") and not any(finish[:-1])
+    assert "".join(c.choices[0].text for c in chunks if c.choices)
+    usage = chunks[-1].usage
+    assert usage is not None and not chunks[-1].choices and 0 < usage.completion_tokens <= 6
 
 
 def test_sse_wire_format(http: httpx.Client) -> None:
@@ -181,7 +191,9 @@ def test_api_key_is_required(server: ServerProcess) -> None:
         wrong = anonymous.get("/v1/models", headers={"Authorization": "Bearer nope"})
         right = anonymous.get("/v1/models", headers={"Authorization": f"Bearer {API_KEY}"})
         assert anonymous.get("/health").status_code == 200
+        assert anonymous.get("/metrics").status_code == 401  # --metrics-auth
     assert (missing.status_code, wrong.status_code, right.status_code) == (401, 401, 200)
+    assert API_KEY not in " ".join(map(str, server.process.args))  # the key came through HEARTH_API_KEY
     assert missing.json()["error"]["type"] == "authentication_error"
     with OpenAI(base_url=server.v1, api_key="wrong", max_retries=0) as bad_client, \
             pytest.raises(AuthenticationError):
@@ -217,6 +229,30 @@ def test_bad_requests_get_400_with_an_error_object(http: httpx.Client, path: str
     assert words in error["message"], error
 
 
+def test_hostile_requests_get_4xx_at_once_while_health_answers(http: httpx.Client) -> None:
+    huge = b'{"messages": [{"role": "user", "content": "' + b"a" * (50 << 20) + b'"}]}'
+    started = time.perf_counter()
+    too_large = http.post("/v1/chat/completions", content=huge, headers={"Content-Type": "application/json"})
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    started = time.perf_counter()
+    assert http.get("/health").status_code == 200
+    health_ms = (time.perf_counter() - started) * 1000
+    print(f"\n50 MB body: {too_large.status_code} after {elapsed_ms:.0f} ms; /health then {health_ms:.1f} ms")
+    assert too_large.status_code == 413 and elapsed_ms < 5000
+    json_type = {"Content-Type": "application/json"}
+    cases = [
+        (400, b'{"messages": [{"role": "user", "content": "\\ud800"}]}', json_type),
+        (400, b'{"messages": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", json_type),
+        (415, json.dumps({"messages": HI}).encode(), {"Content-Type": "text/plain"}),
+        (403, json.dumps({"messages": HI}).encode(), {**json_type, "Origin": "http://evil.example"}),
+        (403, json.dumps({"messages": HI}).encode(), {**json_type, "Host": "evil.example:8000"}),
+    ]
+    for status, body, headers in cases:
+        response = http.post("/v1/chat/completions", content=body, headers=headers)
+        assert response.status_code == status, (body[:60], response.text)
+        assert response.json()["error"]["message"]
+
+
 def test_openai_client_sees_a_too_long_prompt_as_bad_request(client: OpenAI) -> None:
     with pytest.raises(BadRequestError, match="context"):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": LONG_PROMPT}],
@@ -224,7 +260,7 @@ def test_openai_client_sees_a_too_long_prompt_as_bad_request(client: OpenAI) -> 
 
 
 def test_exposure_warning() -> None:
-    from engine.serving.openai_app import exposure_warning
+    from engine.serving.cli import exposure_warning
 
     assert exposure_warning("127.0.0.1", 8000, None) is None
     assert exposure_warning("localhost", 8000, None) is None

@@ -1,0 +1,161 @@
+"""GGUF headers: metadata and the tensor table, read with bounds checks from a memory-mapped file."""
+
+from __future__ import annotations
+
+import math
+import mmap
+import struct
+from pathlib import Path
+from typing import Any
+
+from engine.api import ModelLoadError
+
+#: The first four bytes of every GGUF file (files in Ollama's blob store have no .gguf extension).
+GGUF_MAGIC = b"GGUF"
+
+
+def is_gguf_file(path: Path) -> bool:
+    """Whether ``path`` is a file that starts with the GGUF magic, whatever its name."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+class _GgufCursor:
+    """Bounds-checked little-endian reads from a memory-mapped GGUF file."""
+
+    def __init__(self, data: mmap.mmap, name: str) -> None:
+        self.data, self.name, self.pos = data, name, 0
+
+    def take(self, fmt: str) -> Any:
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.data):
+            raise ModelLoadError(
+                f"{self.name} is truncated: its metadata ends early (at byte {self.pos} of "
+                f"{len(self.data)}). {GGUF_ADVICE}"
+            )
+        (value,) = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += size
+        return value
+
+    def string(self) -> str:
+        length = int(self.take("<Q"))
+        if self.pos + length > len(self.data):
+            raise ModelLoadError(
+                f"{self.name} is truncated: a metadata string runs past the end. {GGUF_ADVICE}"
+            )
+        raw = bytes(self.data[self.pos : self.pos + length])
+        self.pos += length
+        return raw.decode("utf-8", errors="replace")
+
+    def skip(self, kind: int) -> None:
+        if kind == _GGUF_STRING:
+            length = int(self.take("<Q"))  # read first: `pos += take()` would use the old pos
+            self.pos += length
+        elif kind == _GGUF_ARRAY:
+            item_kind, count = int(self.take("<I")), int(self.take("<Q"))
+            if item_kind in _GGUF_SCALARS:
+                self.pos += struct.calcsize(_GGUF_SCALARS[item_kind]) * count
+            else:
+                for _ in range(count):
+                    self.skip(item_kind)
+        elif kind in _GGUF_SCALARS:
+            self.pos += struct.calcsize(_GGUF_SCALARS[kind])
+        else:
+            raise ModelLoadError(f"{self.name} is corrupt: unknown metadata type {kind}. {GGUF_ADVICE}")
+        if self.pos > len(self.data):
+            raise ModelLoadError(f"{self.name} is truncated: its metadata runs past the end. {GGUF_ADVICE}")
+
+
+GGUF_ADVICE = "Re-download it; the file is damaged or was not copied completely."
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+_GGUF_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
+
+
+def read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, int, str, int]]]:
+    """Parse a GGUF file's metadata and tensor table and check every tensor lies inside the file.
+
+    Only the metadata values the loader needs are decoded (strings and integers); large arrays such
+    as the vocabulary are skipped, which keeps this fast even for big tokenizers.
+
+    Args:
+        path: The ``.gguf`` file.
+
+    Returns:
+        ``(metadata, tensors)``: metadata maps keys to decoded scalars/strings (arrays map to their
+        length); tensors are ``(name, element count, ggml type name, bytes)``.
+
+    Raises:
+        ModelLoadError: The file is not a GGUF, is truncated or is corrupt; the message names it.
+    """
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    name = path.name
+    size = path.stat().st_size
+    if size < 24:
+        raise ModelLoadError(f"{name} is truncated ({size} bytes). {GGUF_ADVICE}")
+    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        if data[:4] != b"GGUF":
+            raise ModelLoadError(f"{name} is not a GGUF file (it does not start with 'GGUF'). {GGUF_ADVICE}")
+        cur = _GgufCursor(data, name)
+        cur.pos = 4
+        version = int(cur.take("<I"))
+        if version not in (2, 3):
+            raise ModelLoadError(
+                f"{name} uses GGUF version {version}, which is not supported (only 2 and 3, little-endian)."
+            )
+        tensor_count, kv_count = int(cur.take("<Q")), int(cur.take("<Q"))
+        metadata: dict[str, Any] = {}
+        for _ in range(kv_count):
+            key, kind = cur.string(), int(cur.take("<I"))
+            if kind == _GGUF_STRING:
+                metadata[key] = cur.string()
+            elif kind in _GGUF_SCALARS:
+                metadata[key] = cur.take(_GGUF_SCALARS[kind])
+            elif kind == _GGUF_ARRAY:
+                start = cur.pos
+                cur.take("<I")
+                metadata[key] = int(cur.take("<Q"))
+                cur.pos = start
+                cur.skip(kind)
+            else:
+                cur.skip(kind)
+        infos: list[tuple[str, int, int, int]] = []
+        for _ in range(tensor_count):
+            tname = cur.string()
+            dims = [int(cur.take("<Q")) for _ in range(int(cur.take("<I")))]
+            infos.append((tname, math.prod(dims), int(cur.take("<I")), int(cur.take("<Q"))))
+        alignment = int(metadata.get("general.alignment", 32)) or 32
+        data_start = -(-cur.pos // alignment) * alignment
+    tensors: list[tuple[str, int, str, int]] = []
+    for tname, count, kind, offset in infos:
+        try:
+            qtype = GGMLQuantizationType(kind)
+            block, type_size = GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise ModelLoadError(
+                f"{name} is corrupt: tensor '{tname}' has unknown type {kind}. {GGUF_ADVICE}"
+            ) from None
+        nbytes = count // block * type_size
+        end = data_start + offset + nbytes
+        if end > size:
+            raise ModelLoadError(
+                f"{name} is truncated: tensor '{tname}' ends at byte {end} but the file has only {size} "
+                f"bytes. {GGUF_ADVICE}"
+            )
+        tensors.append((tname, count, qtype.name, nbytes))
+    return metadata, tensors

@@ -1,0 +1,158 @@
+"""The model registry: which HF ``model_type`` the engine runs, on which path, and the config arithmetic.
+
+Plain data and small functions over a config, given as a ``dict`` (``config.json``) or an HF config object. No
+torch and no transformers here, so ``engine.loading`` (a layer below ``engine.model``) may read it too: the loader
+refuses types that are not registered, and the recommendation sizes weights and KV cache from these formulas.
+
+Two execution paths share the KV pool and the paged attention:
+
+* ``"fused"``: our own Llama-family decoder (``engine/model/llama.py``), with Q/K/V and gate/up fused into single
+  matmuls. A config with a feature that decoder lacks (see :func:`execution_path`) falls back to the HF path.
+* ``"hf"``: the model's own HF modules over the packed batch, with our paged attention registered as
+  ``hearth_paged`` (``engine/model/attention.py``).
+
+Every registered type has full attention; sliding-window configs are refused by the loader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+ExecutionPath = Literal["fused", "hf"]
+QkNorm = Literal["head", "full"]
+AttentionBias = Literal["config", "qkv", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class Architecture:
+    """One model type: its path and the features that change its shape or its forward pass.
+
+    Attributes:
+        path: "fused" (our Llama-family decoder) or "hf" (the HF modules with our attention).
+        tie_word_embeddings: whether the LM head shares the embedding when ``config.json`` does not say.
+        attention_bias: "config": biases on Q/K/V/O when ``config.attention_bias`` says so; "qkv": on Q/K/V
+            always (qwen2); "none": never.
+        mlp_bias: the MLP has biases when ``config.mlp_bias`` says so (otherwise the type ignores that field).
+        qk_norm: RMSNorm on queries and keys, per head ("head", qwen3) or over all heads ("full", olmo2).
+        head_dim: the head size when the config leaves it out and it is not hidden size / heads (gemma: 256).
+        tested: a tiny random model of this type runs against HF in ``tests/engine``.
+    """
+
+    path: ExecutionPath
+    tie_word_embeddings: bool = False
+    attention_bias: AttentionBias = "config"
+    mlp_bias: bool = False
+    qk_norm: QkNorm | None = None
+    head_dim: int | None = None
+    tested: bool = False
+
+
+#: Every model type the engine runs: decoder-only transformers with full (not sliding-window) attention.
+ARCHITECTURES: dict[str, Architecture] = {
+    "llama": Architecture("fused", mlp_bias=True, tested=True),
+    "mistral": Architecture("fused", attention_bias="none", tested=True),
+    "qwen2": Architecture("fused", attention_bias="qkv", tested=True),
+    "qwen3": Architecture("fused", qk_norm="head", head_dim=128, tested=True),
+    # HF path: phi3 has its own fused qkv_proj/gate_up_proj and partial rotary; gemma uses GELU and scales the
+    # embedding; granite multiplies embedding, residuals and logits; olmo2 norms after attention and the MLP.
+    "phi3": Architecture("hf", attention_bias="none"),
+    "gemma": Architecture("hf", tie_word_embeddings=True, head_dim=256, tested=True),
+    "granite": Architecture("hf", mlp_bias=True),
+    "olmo2": Architecture("hf", qk_norm="full"),
+}
+
+#: Types whose tiny random models the engine tests build and compare with HF, fused ones first.
+TESTED_MODEL_TYPES: tuple[str, ...] = tuple(
+    sorted((t for t, a in ARCHITECTURES.items() if a.tested), key=lambda t: ARCHITECTURES[t].path != "fused")
+)
+
+
+def _get(config: Any, name: str, default: Any = None) -> Any:
+    """A config field from a dict or an HF config object; ``default`` when absent or None."""
+    value = config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+    return default if value is None else value
+
+
+def architecture(config: Any) -> Architecture | None:
+    """The registry entry of a config's ``model_type``; None when the engine does not run that type."""
+    return ARCHITECTURES.get(str(_get(config, "model_type", "")))
+
+
+def attention_shape(config: Any) -> tuple[int, int, int]:
+    """``(num_heads, num_kv_heads, head_dim)`` of a config: KV heads default to the heads (no GQA), the head size
+    to the config's ``head_dim``, else the registry's (gemma), else hidden size / heads."""
+    num_heads = int(_get(config, "num_attention_heads"))
+    num_kv_heads = int(_get(config, "num_key_value_heads", num_heads))
+    arch = architecture(config)
+    head_dim = _get(config, "head_dim") or (arch and arch.head_dim) or int(_get(config, "hidden_size")) // num_heads
+    return num_heads, num_kv_heads, int(head_dim)
+
+
+def kv_bytes_per_token(config: Any, dtype_bytes: int = 2) -> int:
+    """KV bytes one token costs: 2 (K and V) x layers x KV heads x head dim x element size; 0 without layers."""
+    num_layers = _get(config, "num_hidden_layers")
+    if num_layers is None:
+        return 0
+    _, num_kv_heads, head_dim = attention_shape(config)
+    return 2 * int(num_layers) * num_kv_heads * head_dim * dtype_bytes
+
+
+def ties_embeddings(config: Any) -> bool:
+    """Whether the LM head shares the embedding matrix (the registry's default when the config is silent)."""
+    arch = architecture(config)
+    return bool(_get(config, "tie_word_embeddings", arch is not None and arch.tie_word_embeddings))
+
+
+def _attention_bias(arch: Architecture, config: Any) -> bool:
+    """Whether the attention projections have biases (Q/K/V for "qkv" types, Q/K/V/O for "config" ones)."""
+    if arch.attention_bias == "config":
+        return bool(_get(config, "attention_bias", False))
+    return arch.attention_bias == "qkv"
+
+
+def _mlp_bias(arch: Architecture, config: Any) -> bool:
+    return arch.mlp_bias and bool(_get(config, "mlp_bias", False))
+
+
+def count_parameters(config: Any) -> int:
+    """Parameters of a registered decoder-only transformer, from its config (``num_parameters`` when given).
+
+    Per layer: Q/K/V/O projections (with biases where the type or config has them), optional Q/K norms, a
+    gated MLP of three matrices (with ``mlp_bias``) and two norms; then the embedding, an untied LM head and
+    the final norm.
+    """
+    if _get(config, "num_parameters"):
+        return int(_get(config, "num_parameters"))
+    arch = architecture(config) or Architecture("hf")
+    hidden = int(_get(config, "hidden_size"))
+    num_heads, num_kv_heads, head_dim = attention_shape(config)
+    q_dim, kv_dim = num_heads * head_dim, num_kv_heads * head_dim
+    inter = int(_get(config, "intermediate_size", 4 * hidden))
+    attn = 2 * hidden * q_dim + 2 * hidden * kv_dim
+    if _attention_bias(arch, config):
+        attn += q_dim + 2 * kv_dim + (hidden if arch.attention_bias == "config" else 0)
+    if arch.qk_norm == "head":
+        attn += 2 * head_dim
+    elif arch.qk_norm == "full":
+        attn += q_dim + kv_dim
+    mlp = 3 * hidden * inter + (2 * inter + hidden if _mlp_bias(arch, config) else 0)
+    layers = int(_get(config, "num_hidden_layers")) * (attn + mlp + 2 * hidden)
+    embed = int(_get(config, "vocab_size")) * hidden * (1 if ties_embeddings(config) else 2)
+    return layers + embed + hidden
+
+
+def execution_path(config: Any) -> ExecutionPath:
+    """The path a config runs on: its type's, except that the fused decoder takes only full attention, SiLU,
+    a bias-free MLP and no output-projection bias; anything else falls back to the HF modules."""
+    arch = architecture(config)
+    if arch is None or arch.path != "fused":
+        return "hf"
+    if any(t != "full_attention" for t in _get(config, "layer_types", [])):
+        return "hf"
+    if _get(config, "hidden_act", "silu") != "silu" or _mlp_bias(arch, config):
+        return "hf"
+    if arch.attention_bias == "config" and _attention_bias(arch, config):
+        return "hf"  # the fused decoder has no bias on the output projection
+    return "fused"

@@ -1,0 +1,52 @@
+"""The KV pool: per layer, K and V for every slot of every block, preallocated once.
+
+A token's slot is ``block_id * block_size + offset``; the block manager (``engine/core/block_manager.py``) hands
+out the block ids. Block ``NULL_BLOCK`` is never handed out and stays zero: padded attention reads point at it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from engine.api import NULL_BLOCK, dtype_name
+from engine.model import architectures
+
+#: The reserved, always-zero block.
+
+
+def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
+    """KV bytes one token costs at ``dtype`` (see :func:`engine.model.architectures.kv_bytes_per_token`)."""
+    return architectures.kv_bytes_per_token(config, dtype.itemsize)
+
+
+def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV dtype for ``EngineConfig.kv_dtype``: "auto" is the model's own."""
+    if name == "auto":
+        return model_dtype
+    try:
+        return getattr(torch, dtype_name(name))
+    except ValueError:
+        raise ValueError(f"kv_dtype must be auto, float32, bfloat16 or float16, got {name!r}") from None
+
+
+class KVCache:
+    """The preallocated pool: per layer, K and V as [num_blocks * block_size, kv_heads, head_dim]."""
+
+    def __init__(self, config: Any, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device):
+        _, num_kv_heads, head_dim = architectures.attention_shape(config)
+        shape = (config.num_hidden_layers, num_blocks * block_size, num_kv_heads, head_dim)
+        # empty, not zeros: untouched pages are never committed on the CPU. Only the null block must be zero.
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        null = slice(NULL_BLOCK * block_size, (NULL_BLOCK + 1) * block_size)
+        self.k[:, null].zero_()
+        self.v[:, null].zero_()
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.dtype = dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes

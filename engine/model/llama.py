@@ -1,0 +1,228 @@
+"""The fused Llama-family decoder (llama, mistral, qwen2, qwen3): our own layer loop over the HF weights.
+
+Q/K/V and gate/up projections are fused into single matmuls. On a small model most of a decode step is per-op
+overhead, so fewer, larger ops are what make a single stream fast. Which configs run here is decided by
+:func:`engine.model.architectures.execution_path`.
+
+Weights are built into a :class:`_Stack` per compute dtype: the model-dtype stack serves steps of up to
+``SMALL_STEP_TOKENS`` tokens (single-stream decode, where a bf16 GEMV is memory-bound and fast); with fbgemm's
+packed fp16 GEMM, a second fp32-math stack serves larger steps (bf16 GEMM is slow on CPUs without avx512_bf16).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from engine.model.architectures import attention_shape
+from engine.model.attention import AttentionContext, paged_attention
+from engine.model.kv_cache import KVCache
+from engine.model.quantization import DenseLinear, Linear, PackedFp16Linear
+
+#: Steps with at most this many tokens read the model-dtype weights; larger ones use the packed stack, if any.
+SMALL_STEP_TOKENS = 2
+
+LinearFactory = Callable[[torch.Tensor, torch.Tensor | None], Linear]
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm as HF's LlamaRMSNorm defines it, in torch's fused kernel (fp32 statistics)."""
+    return F.rms_norm(x, weight.shape, weight, eps)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding in HF's rotate-half layout, for queries and keys at once ([T, heads, D])."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((x[..., half:].neg(), x[..., :half]), dim=-1)
+    return torch.addcmul(x * cos, rotated, sin)
+
+
+@dataclass(slots=True)
+class _FusedLayer:
+    input_norm: torch.Tensor
+    qkv: Linear
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o: Linear
+    post_norm: torch.Tensor
+    gate_up: Linear
+    down: Linear
+
+
+def _packed(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+    return PackedFp16Linear(weight, bias)
+
+
+@dataclass(slots=True)
+class _LayerNorms:
+    """A decoder layer's norm weights, to build fused layers of any dtype from."""
+
+    input_norm: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    post_norm: torch.Tensor
+
+    @classmethod
+    def of(cls, layer: Any) -> _LayerNorms:
+        attn = layer.self_attn
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        return cls(
+            layer.input_layernorm.weight,
+            None if q_norm is None else q_norm.weight,
+            None if k_norm is None else k_norm.weight,
+            layer.post_attention_layernorm.weight,
+        )
+
+    def layer(
+        self,
+        linear: LinearFactory,
+        qkv: torch.Tensor,
+        qkv_bias: torch.Tensor | None,
+        o: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        dtype: torch.dtype,
+    ) -> _FusedLayer:
+        def cast(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(dtype)
+
+        return _FusedLayer(
+            self.input_norm.to(dtype),
+            linear(qkv, qkv_bias),
+            cast(self.q_norm),
+            cast(self.k_norm),
+            linear(o, None),
+            self.post_norm.to(dtype),
+            linear(gate_up, None),
+            linear(down, None),
+        )
+
+
+@dataclass(slots=True)
+class _Stack:
+    """Everything a fused forward pass reads, in one compute dtype."""
+
+    layers: list[_FusedLayer]
+    final_norm: torch.Tensor
+    lm_head: Linear
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        linears = [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        return sum(m.nbytes for m in linears) + self.lm_head.nbytes
+
+
+def _frozen(t: torch.Tensor) -> torch.nn.Parameter:
+    return torch.nn.Parameter(t, requires_grad=False)
+
+
+class FusedDecoder:
+    """The decoder of an HF Llama-family model, run as fused layers over the paged KV pool.
+
+    Args:
+        model: the HF causal LM; its embedding and rotary modules are reused as they are.
+        linear: builds one linear layer from a weight and bias (dense or quantized, see ``make_linear``).
+        quantized: the linears are quantized; the HF modules' dense weights are then dropped to free memory.
+            Otherwise the HF modules are pointed at views of the fused tensors, so nothing is stored twice and
+            the HF model stays usable.
+        packed_fp16: also build a stack of fbgemm packed fp16 weights (fp32 math) for steps of more than
+            ``SMALL_STEP_TOKENS`` tokens.
+    """
+
+    def __init__(self, model: Any, linear: LinearFactory, quantized: bool, packed_fp16: bool) -> None:
+        self._inner = model.model
+        self._quantized = quantized
+        self.num_heads, self.num_kv_heads, self.head_dim = attention_shape(model.config)
+        self._q_dim = self.num_heads * self.head_dim
+        self._kv_dim = self.num_kv_heads * self.head_dim
+        self._scale = self.head_dim**-0.5
+        self._eps = float(model.config.rms_norm_eps)
+        dtype = next(model.parameters()).dtype
+        layers: list[_FusedLayer] = []
+        packed: list[_FusedLayer] = []
+        with torch.no_grad():
+            for layer in self._inner.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+                bias = None
+                if attn.q_proj.bias is not None:
+                    bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+                gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+                norms = _LayerNorms.of(layer)
+                weights = (qkv, bias, attn.o_proj.weight, gate_up, mlp.down_proj.weight)
+                layers.append(norms.layer(linear, *weights, dtype=dtype))
+                if packed_fp16:
+                    packed.append(norms.layer(_packed, *weights, dtype=torch.float32))
+                if quantized:
+                    for module in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
+                        module.weight = _frozen(torch.empty(0, dtype=dtype))
+                    for module in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+                        module.weight = _frozen(torch.empty(0, dtype=dtype))
+                    continue
+                q_dim = attn.q_proj.weight.shape[0]
+                kv_dim = attn.k_proj.weight.shape[0]
+                attn.q_proj.weight = _frozen(qkv[:q_dim])
+                attn.k_proj.weight = _frozen(qkv[q_dim : q_dim + kv_dim])
+                attn.v_proj.weight = _frozen(qkv[q_dim + kv_dim :])
+                inter = mlp.gate_proj.weight.shape[0]
+                mlp.gate_proj.weight = _frozen(gate_up[:inter])
+                mlp.up_proj.weight = _frozen(gate_up[inter:])
+            head = model.lm_head
+            final_norm = self._inner.norm.weight
+            self._stack = _Stack(layers, final_norm, DenseLinear(head.weight, head.bias), dtype)
+            self._batch_stack: _Stack | None = None
+            if packed:
+                self._batch_stack = _Stack(
+                    packed, final_norm.float(), PackedFp16Linear(head.weight, head.bias), torch.float32
+                )
+
+    @property
+    def has_batch_stack(self) -> bool:
+        """Whether larger steps run on packed fp16 weights."""
+        return self._batch_stack is not None
+
+    @property
+    def extra_bytes(self) -> int:
+        """Bytes of weights held outside the HF model's parameters (quantized or packed copies)."""
+        total = self._stack.nbytes if self._quantized else 0  # dense weights are views of HF parameters
+        return total + (0 if self._batch_stack is None else self._batch_stack.nbytes)
+
+    def forward(
+        self, ids: torch.Tensor, pos: torch.Tensor, kv: KVCache, ctx: AttentionContext, keep: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """Run every layer over the packed step (writing its K/V); logits of the ``keep`` rows, if any."""
+        stack = self._stack
+        if self._batch_stack is not None and ids.shape[0] > SMALL_STEP_TOKENS:
+            stack = self._batch_stack
+        hidden = self._layers(stack, ids, pos, kv, ctx)
+        return None if keep is None else stack.lm_head(hidden[keep])
+
+    def _layers(
+        self, stack: _Stack, ids: torch.Tensor, pos: torch.Tensor, kv: KVCache, ctx: AttentionContext
+    ) -> torch.Tensor:
+        inner = self._inner
+        x = inner.embed_tokens(ids).to(stack.dtype)
+        cos, sin = inner.rotary_emb(x, pos[None])
+        cos, sin = cos[0][:, None, :], sin[0][:, None, :]  # [T, 1, D]
+        eps, t = self._eps, ids.shape[0]
+        qd, kvd, hd, nh = self._q_dim, self._kv_dim, self.head_dim, self.num_heads
+        for i, layer in enumerate(stack.layers):
+            h = _rms_norm(x, layer.input_norm, eps)
+            qkv = layer.qkv(h)
+            qk = qkv[:, : qd + kvd].view(t, -1, hd)
+            v = qkv[:, qd + kvd :].view(t, -1, hd)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                qk = torch.cat((_rms_norm(qk[:, :nh], layer.q_norm, eps), _rms_norm(qk[:, nh:], layer.k_norm, eps)), 1)
+            qk = _rotate(qk, cos, sin)  # queries and keys in one pass
+            q, k = qk[:, :nh], qk[:, nh:]
+            attn = paged_attention(q, k, v, i, kv, ctx, self._scale)
+            x = x + layer.o(attn.view(t, qd))
+            h = _rms_norm(x, layer.post_norm, eps)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+        return _rms_norm(x, stack.final_norm, eps)

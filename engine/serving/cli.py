@@ -1,0 +1,149 @@
+"""``python -m engine.serve``: the command line of the OpenAI-compatible server.
+
+The API key comes from ``--api-key-file PATH`` or the ``HEARTH_API_KEY`` environment variable, which ``ps`` does
+not show; ``--api-key KEY`` still works for a quick test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import stat
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from engine.api import QUANTIZATION_LEVELS, ModelLoadError
+from engine.serving.async_engine import AsyncLLMEngine
+from engine.serving.guards import DEFAULT_MAX_BODY_BYTES, GuardRules, is_loopback
+from engine.serving.openai_app import create_app, uvicorn_server
+from engine.serving.transport import ConnectionLimits, bind_socket
+
+#: The environment variable holding the API key.
+API_KEY_ENV = "HEARTH_API_KEY"
+
+
+def exposure_warning(host: str, port: int, api_key: str | None) -> str | None:
+    """The warning for a bind that other computers can reach without a key, or None."""
+    if is_loopback(host) or api_key:
+        return None
+    return (f"WARNING: serving on {host}:{port} without an API key. Anyone who can reach this address can "
+            "run prompts on your model (/v1/chat/completions, /v1/completions), list it (/v1/models) and read "
+            f"/metrics. Set {API_KEY_ENV} or pass --api-key-file PATH, or bind to 127.0.0.1.")
+
+
+def resolve_api_key(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """The API key from ``--api-key``, ``--api-key-file`` or ``HEARTH_API_KEY``, in that order.
+
+    Raises:
+        ValueError: both flags given, or a key file that cannot be read or is empty.
+    """
+    if args.api_key and args.api_key_file:
+        raise ValueError("give either --api-key or --api-key-file, not both")
+    if args.api_key:
+        return str(args.api_key)
+    if args.api_key_file:
+        path = Path(args.api_key_file)
+        try:
+            key = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read the API key file {path}: {exc}") from exc
+        if not key:
+            raise ValueError(f"the API key file {path} is empty")
+        if os.name == "posix" and path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            print(f"WARNING: {path} is readable by other users; chmod 600 it.", file=sys.stderr, flush=True)
+        return key
+    return environ.get(API_KEY_ENV, "").strip() or None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine.serve",
+                                     description="Serve a model over an OpenAI-compatible HTTP API.")
+    parser.add_argument("--model", default="default", help="'default', a Hugging Face folder, or a .gguf file")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this computer)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    parser.add_argument("--api-key", default=None,
+                        help=f"require 'Authorization: Bearer KEY' on /v1/* (visible in ps: prefer {API_KEY_ENV} "
+                             "or --api-key-file)")
+    parser.add_argument("--api-key-file", default=None, metavar="PATH", help="read the API key from this file")
+    parser.add_argument("--metrics-auth", action="store_true", help="require the API key on /metrics too")
+    parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                        help="a web origin (https://app.example, or *) allowed to call from a browser; repeatable")
+    parser.add_argument("--served-model-name", default=None, help="model id to report (default: the model's)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default: auto)")
+    parser.add_argument("--quantization", default="auto",
+                        help=f"{', '.join(QUANTIZATION_LEVELS)} (default: auto)")
+    parser.add_argument("--max-batch-size", type=int, default=16, help="most sequences per step (default: 16)")
+    parser.add_argument("--max-wait-ms", type=float, default=5.0, help="batching window when idle (default: 5)")
+    parser.add_argument("--kv-cache-mb", type=int, default=0, help="KV-cache budget in MiB (default: automatic)")
+    parser.add_argument("--max-model-len", type=int, default=None, help="longest prompt plus reply")
+    limits = ConnectionLimits()
+    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                        help=f"largest request body; bigger ones get 413 (default: {DEFAULT_MAX_BODY_BYTES})")
+    parser.add_argument("--max-connections", type=int, default=limits.max_connections,
+                        help=f"open connections beyond this get 503 (default: {limits.max_connections})")
+    parser.add_argument("--header-timeout", type=float, default=limits.header_timeout_s, metavar="SECONDS",
+                        help=f"close a connection whose request headers take longer (default: "
+                             f"{limits.header_timeout_s:g})")
+    parser.add_argument("--keep-alive-timeout", type=int, default=limits.keep_alive_s, metavar="SECONDS",
+                        help=f"close an idle keep-alive connection after this (default: {limits.keep_alive_s})")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def _settings(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[GuardRules, ConnectionLimits]:
+    """The guard rules and connection limits the arguments ask for; ``ValueError`` names a bad one."""
+    api_key = resolve_api_key(args, environ)
+    if args.metrics_auth and not api_key:
+        raise ValueError(f"--metrics-auth needs an API key ({API_KEY_ENV}, --api-key-file or --api-key)")
+    rules = GuardRules(api_key=api_key, metrics_auth=args.metrics_auth, check_host=is_loopback(args.host),
+                       allowed_origins=tuple(args.allow_origin), max_body_bytes=args.max_body_bytes)
+    limits = ConnectionLimits(header_timeout_s=args.header_timeout, keep_alive_s=args.keep_alive_timeout,
+                              max_connections=args.max_connections)
+    return rules, limits
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Load the model and serve until interrupted. Returns 2 on bad settings, or when the model cannot be
+    loaded or the port bound."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)-7s %(name)s %(message)s")
+    try:
+        rules, limits = _settings(args, os.environ)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    warning = exposure_warning(args.host, args.port, rules.api_key)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    from engine.core.llm import LLM
+
+    options: dict[str, Any] = {"max_batch_size": args.max_batch_size, "max_wait_ms": args.max_wait_ms,
+                               "max_model_len": args.max_model_len}
+    if args.kv_cache_mb:
+        options["kv_cache_bytes"] = args.kv_cache_mb * 1024 * 1024
+    try:
+        llm = LLM(args.model, device=args.device, dtype=args.dtype, quantization=args.quantization,
+                  start_loop=True, **options)
+    except (ModelLoadError, ValueError, TypeError) as exc:
+        sock.close()
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    name = args.served_model_name or llm.model_name
+    app = create_app(AsyncLLMEngine(llm), name, rules, aliases=("default", str(args.model)))
+    print(f"Hearth is serving {name} on {llm.device} at http://{args.host}:{args.port}/v1"
+          + (" (API key required)" if rules.api_key else ""), flush=True)
+    try:
+        uvicorn_server(app, limits, args.log_level).run(sockets=[sock])
+    finally:
+        llm.close()
+        sock.close()
+    return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import cast
 
 from PySide6.QtWidgets import QApplication
 
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     QApplication.setApplicationName("Hearth")
     QApplication.setApplicationDisplayName("Hearth")
     QApplication.setDesktopFileName("hearth")
-    app = QApplication.instance() or QApplication(argv[:1] + qt_args)
+    app = cast(QApplication, QApplication.instance() or QApplication(argv[:1] + qt_args))
     app.setWindowIcon(app_icon())
     window = create_window(args.data_dir)
     window.show()

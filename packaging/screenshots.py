@@ -7,6 +7,8 @@ package: pip's ``packaging`` owns the name)::
 
 ``monitor``: the monitor pane while four replies stream at once (monitor.png).
 ``main``: the whole window after a real answer to a question, plus a code question (main-window.png).
+``laptop``: the same at 1366×768, a small laptop's screen (main-1366x768.png; run it on a screen that size).
+``dark``: the same in the dark theme (dark.png).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def monitor(out: Path, idle_s: float, stream_s: float) -> None:
         raise SystemExit(code)
 
 
-def main_window(out: Path) -> None:
+def main_window(out: Path, size: tuple[int, int] = (1500, 950), theme: str = "system") -> None:
     """Load the default model through the model pane, ask two questions, grab the window when both are done."""
     import tempfile
 
@@ -80,10 +82,15 @@ def main_window(out: Path) -> None:
     import app as hearth
     from app.chat.chat_input import ChatInput
     from app.data.conversations import STATUS_STREAMING
+    from app.data.settings import Settings
 
     qapp = QApplication.instance() or QApplication(sys.argv)
-    win = hearth.create_window(data_dir=Path(tempfile.mkdtemp(prefix="hearth-shot-")))
-    win.resize(1500, 950)
+    data_dir = Path(tempfile.mkdtemp(prefix="hearth-shot-"))
+    settings = Settings(data_dir)
+    settings.theme = theme
+    settings.sync()
+    win = hearth.create_window(data_dir=data_dir)
+    win.resize(*size)
     win.show()
     win.findChild(QDoubleSpinBox, "temperatureSpin").setValue(0.0)
     questions = iter(["What is the capital of France?", "Write a Python function that reverses a string."])
@@ -123,13 +130,17 @@ def main_window(out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="packaging/screenshots.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("shot", choices=["monitor", "main"])
+    parser.add_argument("shot", choices=["monitor", "main", "laptop", "dark"])
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
     parser.add_argument("--idle", type=float, default=6.0, help="seconds of idle graph before the replies")
-    parser.add_argument("--stream", type=float, default=25.0, help="seconds of streaming before the grab")
+    parser.add_argument("--stream", type=float, default=14.0, help="seconds of streaming before the grab")
     args = parser.parse_args(argv)
     if args.shot == "main":
         main_window(args.out_dir / "main-window.png")
+    elif args.shot == "laptop":
+        main_window(args.out_dir / "main-1366x768.png", size=(1366, 768))
+    elif args.shot == "dark":
+        main_window(args.out_dir / "dark.png", theme="dark")
     else:
         monitor(args.out_dir / "monitor.png", args.idle, args.stream)
     return 0

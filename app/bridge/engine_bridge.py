@@ -1,23 +1,31 @@
-"""The one place the app talks to the engine.
+"""The one place the app talks to the engine: ``EngineBridge``.
 
-``EngineBridge`` is the only ``app`` module that imports ``engine``. It lives in the GUI thread
-and never blocks it:
+``app/bridge/`` is the only part of ``app`` that imports engine modules beyond ``engine.api``. The bridge lives
+in the GUI thread and never blocks it:
 
 * GUI -> engine: :meth:`EngineBridge.load_model`, :meth:`~EngineBridge.unload_model`,
-  :meth:`~EngineBridge.submit` and :meth:`~EngineBridge.cancel` put a command on a
-  ``queue.Queue`` or start a ``QRunnable`` on the bridge's own ``QThreadPool`` and return at once.
-* Engine -> GUI: the runnables emit plain Python data through :class:`EngineSignals`, which the
-  bridge owns. Signals cross threads as queued connections, so receivers run in the GUI thread.
+  :meth:`~EngineBridge.submit` and :meth:`~EngineBridge.cancel` put a command on a ``queue.Queue`` or start a
+  ``QRunnable`` on the bridge's own ``QThreadPool``, and return at once.
+* Engine -> GUI: the runnables emit plain Python data through :class:`~app.bridge.signals.EngineSignals`, which
+  the bridge owns. Signals cross threads as queued connections, so receivers run in the GUI thread;
+  :meth:`EngineBridge._connect_engine` makes the bridge's own connections, ``MainWindow._connect_engine`` the
+  panes'.
 
-Two kinds of runnable share the pool: a loader (:meth:`EngineBridge._load_worker`, also used for
-unloading and hardware detection) and :class:`_EngineLoop`, which drives ``llm.engine.step()``
-while a model is loaded. The engine batches concurrent requests itself, so one loop serves every
-conversation. Stopping is a ``threading.Event``; :meth:`EngineBridge.shutdown` sets it and then
-waits for the pool with ``QThreadPool.waitForDone()``.
+Two kinds of runnable share the pool: jobs (:meth:`EngineBridge._load_worker`, also unloading, connecting to a
+remote server and hardware detection) and :class:`~app.bridge.loop.EngineLoop`, which runs the engine's own step
+loop (``engine.core.loop.run_loop``) while a model is loaded. The engine batches concurrent requests itself, so
+one loop serves every conversation. Stopping is a ``threading.Event``: :meth:`EngineBridge.shutdown` (called
+when the window closes) sets it and then waits for the pool with ``QThreadPool.waitForDone()``. A bridge
+destroyed without ``shutdown()`` (a window deleted without being closed) still stops its threads first.
 
-A prompt's path: ``ChatPane`` -> ``MainWindow._on_send_requested`` -> ``EngineBridge.submit``
-(queue) -> ``_EngineLoop._handle`` -> ``llm.engine.submit`` ... ``llm.engine.step()`` ->
-``EngineSignals.token_delta`` -> ``ChatPane._on_token_delta`` -> ``MessageView``.
+A prompt's path: ``Composer.send_requested`` -> ``ChatPane._on_send_requested`` -> ``ChatPane.send`` ->
+``ReplyController.submit`` -> ``EngineBridge.submit`` (queue) -> ``EngineLoop._handle`` -> ``LLMEngine.submit`` ...
+``LLMEngine.step()`` -> ``EngineLoop._on_step`` -> ``EngineSignals.token_delta`` ->
+``ReplyController._on_token_delta`` -> ``ReplyController.reply_changed`` -> ``ChatPane`` -> ``MessageView``.
+
+This module is longer than most (about 530 lines): ``EngineBridge`` is the app's whole engine API (a local model,
+a remote server, serving on localhost), and the generation/lock protocol that keeps at most one model alive reads
+best in one class. The loop, the signals, the data types and the pool helpers live beside it.
 """
 
 from __future__ import annotations
@@ -26,339 +34,30 @@ import itertools
 import queue
 import threading
 import time
-import types
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from PySide6.QtCore import QObject, QRunnable, QThreadPool, QTimer, Signal, Slot
+from PySide6.QtCore import QObject, QThreadPool, QTimer, Slot
 
 from app import log
+from app.bridge.jobs import Job, Superseded, Threads, import_engine, quantization_advice, start_local_server
+from app.bridge.loop import Cancel, Command, EngineLoop, Submit
 from app.bridge.remote_backend import RemoteBackend, RemoteError, RemoteEvents, api_root, fetch_models
-from engine.api import QUANTIZATION_LEVELS
+from app.bridge.signals import EngineSignals
+from app.bridge.types import (
+    DEFAULT_MODEL_SPEC,
+    REMOTE_DEVICE,
+    LoadSettings,
+    ModelInfo,
+    RequestInfo,
+    ServerState,
+)
+from engine.core.loop import METRICS_INTERVAL_S
 
-#: ``ModelInfo.device`` of a remote server's model.
-REMOTE_DEVICE = "remote server"
-#: The model spec the engine resolves to its bundled default model.
-DEFAULT_MODEL_SPEC = "default"
-DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-#: How long the engine loop sleeps on its command queue when the engine is idle.
-IDLE_WAIT_S = 0.05
-#: How often the engine loop emits ``metrics_updated``.
-METRICS_INTERVAL_S = 1.0
-#: If the engine does not report a cancelled request as finished within this time, the bridge does.
-CANCEL_GRACE_S = 2.0
 MAX_THREADS = 3
-#: Physical cores left to the GUI thread when the engine runs inside the app.
-UI_RESERVED_CORES = 1
-
-
-@dataclass(slots=True)
-class LoadSettings:
-    """Engine settings that take effect on the next model load."""
-
-    max_batch_size: int = 16
-    max_wait_ms: float = 5.0
-    #: KV-cache budget in MiB; 0 lets the engine size it from free memory.
-    kv_cache_mb: int = 0
-    #: One of ``QUANTIZATION_LEVELS``; "auto" lets the engine pick from free memory.
-    quantization: str = "auto"
-
-    def __post_init__(self) -> None:
-        if self.quantization not in QUANTIZATION_LEVELS:
-            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_LEVELS)}, "
-                             f"got {self.quantization!r}")
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be at least 1, got {self.max_batch_size}")
-        if self.max_wait_ms < 0:
-            raise ValueError(f"max_wait_ms must not be negative, got {self.max_wait_ms}")
-        if self.kv_cache_mb < 0:
-            raise ValueError(f"kv_cache_mb must not be negative, got {self.kv_cache_mb}")
-
-    @property
-    def kv_cache_bytes(self) -> int | None:
-        return self.kv_cache_mb * 1024 * 1024 if self.kv_cache_mb else None
-
-
-@dataclass(slots=True)
-class ModelInfo:
-    """What ``model_loaded`` carries: the loaded model and where it runs."""
-
-    spec: str
-    model_name: str
-    device: str
-    dtype: str
-    device_reason: str
-    weights_bytes: int
-    load_s: float
-    #: The quantization level the model was loaded at ("fp32", "bf16", "fp16", "int8", "int4"; "" if unknown).
-    quantization: str = ""
-
-
-@dataclass(slots=True)
-class QuantizationAdvice:
-    """What ``recommendation_ready`` carries: the recommended level for a model, and the numbers for each level."""
-
-    spec: str
-    device: str
-    #: ``engine.loading.recommend.Recommendation`` for the best level, or None if the model could not be inspected.
-    recommendation: Any = None
-    #: Level ("fp32", "bf16", "fp16", "int8", "int4") -> its ``Recommendation`` (``fits`` says if it fits).
-    estimates: dict[str, Any] = field(default_factory=dict)
-    #: Why there is no recommendation, in plain words ("" when there is one).
-    error: str = ""
-
-
-@dataclass(slots=True)
-class ServerState:
-    """What ``server_state_changed`` carries: whether "Serve on localhost" is serving, and where."""
-
-    is_running: bool
-    url: str = ""
-    #: Why it is not running (empty after a plain stop).
-    message: str = ""
-
-
-@dataclass(slots=True)
-class RequestInfo:
-    """What ``request_finished`` carries."""
-
-    request_id: str
-    conversation_id: str
-    finish_reason: str | None
-    #: ttft_s, e2e_s, num_prompt_tokens, num_generated_tokens, tok_s (may be empty).
-    metrics: dict[str, Any] = field(default_factory=dict)
-
-
-class EngineSignals(QObject):
-    """Engine -> GUI events. Emitted from pool threads; receivers run in the GUI thread.
-
-    Signals:
-        token_delta(request_id, text): new text of a streaming reply.
-        request_finished(request_id, RequestInfo): a reply ended (stop, length or abort).
-        request_failed(request_id, message): a request could not run or was dropped.
-        model_load_progress(fraction, stage): loader progress, 0..1.
-        model_loaded(ModelInfo): a model is ready for requests.
-        model_load_failed(message): loading failed; the message is meant for the user.
-        model_unloaded(): the model was freed after ``unload_model``.
-        metrics_updated(dict): an engine metrics snapshot, about once a second.
-        hardware_detected(HardwareInfo | None): result of ``detect_hardware``.
-        error(message): an unexpected engine error.
-        remote_models_listed(list[str]): the models a remote server offers, after ``connect_remote``.
-        server_state_changed(ServerState): "Serve on localhost" started, stopped or failed.
-        recommendation_ready(QuantizationAdvice): result of ``recommend_quantization``.
-    """
-
-    token_delta = Signal(str, str)
-    request_finished = Signal(str, object)
-    request_failed = Signal(str, str)
-    model_load_progress = Signal(float, str)
-    model_loaded = Signal(object)
-    model_load_failed = Signal(str)
-    model_unloaded = Signal()
-    metrics_updated = Signal(object)
-    hardware_detected = Signal(object)
-    error = Signal(str)
-    remote_models_listed = Signal(object)
-    server_state_changed = Signal(object)
-    recommendation_ready = Signal(object)
-
-
-@dataclass(slots=True)
-class _Submit:
-    request_id: str
-    conversation_id: str
-    messages: list[dict[str, str]] | str
-    params: Mapping[str, Any] | Any
-
-
-@dataclass(slots=True)
-class _Cancel:
-    request_id: str
-
-
-class _Superseded(Exception):
-    """Raised from the progress callback to abandon a load nobody waits for any more."""
-
-
-def _import_engine() -> types.SimpleNamespace:
-    """Import the engine (slow: torch). Called from pool threads only.
-
-    The engine gets every physical core but one: the GUI thread must not compete with busy torch threads for
-    a core, or painting stalls while a reply streams (measured on 2 cores: >100 ms gaps with 2 torch threads).
-    """
-    import engine
-    from engine.loading import recommend
-    from engine.system import hardware, monitor
-
-    hardware.configure_threads(reserve=UI_RESERVED_CORES)
-
-    return types.SimpleNamespace(
-        LLM=engine.LLM,
-        SamplingParams=engine.SamplingParams,
-        ModelLoadError=engine.ModelLoadError,
-        detect_hardware=hardware.detect,
-        recommend=recommend.recommend,
-        estimate=recommend.estimate,
-        Sampler=monitor.Sampler,
-    )
-
-
-class _Job(QRunnable):
-    """Runs one bridge method on the pool and logs anything it raises."""
-
-    def __init__(self, name: str, fn: Callable[[], None]) -> None:
-        super().__init__()
-        self.setAutoDelete(False)  # the bridge keeps the Python reference
-        self.name = name
-        self.done = threading.Event()
-        self._fn = fn
-
-    def run(self) -> None:
-        try:
-            self._fn()
-        except Exception:  # noqa: BLE001 (a worker thread must report, not die)
-            log.bridge.exception("%s failed", self.name)
-        finally:
-            self.done.set()
-
-
-class _EngineLoop(QRunnable):
-    """Drives ``llm.engine.step()`` until stopped; one per loaded model.
-
-    Commands arrive on the bridge's queue. While the engine has work the loop steps it and
-    drains the queue between steps; when idle it blocks on the queue for ``IDLE_WAIT_S`` so a new
-    request starts at once (the queue, not ``engine.wait_for_work``, is where our requests arrive).
-    """
-
-    def __init__(self, llm: Any, api: Any, commands: queue.Queue[Any], signals: EngineSignals) -> None:
-        super().__init__()
-        self.setAutoDelete(False)
-        self.stop_event = threading.Event()
-        self.done = threading.Event()
-        self._llm = llm
-        self._api = api
-        self._commands = commands
-        self._signals = signals
-        self._handles: dict[str, Any] = {}  # bridge request id -> engine handle
-        self._bridge_ids: dict[str, str] = {}  # engine request id -> bridge request id
-        self._conversations: dict[str, str] = {}  # bridge request id -> conversation id
-        self._cancel_deadlines: dict[str, float] = {}
-        self._metrics_failed = False
-
-    def stop(self) -> None:
-        self.stop_event.set()
-
-    def run(self) -> None:
-        try:
-            self._loop()
-        except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
-            log.bridge.exception("engine loop crashed")
-            self._signals.error.emit(f"The engine stopped unexpectedly: {exc}")
-        finally:
-            self._drop_all("The model was unloaded before the reply finished.")
-            self.done.set()
-
-    def _loop(self) -> None:
-        engine = self._llm.engine
-        next_metrics = 0.0
-        while not self.stop_event.is_set():
-            self._drain(engine)
-            if engine.has_work():
-                self._emit(engine.step())
-            else:
-                try:
-                    command = self._commands.get(timeout=IDLE_WAIT_S)
-                except queue.Empty:
-                    pass
-                else:
-                    self._handle(engine, command)
-            self._expire_cancels()
-            now = time.monotonic()
-            if now >= next_metrics:
-                next_metrics = now + METRICS_INTERVAL_S
-                self._emit_metrics()
-
-    def _drain(self, engine: Any) -> None:
-        while not self.stop_event.is_set():
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            self._handle(engine, command)
-
-    def _handle(self, engine: Any, command: _Submit | _Cancel) -> None:
-        if isinstance(command, _Cancel):
-            handle = self._handles.get(command.request_id)
-            if handle is not None and command.request_id not in self._cancel_deadlines:
-                handle.cancel()
-                self._cancel_deadlines[command.request_id] = time.monotonic() + CANCEL_GRACE_S
-            return
-        rid = command.request_id
-        try:
-            params = command.params
-            if params is None or isinstance(params, Mapping):
-                params = self._api.SamplingParams(**dict(params or {}))
-            handle = engine.submit(command.messages, params)
-        # Bad sampling values, a full queue, a prompt that is too long, ...
-        except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
-            log.bridge.warning("request %s rejected: %s", rid, exc)
-            self._signals.request_failed.emit(rid, str(exc) or type(exc).__name__)
-            return
-        self._handles[rid] = handle
-        self._bridge_ids[handle.request_id] = rid
-        self._conversations[rid] = command.conversation_id
-        log.bridge.debug("request %s submitted as %s", rid, handle.request_id)
-
-    def _emit(self, outputs: list[Any]) -> None:
-        for out in outputs:
-            rid = self._bridge_ids.get(out.request_id)
-            if rid is None:
-                continue
-            if out.delta_text:
-                self._signals.token_delta.emit(rid, out.delta_text)
-            if out.finished:
-                self._finish(rid, out.finish_reason, dict(out.metrics or {}))
-
-    def _finish(self, rid: str, finish_reason: str | None, metrics: dict[str, Any]) -> None:
-        handle = self._handles.pop(rid)
-        self._bridge_ids.pop(handle.request_id, None)
-        self._cancel_deadlines.pop(rid, None)
-        info = RequestInfo(rid, self._conversations.pop(rid, ""), finish_reason, metrics)
-        log.bridge.debug("request %s finished: %s", rid, finish_reason)
-        self._signals.request_finished.emit(rid, info)
-
-    def _expire_cancels(self) -> None:
-        now = time.monotonic()
-        for rid, deadline in list(self._cancel_deadlines.items()):
-            if now >= deadline:
-                log.bridge.warning("engine did not confirm cancel of %s; dropping it", rid)
-                self._finish(rid, "abort", {})
-
-    def _emit_metrics(self) -> None:
-        try:
-            snapshot = dict(self._llm.metrics())
-        except Exception:  # noqa: BLE001 (a worker thread must report, not die)
-            if not self._metrics_failed:
-                log.bridge.exception("llm.metrics() failed")
-                self._metrics_failed = True
-            return
-        snapshot["time"] = time.time()
-        self._signals.metrics_updated.emit(snapshot)
-
-    def _drop_all(self, message: str) -> None:
-        for rid, handle in list(self._handles.items()):
-            try:
-                handle.cancel()
-            except Exception:  # noqa: BLE001 (a worker thread must report, not die)
-                log.bridge.exception("cancelling %s failed", rid)
-            self._signals.request_failed.emit(rid, message)
-        self._handles.clear()
-        self._bridge_ids.clear()
-        self._conversations.clear()
-        self._cancel_deadlines.clear()
+#: Every bridge's pool, until its ``shutdown()``. A pool is no child of its bridge: its destructor waits for its
+#: threads while holding the GIL, so if it died with a bridge deleted unclosed, a running loop could never end.
+_POOLS: set[QThreadPool] = set()
 
 
 class EngineBridge(QObject):
@@ -375,24 +74,29 @@ class EngineBridge(QObject):
 
     def __init__(self, parent: QObject | None = None, *, api: Any = None) -> None:
         super().__init__(parent)
-        self.signals = EngineSignals(self)
+        # No parent: the loops keep it alive as long as they may emit, whatever happens to the bridge.
+        self.signals = EngineSignals()
         self._api = api
-        self._pool = QThreadPool(self)
+        self._pool = QThreadPool()
         self._pool.setMaxThreadCount(MAX_THREADS)
         self._pool.setObjectName("engine-pool")
-        self._commands: queue.Queue[_Submit | _Cancel] = queue.Queue()
+        _POOLS.add(self._pool)
+        self._commands: queue.Queue[Command] = queue.Queue()
         self._ids = itertools.count(1)
-        self._shutdown = threading.Event()
+        self._threads = Threads()
+        self._shutdown = self._threads.shutdown
+        # Destroyed with the bridge; a loop that finds it gone stops (see EngineLoop).
+        self._sentinel = QObject(self)
+        self._sentinel.setObjectName("engine-bridge-sentinel")
         # Shared with pool threads, guarded by _lock.
-        self._lock = threading.Lock()
+        self._lock = self._threads.lock
         self._generation = 0
         self._llm: Any = None
-        self._loop: _EngineLoop | None = None
-        self._retired_loops: list[_EngineLoop] = []
+        self._loop: EngineLoop | None = None
+        self._retired_loops: list[EngineLoop] = []
         # Serializes loads and unloads so at most one model is in memory.
         self._load_lock = threading.Lock()
-        self._jobs: list[_Job] = []
-        self._sampler: Any = None  # engine.system.monitor.Sampler, started with the engine API
+        self._jobs: list[Job] = []
         # A remote server instead of the local engine (guarded by _lock), and the requests sent to it.
         self._remote: RemoteBackend | None = None
         self._retired_remotes: list[RemoteBackend] = []
@@ -423,7 +127,8 @@ class EngineBridge(QObject):
 
     @property
     def last_metrics(self) -> dict[str, Any]:
-        """The latest ``metrics_updated`` snapshot (empty before the first)."""
+        """The latest ``metrics_updated`` snapshot with engine figures (``num_running``, ...; empty before the
+        first): the engine loop's, or a remote server's."""
         return self._last_metrics
 
     @property
@@ -445,7 +150,8 @@ class EngineBridge(QObject):
 
     @Slot(object)
     def _on_metrics_updated(self, snapshot: dict[str, Any]) -> None:
-        self._last_metrics = snapshot
+        if "num_running" in snapshot:  # not a resource sample alone
+            self._last_metrics = snapshot
 
     # -- GUI -> engine ----------------------------------------------------------------------------
 
@@ -486,13 +192,17 @@ class EngineBridge(QObject):
         """
         request_id = f"r{next(self._ids)}"
         if self._model_info is None and not self._is_loading:
-            QTimer.singleShot(0, self, lambda: self.signals.request_failed.emit(
-                request_id, "No model is loaded. Load a model first."))
+            self._fail_soon(request_id, "No model is loaded. Load a model first.")
             return request_id
         with self._lock:  # a remote that connects meanwhile takes over the queue under this lock
-            remote = self._remote
+            remote, loop = self._remote, self._loop
+            if loop is not None and loop.error:
+                self._fail_soon(request_id, f"The engine stopped ({loop.error}). Reload the model.")
+                return request_id
             if remote is None:
-                self._commands.put(_Submit(request_id, conversation_id, messages, params))
+                self._commands.put(Submit(request_id, conversation_id, messages, params))
+                if loop is not None:
+                    loop.wake()
         if remote is not None:
             self._remote_conversations[request_id] = conversation_id
             remote.submit(request_id, messages, params)
@@ -501,11 +211,17 @@ class EngineBridge(QObject):
     def cancel(self, request_id: str) -> None:
         """Ask the engine to stop a request; it finishes with finish_reason "abort"."""
         with self._lock:
-            remote = self._remote
+            remote, loop = self._remote, self._loop
             if remote is None:
-                self._commands.put(_Cancel(request_id))
+                self._commands.put(Cancel(request_id))
+                if loop is not None:
+                    loop.wake()
         if remote is not None:
             remote.cancel(request_id)
+
+    def _fail_soon(self, request_id: str, message: str) -> None:
+        """Emit ``request_failed`` from the event loop, after ``submit`` has returned the id."""
+        QTimer.singleShot(0, self, lambda: self.signals.request_failed.emit(request_id, message))
 
     # -- remote server and "Serve on localhost" ------------------------------------------------------
 
@@ -580,7 +296,7 @@ class EngineBridge(QObject):
                 backend.close()
                 return
             for command in queued:  # requests sent while connecting
-                if isinstance(command, _Submit):
+                if isinstance(command, Submit):
                     self._remote_conversations[command.request_id] = command.conversation_id
                     backend.submit(command.request_id, command.messages, command.params)
             host = url.split("://", 1)[-1].removesuffix("/v1")
@@ -590,7 +306,7 @@ class EngineBridge(QObject):
                 device_reason=f"Replies come from {url}.", weights_bytes=0,
                 load_s=time.monotonic() - started))
 
-    def _take_queued(self) -> list[_Submit | _Cancel]:
+    def _take_queued(self) -> list[Command]:
         commands = []
         while True:
             try:
@@ -605,20 +321,11 @@ class EngineBridge(QObject):
         if llm is None:
             self.signals.server_state_changed.emit(ServerState(False, message="Load a local model first."))
             return
-        try:
-            from engine.serving.openai_app import ServerThread
-
-            server = ServerThread(llm.engine, str(getattr(llm, "model_name", "default")), host, port,
-                                  api_key or None)
-            server.start()
-        except OSError as exc:
-            message = f"Could not listen on {host}:{port}: {exc.strerror or exc}."
-            self.signals.server_state_changed.emit(ServerState(False, message=message))
-            return
-        with self._lock:
-            self._server = server
-        log.bridge.info("serving on %s", server.url)
-        self.signals.server_state_changed.emit(ServerState(True, url=server.url))
+        server, state = start_local_server(llm, host, port, api_key)
+        if server is not None:
+            with self._lock:
+                self._server = server
+        self.signals.server_state_changed.emit(state)
 
     def _stop_server_worker(self, message: str) -> None:
         with self._lock:
@@ -646,13 +353,10 @@ class EngineBridge(QObject):
         if self._shutdown.is_set():
             return
         log.bridge.info("shutting down")
-        self._shutdown.set()
-        with self._lock:
-            sampler, self._sampler = self._sampler, None
-        if sampler is not None:
-            sampler.stop()
+        self._threads.stop()  # the resource monitor
         self._retire_current_model()
         self._pool.waitForDone()
+        _POOLS.discard(self._pool)
         self._stop_server_worker("Hearth is closing.")
         self._close_remotes()
         with self._lock:
@@ -668,7 +372,7 @@ class EngineBridge(QObject):
 
     def _start_job(self, name: str, fn: Callable[[], None]) -> None:
         self._jobs = [job for job in self._jobs if not job.done.is_set()]
-        job = _Job(name, fn)
+        job = Job(name, fn)
         self._jobs.append(job)
         self._pool.start(job)
 
@@ -691,28 +395,29 @@ class EngineBridge(QObject):
 
     def _engine_api(self) -> Any:
         if self._api is None:
-            self._api = _import_engine()
+            self._api = import_engine()
         self._start_sampler()
         return self._api
 
     def _start_sampler(self) -> None:
-        """Start the resource monitor once; its samples (memory, GPUs and the loaded model's
-        metrics) go out as ``metrics_updated``, about once a second, model or not."""
+        """Start the resource monitor once; its samples (memory, CPU, GPUs, and a remote server's figures while
+        one is in use) go out as ``metrics_updated``, about once a second, model or not. The local engine's
+        metrics come from its loop alone (:class:`EngineLoop`)."""
         sampler_type = getattr(self._api, "Sampler", None)
         with self._lock:
-            if sampler_type is None or self._sampler is not None or self._shutdown.is_set():
+            if sampler_type is None or self._threads.sampler is not None or self._shutdown.is_set():
                 return
-            self._sampler = sampler_type(METRICS_INTERVAL_S, metrics_source=self._engine_metrics,
-                                         on_sample=self.signals.metrics_updated.emit)
-            self._sampler.start()
+            sampler = sampler_type(METRICS_INTERVAL_S, metrics_source=self._engine_metrics,
+                                   on_sample=self.signals.metrics_updated.emit)
+            self._threads.sampler = sampler
+            sampler.start()
 
     def _engine_metrics(self) -> dict[str, Any] | None:
-        """The loaded model's metrics (or the remote server's figures), or None; on the sampler's thread."""
+        """A remote server's figures, or None: the local engine's come from its loop, not from here. Sampler
+        thread."""
         with self._lock:
-            llm, remote = self._llm, self._remote
-        if remote is not None:
-            return remote.snapshot()
-        return llm.metrics() if llm is not None else None
+            remote = self._remote
+        return remote.snapshot() if remote is not None else None
 
     def _teardown(self) -> None:
         """Stop serving, disconnect retired remotes, wait for stopped loops, then free the model they ran.
@@ -749,7 +454,7 @@ class EngineBridge(QObject):
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(command, _Submit):
+            if isinstance(command, Submit):
                 self.signals.request_failed.emit(command.request_id, message)
 
     def _load_worker(self, generation: int, spec: str, device: str, dtype: str,
@@ -761,7 +466,7 @@ class EngineBridge(QObject):
 
             def progress(fraction: float, stage: str) -> None:
                 if not self._is_current(generation):
-                    raise _Superseded
+                    raise Superseded
                 self.signals.model_load_progress.emit(float(fraction), str(stage))
 
             started = time.monotonic()
@@ -777,14 +482,14 @@ class EngineBridge(QObject):
                               max_batch_size=settings.max_batch_size,
                               max_wait_ms=settings.max_wait_ms, kv_cache_bytes=settings.kv_cache_bytes,
                               progress=progress, start_loop=False)
-            except _Superseded:
+            except Superseded:
                 log.bridge.info("load of %s abandoned", spec)
                 return
             except api.ModelLoadError as exc:
                 self._load_failed(generation, str(exc) or f"Could not load {spec}.")
                 return
             except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
-                if isinstance(exc.__cause__ or exc.__context__, _Superseded):
+                if isinstance(exc.__cause__ or exc.__context__, Superseded):
                     return
                 log.bridge.exception("loading %s failed", spec)
                 self._load_failed(generation, f"Could not load {spec}: {type(exc).__name__}: {exc}")
@@ -793,8 +498,8 @@ class EngineBridge(QObject):
                 is_current = generation == self._generation and not self._shutdown.is_set()
                 if is_current:
                     self._llm = llm
-                    self._loop = _EngineLoop(llm, api, self._commands, self.signals)
-                    loop = self._loop
+                    self._loop = loop = EngineLoop(llm, self._commands, self.signals, self._sentinel,
+                                                   self._threads.stop)
             if not is_current:
                 self._close(llm)
                 return
@@ -821,17 +526,7 @@ class EngineBridge(QObject):
                 self.signals.model_unloaded.emit()
 
     def _recommend_worker(self, spec: str, device: str) -> None:
-        advice = QuantizationAdvice(spec, device)
-        try:
-            # hardware=None: each call measures free memory itself (and knows whether torch can use a GPU)
-            api = self._engine_api()
-            advice.recommendation = api.recommend(spec, device=device)
-            advice.estimates = {level: api.estimate(spec, level, device=device)
-                                for level in QUANTIZATION_LEVELS if level != "auto"}
-        except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
-            log.bridge.info("no quantization recommendation for %s: %s", spec, exc)
-            advice.recommendation, advice.estimates = None, {}
-            advice.error = str(exc) or type(exc).__name__
+        advice = quantization_advice(self._engine_api, spec, device)
         if not self._shutdown.is_set():
             self.signals.recommendation_ready.emit(advice)
 

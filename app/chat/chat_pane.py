@@ -1,81 +1,64 @@
-"""The chat pane: conversation sidebar, per-conversation settings, transcript and message box."""
+"""The chat pane: conversation sidebar, per-conversation settings, transcript and message box.
+
+The widgets live in their own modules and the replies stream through :mod:`app.chat.reply_controller`;
+what stays here is the pane's public API (the window's menus call it) and the glue between them.
+
+Long because each user action (send, edit, regenerate, continue, switch branch, delete, undo, choose a
+preset) writes the store and then updates the sidebar, transcript, settings bar and message box in a
+fixed order, and reads best as one method beside the others.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import Qt, QTimer, Signal, Slot
-from PySide6.QtGui import QFont, QGuiApplication
-from PySide6.QtWidgets import (
-    QHBoxLayout,
-    QLabel,
-    QPushButton,
-    QSplitter,
-    QVBoxLayout,
-    QWidget,
-)
+from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
-from app import log
-from app.bridge.engine_bridge import EngineBridge, ModelInfo, RequestInfo
-from app.chat.chat_input import ChatInput
+from app.chat.composer import Composer
 from app.chat.conversation_list import ConversationList
 from app.chat.conversation_settings import ConversationSettings
-from app.chat.markdown import code_blocks
+from app.chat.markdown import code_blocks, split_reasoning
 from app.chat.message_view import MessageView
 from app.chat.preset_dialog import PresetDialog
-from app.data.conversations import CONTINUE_PROMPT, Conversation, ConversationStore, Message
-
-#: Token deltas are coalesced and painted at most this often.
-FLUSH_INTERVAL_MS = 40
-#: A streaming reply's text is saved to the database this often (and when it ends).
-SAVE_INTERVAL_MS = 2000
+from app.chat.reply_controller import ReplyController
+from app.data.conversations import Conversation, ConversationStore, Message
 
 
 class ChatPane(QWidget):
     """Lets the user hold several conversations with the loaded model, kept in the database.
 
-    Sends go to :meth:`EngineBridge.submit`; replies come back through the ``_on_*`` slots, which
-    ``MainWindow._connect_engine`` connects to the bridge's signals. Deltas are appended to the
-    conversation model at once but painted by a ``FLUSH_INTERVAL_MS`` timer, and saved by a
-    ``SAVE_INTERVAL_MS`` timer, so a crash loses at most the last seconds of a reply.
+    Replies are started, streamed, saved and stopped by a :class:`ReplyController`; the pane repaints a
+    reply when the controller says it changed, and its controls when a reply starts or ends.
 
     Messages can be edited (a new branch), replies regenerated (another branch) or continued when
     they hit the token limit; "‹ 1/2 ›" under a message switches between its branches.
 
     Signals:
-        streaming_changed(int): the number of replies streaming in all conversations.
         notice(str): a short message for the status bar.
+
+    Args:
+        store: the conversations.
+        replies: streams the model's replies into them.
     """
 
-    streaming_changed = Signal(int)
     notice = Signal(str)
 
-    def __init__(self, bridge: EngineBridge, store: ConversationStore,
+    def __init__(self, store: ConversationStore, replies: ReplyController,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("chatPaneWidget")
-        self._bridge = bridge
         self._store = store
+        self._replies = replies
         self._current_id: int | None = None
         self._is_model_ready = False
-        self._model: tuple[str | None, str | None] = (None, None)
         self._defaults: dict[str, Any] = {}
         self._editing_index: int | None = None
         #: The preset new conversations start from.
         self.default_preset_id: int | None = None
-        # request id -> (conversation id, the reply it streams into)
-        self._requests: dict[str, tuple[int, Message]] = {}
-        self._saved_lengths: dict[str, int] = {}
-        self._dirty: set[str] = set()
-        self._flush_timer = QTimer(self)
-        self._flush_timer.setObjectName("flush-timer")
-        self._flush_timer.setSingleShot(True)
-        self._flush_timer.setInterval(FLUSH_INTERVAL_MS)
-        self._flush_timer.timeout.connect(self._on_flush_timeout)
-        self._save_timer = QTimer(self)
-        self._save_timer.setObjectName("save-timer")
-        self._save_timer.setInterval(SAVE_INTERVAL_MS)
-        self._save_timer.timeout.connect(self._on_save_timeout)
+        self._replies.reply_changed.connect(self._on_reply_changed)
+        self._replies.streaming_changed.connect(self._on_streaming_changed)
         self._build()
         self._settings_bar.set_presets(self._store.storage.list_presets(), None)
         existing = self._store.list()
@@ -101,35 +84,16 @@ class ChatPane(QWidget):
         self._settings_bar.manage_presets_requested.connect(self._on_manage_presets_requested)
         self._view = MessageView()
         self._view.action_requested.connect(self._on_action_requested)
-        self._edit_label = QLabel("Editing your message: Enter sends it as a new branch, Esc cancels.")
-        self._edit_label.setObjectName("editBanner")
-        self._edit_label.hide()
-        self._input = ChatInput()
-        self._input.submitted.connect(self._on_input_submitted)
-        self._input.textChanged.connect(self._on_input_changed)
-        self._send_button = QPushButton("Send")
-        self._send_button.setObjectName("sendButton")
-        self._send_button.setDefault(True)
-        self._send_button.setToolTip("Send (Enter)")
-        self._send_button.clicked.connect(self._on_send_clicked)
-        self._stop_button = QPushButton("Stop")
-        self._stop_button.setObjectName("stopButton")
-        self._stop_button.setToolTip("Stop the reply; the text so far is kept (Esc)")
-        self._stop_button.clicked.connect(self._on_stop_clicked)
-        buttons = QVBoxLayout()
-        buttons.addWidget(self._send_button)
-        buttons.addWidget(self._stop_button)
-        buttons.addStretch(1)
-        input_row = QHBoxLayout()
-        input_row.addWidget(self._input, 1)
-        input_row.addLayout(buttons)
+        self._composer = Composer()
+        self._composer.send_requested.connect(self._on_send_requested)
+        self._composer.stop_requested.connect(self._on_stop_requested)
+        self._composer.text_changed.connect(self._on_composer_text_changed)
         main = QWidget()
         main_layout = QVBoxLayout(main)
         main_layout.setContentsMargins(6, 0, 0, 0)
         main_layout.addWidget(self._settings_bar)
         main_layout.addWidget(self._view, 1)
-        main_layout.addWidget(self._edit_label)
-        main_layout.addLayout(input_row)
+        main_layout.addWidget(self._composer)
 
         splitter = QSplitter(Qt.Orientation.Horizontal)
         splitter.setObjectName("chatSplitter")
@@ -142,7 +106,7 @@ class ChatPane(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 8, 8)
         layout.addWidget(splitter)
-        self.setFocusProxy(self._input)
+        self.setFocusProxy(self._composer)
 
     # -- public API: conversations ----------------------------------------------------------------
 
@@ -171,10 +135,6 @@ class ChatPane(QWidget):
     def settings_bar(self) -> ConversationSettings:
         return self._settings_bar
 
-    @property
-    def num_streaming(self) -> int:
-        return len(self._requests)
-
     def new_conversation(self) -> Conversation:
         """Switch to an empty conversation: the current one if it is empty, else a new one."""
         current = self.current_conversation
@@ -183,7 +143,7 @@ class ChatPane(QWidget):
         else:
             conversation = self._store.create(preset_id=self._valid_preset(self.default_preset_id))
         self.select_conversation(conversation.id)
-        self._input.setFocus()
+        self._composer.setFocus()
         return conversation
 
     def select_conversation(self, conversation_id: int) -> None:
@@ -198,15 +158,10 @@ class ChatPane(QWidget):
 
     def delete_conversation(self, conversation_id: int) -> None:
         """Move a conversation to the trash, stopping its reply; "Undo" brings it back."""
-        for rid, (cid, message) in list(self._requests.items()):
-            if cid == conversation_id:
-                self._bridge.cancel(rid)
-                self._store.finish_reply(message, "abort", {})
-                self._forget_request(rid)
+        self._replies.abort(conversation_id)
         title = self._store.get(conversation_id).title
         self._store.delete(conversation_id)
         self._sidebar.offer_undo(conversation_id, title)
-        self.streaming_changed.emit(len(self._requests))
         if conversation_id == self._current_id:
             self._current_id = None
             remaining = self._store.list()
@@ -239,7 +194,7 @@ class ChatPane(QWidget):
         self._sidebar.focus_search()
 
     def focus_input(self) -> None:
-        self._input.setFocus()
+        self._composer.setFocus()
 
     def refresh(self) -> None:
         """Re-read the sidebar and presets (after an import, or preset changes)."""
@@ -262,19 +217,12 @@ class ChatPane(QWidget):
         self._is_model_ready = is_ready
         self._update_controls()
         if is_ready:
-            self._input.setFocus()
-
-    @Slot(object)
-    def set_model_info(self, info: ModelInfo | None) -> None:
-        """The model new replies are recorded as written by."""
-        self._model = (info.model_name, info.dtype) if info is not None else (None, None)
+            self._composer.setFocus()
 
     def set_font_size(self, points: int) -> None:
         """Use ``points`` for the transcript and the message box (0: the system's size)."""
         self._view.set_font_size(points)
-        font = QFont(self._input.font())
-        font.setPointSizeF(points if points > 0 else QFont().pointSizeF())
-        self._input.setFont(font)
+        self._composer.set_font_size(points)
 
     # -- public API: chatting ---------------------------------------------------------------------
 
@@ -324,14 +272,7 @@ class ChatPane(QWidget):
         if message is None or index != last or not message.can_continue or not self._can_send(conversation):
             self.notice.emit("Only the last reply can be continued, once it stopped at its token limit.")
             return None
-        # The partial reply goes last: the local engine continues a trailing assistant message exactly (no new
-        # turn). A remote server may open a new turn instead, so it gets an explicit instruction.
-        history = conversation.prompt_messages()
-        if self._bridge.remote is not None:
-            history.append({"role": "user", "content": CONTINUE_PROMPT})
-        self._store.resume_reply(message)
-        self._view.update_message(index, message)
-        return self._submit(conversation, message, history)
+        return self._replies.resume(conversation, message, self.sampling_params(conversation))
 
     def switch_branch(self, index: int, step: int) -> bool:
         """Show the previous (``step`` -1) or next (+1) version of message ``index``."""
@@ -355,7 +296,7 @@ class ChatPane(QWidget):
         conversation = self.current_conversation
         if conversation is None or not 0 <= index < len(conversation.messages):
             return
-        blocks = code_blocks(conversation.messages[index].content)
+        blocks = code_blocks(split_reasoning(conversation.messages[index].content).answer)
         if 0 <= block < len(blocks):
             QGuiApplication.clipboard().setText(blocks[block].code)
             self.notice.emit("Code copied.")
@@ -366,9 +307,9 @@ class ChatPane(QWidget):
         if conversation is None or not self._can_branch(conversation, index, "user"):
             return
         self._editing_index = index
-        self._input.setPlainText(conversation.messages[index].content)
-        self._edit_label.show()
-        self._input.setFocus()
+        self._composer.set_text(conversation.messages[index].content)
+        self._composer.show_edit_banner(True)
+        self._composer.setFocus()
         self._update_controls()
 
     @property
@@ -377,96 +318,56 @@ class ChatPane(QWidget):
 
     def stop(self) -> None:
         """Stop the reply streaming in the current conversation, keeping its text."""
-        for rid, (cid, _) in self._requests.items():
-            if cid == self._current_id:
-                self._bridge.cancel(rid)
-
-    def shutdown(self) -> None:
-        """Save the text of streaming replies and stop tracking them (the window is closing).
-
-        They stay marked incomplete in the database and show as stopped next time.
-        """
-        self._on_save_timeout()
-        for rid in list(self._requests):
-            self._forget_request(rid)
-        self._flush_timer.stop()
+        self._replies.stop(self._current_id)
 
     @Slot()
     def escape(self) -> None:
         """Esc: cancel an edit if one is under way, else stop the reply."""
         if self.is_editing:
             self._cancel_editing()
-            self._input.clear()
+            self._composer.clear()
         else:
             self.stop()
 
-    # -- engine events ----------------------------------------------------------------------------
+    # -- reply events -----------------------------------------------------------------------------
 
-    @Slot(str, str)
-    def _on_token_delta(self, request_id: str, text: str) -> None:
-        entry = self._requests.get(request_id)
-        if entry is None:
+    @Slot(int, object)
+    def _on_reply_changed(self, conversation_id: int, reply: Message) -> None:
+        if conversation_id != self._current_id:
             return
-        entry[1].content += text
-        self._dirty.add(request_id)
-        if not self._flush_timer.isActive():
-            self._flush_timer.start()
+        conversation = self.current_conversation
+        if conversation is not None:
+            index = conversation.index_of(reply)
+            if index >= 0:
+                self._view.update_message(index, reply)
 
-    @Slot(str, object)
-    def _on_request_finished(self, request_id: str, info: RequestInfo) -> None:
-        entry = self._requests.get(request_id)
-        if entry is None:
-            return
-        self._store.finish_reply(entry[1], info.finish_reason, dict(info.metrics))
-        self._end_request(request_id)
-
-    @Slot(str, str)
-    def _on_request_failed(self, request_id: str, text: str) -> None:
-        entry = self._requests.get(request_id)
-        if entry is None:
-            return
-        self._store.fail_reply(entry[1], text)
-        self._end_request(request_id)
-
-    @Slot()
-    def _on_flush_timeout(self) -> None:
-        dirty, self._dirty = self._dirty, set()
-        for rid in dirty:
-            self._repaint_request(rid)
-
-    @Slot()
-    def _on_save_timeout(self) -> None:
-        for rid, (_, message) in self._requests.items():
-            if len(message.content) != self._saved_lengths.get(rid, 0):
-                self._store.save_partial(message)
-                self._saved_lengths[rid] = len(message.content)
+    @Slot(int)
+    def _on_streaming_changed(self, count: int) -> None:
+        self._refresh_list()
+        self._update_controls()
 
     # -- widget events ----------------------------------------------------------------------------
 
     @Slot()
-    def _on_input_submitted(self) -> None:
-        self._on_send_clicked()
-
-    @Slot()
-    def _on_send_clicked(self) -> None:
-        text = self._input.toPlainText()
+    def _on_send_requested(self) -> None:
+        text = self._composer.text()
         if self._editing_index is not None:
             index, self._editing_index = self._editing_index, None
-            self._edit_label.hide()
+            self._composer.show_edit_banner(False)
             sent = self.edit_message(index, text)
         else:
             sent = self.send(text)
         if sent is not None:
-            self._input.clear()
-        self._input.setFocus()
+            self._composer.clear()
+        self._composer.setFocus()
 
     @Slot()
-    def _on_stop_clicked(self) -> None:
+    def _on_stop_requested(self) -> None:
         self.stop()
-        self._input.setFocus()
+        self._composer.setFocus()
 
     @Slot()
-    def _on_input_changed(self) -> None:
+    def _on_composer_text_changed(self) -> None:
         self._update_controls()
 
     @Slot()
@@ -548,47 +449,9 @@ class ChatPane(QWidget):
     # -- helpers ----------------------------------------------------------------------------------
 
     def _start_reply(self, conversation: Conversation, history: list[dict[str, str]]) -> str:
-        reply = self._store.start_reply(conversation, *self._model)
+        reply = self._replies.new_reply(conversation)
         self._view.append_message(reply)
-        return self._submit(conversation, reply, history)
-
-    def _submit(self, conversation: Conversation, reply: Message, history: list[dict[str, str]]) -> str:
-        rid = self._bridge.submit(str(conversation.id), history, self.sampling_params(conversation))
-        reply.request_id = rid
-        self._requests[rid] = (conversation.id, reply)
-        self._saved_lengths[rid] = len(reply.content)
-        if not self._save_timer.isActive():
-            self._save_timer.start()
-        log.ui.debug("sent %s in conversation %s", rid, conversation.id)
-        self._refresh_list()
-        self._update_controls()
-        self.streaming_changed.emit(len(self._requests))
-        return rid
-
-    def _end_request(self, request_id: str) -> None:
-        self._dirty.discard(request_id)
-        self._repaint_request(request_id)
-        self._forget_request(request_id)
-        self._refresh_list()
-        self._update_controls()
-        self.streaming_changed.emit(len(self._requests))
-
-    def _forget_request(self, request_id: str) -> None:
-        self._requests.pop(request_id, None)
-        self._saved_lengths.pop(request_id, None)
-        self._dirty.discard(request_id)
-        if not self._requests:
-            self._save_timer.stop()
-
-    def _repaint_request(self, request_id: str) -> None:
-        entry = self._requests.get(request_id)
-        if entry is None or entry[0] != self._current_id:
-            return
-        conversation = self.current_conversation
-        if conversation is not None:
-            index = conversation.index_of(entry[1])
-            if index >= 0:
-                self._view.update_message(index, entry[1])
+        return self._replies.submit(conversation, reply, history, self.sampling_params(conversation))
 
     def _can_send(self, conversation: Conversation) -> bool:
         return self._is_model_ready and not conversation.is_streaming
@@ -604,7 +467,7 @@ class ChatPane(QWidget):
 
     def _cancel_editing(self) -> None:
         self._editing_index = None
-        self._edit_label.hide()
+        self._composer.show_edit_banner(False)
 
     def _valid_preset(self, preset_id: int | None) -> int | None:
         if preset_id is None:
@@ -618,18 +481,10 @@ class ChatPane(QWidget):
         conversation = self.current_conversation
         is_streaming = conversation is not None and conversation.is_streaming
         can_send = conversation is not None and self._can_send(conversation)
-        self._send_button.setEnabled(can_send and bool(self._input.toPlainText().strip()))
-        self._send_button.setText("Save & send" if self.is_editing else "Send")
-        self._stop_button.setEnabled(is_streaming)
-        if not self._is_model_ready:
-            self._input.setPlaceholderText("Load a model in the Model pane to start chatting…")
-        elif is_streaming:
-            self._input.setPlaceholderText("Hearth is replying… (Stop keeps the text so far)")
-        else:
-            self._input.setPlaceholderText("Message Hearth… (Enter sends, Shift+Enter for a new line)")
+        self._composer.update_controls(can_send=can_send, is_streaming=is_streaming,
+                                       is_model_ready=self._is_model_ready, is_editing=self.is_editing)
 
     def _refresh_list(self) -> None:
         text = self._sidebar.search_text
         entries = self._store.search(text) if text else [(c, "") for c in self._store.list()]
-        streaming = {cid for cid, _ in self._requests.values()}
-        self._sidebar.show_conversations(entries, self._current_id, streaming)
+        self._sidebar.show_conversations(entries, self._current_id, self._replies.streaming_conversations())

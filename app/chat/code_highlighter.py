@@ -13,6 +13,16 @@ _COLOURS = {
     "number": ("#fe640b", False),
     "builtin": ("#1e66f5", False),
 }
+#: The same kinds on a dark background.
+_DARK_COLOURS = {
+    "keyword": ("#cba6f7", True),
+    "string": ("#a6e3a1", False),
+    "comment": ("#9399b2", False),
+    "number": ("#fab387", False),
+    "builtin": ("#89b4fa", False),
+}
+#: Block property that marks a code block whose lines were made wrappable (no longer ``nonBreakableLines``).
+CODE_BLOCK_PROPERTY = QTextFormat.Property.UserProperty + 1
 
 
 class CodeHighlighter(QSyntaxHighlighter):
@@ -25,7 +35,15 @@ class CodeHighlighter(QSyntaxHighlighter):
     def __init__(self, document: QTextDocument) -> None:
         super().__init__(document)
         self._formats: dict[str, QTextCharFormat] = {}
-        for kind, (colour, bold) in _COLOURS.items():
+        self._is_dark: bool | None = None
+        self.set_dark(False)
+
+    def set_dark(self, is_dark: bool) -> None:
+        """Use colours that read on a dark (or light) background, for blocks highlighted from now on."""
+        if is_dark == self._is_dark:
+            return
+        self._is_dark = is_dark
+        for kind, (colour, bold) in (_DARK_COLOURS if is_dark else _COLOURS).items():
             fmt = QTextCharFormat()
             fmt.setForeground(QColor(colour))
             if bold:
@@ -35,7 +53,7 @@ class CodeHighlighter(QSyntaxHighlighter):
     def highlightBlock(self, text: str) -> None:
         block_format = self.currentBlock().blockFormat()
         if not (block_format.hasProperty(QTextFormat.Property.BlockCodeFence)
-                or block_format.nonBreakableLines()):
+                or block_format.nonBreakableLines() or block_format.boolProperty(CODE_BLOCK_PROPERTY)):
             return
         language = block_format.stringProperty(QTextFormat.Property.BlockCodeLanguage)
         for span in tokenize_code(text, language):

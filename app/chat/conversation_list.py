@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.data import storage as db
+from app.data import records as db
 
 #: How long the "Undo" offer stays after a delete.
 UNDO_TIMEOUT_MS = 8000

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.data.conversations import Conversation
-from app.data.storage import Preset
+from app.data.records import Preset
 
 _NO_PROMPT = 0
 _CUSTOM_PROMPT = -1

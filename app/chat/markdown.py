@@ -1,9 +1,9 @@
 """Markdown helpers that need no Qt: streaming fix-ups, code blocks and code tokenizing.
 
 Qt renders the Markdown itself (``QTextCursor.insertMarkdown``); this module only prepares text
-for it (closing a streaming code block, adding a "Copy code" link under each finished one), finds
-the code to copy, and splits code lines into coloured spans for
-:class:`app.chat.code_highlighter.CodeHighlighter`.
+for it (closing a streaming code block, adding a "Copy code" link under each finished one, setting
+a model's ``<think>`` reasoning apart from its answer), finds the code to copy, and splits code lines
+into coloured spans for :class:`app.chat.code_highlighter.CodeHighlighter`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 _FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 
 #: Span kinds :func:`tokenize_code` returns; the highlighter maps each to a colour.
 KINDS = ("keyword", "string", "comment", "number", "builtin")
@@ -70,6 +71,36 @@ def close_open_fence(text: str) -> str:
     if open_fence is None:
         return text
     return text + ("" if text.endswith("\n") else "\n") + open_fence + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A reply split into the model's reasoning (its ``<think>`` block) and its answer."""
+
+    answer: str
+    #: The text inside ``<think>…</think>``; "" when the reply has none.
+    reasoning: str = ""
+    #: The reasoning has begun but not yet ended (the reply is still thinking).
+    is_thinking: bool = False
+
+
+def split_reasoning(text: str) -> Reply:
+    """Split a reply at its ``<think>…</think>`` block.
+
+    Reasoning models write ``<think>`` first (some chat templates put it in the prompt, so the reply
+    holds only the closing ``</think>``); an unclosed block means the reply is still thinking.
+    """
+    stripped = text.lstrip()
+    if stripped.startswith(_THINK_OPEN):
+        inner = stripped[len(_THINK_OPEN):]
+        reasoning, closed, answer = inner.partition(_THINK_CLOSE)
+        if not closed:
+            return Reply("", reasoning.strip(), is_thinking=True)
+        return Reply(answer.lstrip(), reasoning.strip())
+    if _THINK_CLOSE in text and _THINK_OPEN not in text:
+        reasoning, _, answer = text.partition(_THINK_CLOSE)
+        return Reply(answer.lstrip(), reasoning.strip())
+    return Reply(text)
 
 
 @dataclass(frozen=True, slots=True)

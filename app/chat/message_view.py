@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QUrl, Signal, Slot
+from PySide6.QtCore import QEvent, QTimer, QUrl, Signal, Slot
 from PySide6.QtGui import (
     QColor,
     QDesktopServices,
@@ -14,11 +14,12 @@ from PySide6.QtGui import (
     QTextFormat,
     QTextFrame,
     QTextFrameFormat,
+    QTextOption,
 )
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
-from app.chat.code_highlighter import CodeHighlighter
-from app.chat.markdown import add_copy_links, close_open_fence
+from app.chat.code_highlighter import CODE_BLOCK_PROPERTY, CodeHighlighter
+from app.chat.markdown import add_copy_links, close_open_fence, split_reasoning
 from app.data.conversations import STATUS_ERROR, STATUS_STREAMING, Conversation, Message
 from app.formatting import reply_stats_line
 
@@ -29,6 +30,8 @@ _BUBBLE_INDENT = 48
 ACTION_SCHEME = "hearth"
 #: Actions a link can ask for; ``copy-code`` also names the code block.
 ACTIONS = ("copy", "edit", "regenerate", "continue", "prev", "next", "copy-code")
+#: The link that shows or hides a reply's reasoning; the view handles it itself.
+REASONING_ACTION = "reasoning"
 
 
 def action_href(action: str, index: int, extra: int = 0) -> str:
@@ -45,7 +48,12 @@ class MessageView(QTextBrowser):
 
     Under each message a line of links offers its actions (copy, edit, regenerate, continue, and
     "‹ 1/2 ›" to switch between branches); each finished code block gets a "Copy code" link. A
-    click emits :attr:`action_requested`; other links open in the browser.
+    click emits :attr:`action_requested`; other links open in the browser. A reply's ``<think>``
+    reasoning is folded into a "Reasoning" line that shows or hides it when clicked.
+
+    Lines wrap at the view's width, long words and code lines included, so one long line never
+    makes the whole transcript scroll sideways. The bubbles' colours come from the palette when a
+    message is drawn, so a theme change redraws them all.
 
     Signals:
         action_requested(str, int, int): the action (one of :data:`ACTIONS`), the message index,
@@ -60,10 +68,16 @@ class MessageView(QTextBrowser):
         self.setOpenLinks(False)
         self.anchorClicked.connect(self._on_anchor_clicked)
         self.setPlaceholderText("Ask anything. Enter sends, Shift+Enter starts a new line.")
+        self.setWordWrapMode(QTextOption.WrapMode.WrapAtWordBoundaryOrAnywhere)
         self.document().setDocumentMargin(12)
         self._highlighter = CodeHighlighter(self.document())
+        self._highlighter.set_dark(self._is_dark())
         self._frames: list[QTextFrame] = []
+        self._messages: list[Message] = []
         self._conversation: Conversation | None = None
+        #: Indexes of the messages whose reasoning is shown.
+        self._expanded: set[int] = set()
+        self._is_redraw_pending = False
 
     # -- public API -------------------------------------------------------------------------------
 
@@ -71,6 +85,9 @@ class MessageView(QTextBrowser):
         """Replace the view with all messages of ``conversation`` (or nothing)."""
         self.clear()
         self._frames = []
+        self._messages = []
+        if conversation is not self._conversation:
+            self._expanded = set()
         self._conversation = conversation
         if conversation is not None:
             for message in conversation.messages:
@@ -92,6 +109,7 @@ class MessageView(QTextBrowser):
         cursor.movePosition(QTextCursor.MoveOperation.End)
         frame = cursor.insertFrame(self._frame_format(message.role))
         self._frames.append(frame)
+        self._messages.append(message)
         self._render(frame, message, len(self._frames) - 1)
         if was_at_bottom:
             self._scroll_to_bottom()
@@ -101,6 +119,7 @@ class MessageView(QTextBrowser):
         if not 0 <= index < len(self._frames):
             return
         was_at_bottom = self._is_at_bottom()
+        self._messages[index] = message
         self._render(self._frames[index], message, index)
         if was_at_bottom:
             self._scroll_to_bottom()
@@ -132,6 +151,38 @@ class MessageView(QTextBrowser):
             block = block.next()
         return found
 
+    def is_reasoning_shown(self, index: int) -> bool:
+        """Whether message ``index`` shows its reasoning (else only the "Reasoning" line)."""
+        return index in self._expanded
+
+    def toggle_reasoning(self, index: int) -> None:
+        """Show or hide the reasoning of message ``index``."""
+        if not 0 <= index < len(self._frames):
+            return
+        self._expanded ^= {index}
+        self._render(self._frames[index], self._messages[index], index)
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange) \
+                and not self._is_redraw_pending:
+            self._is_redraw_pending = True  # one redraw for the burst of events a theme change sends
+            QTimer.singleShot(0, self, self._redraw_all)
+
+    @Slot()
+    def _redraw_all(self) -> None:
+        """Draw every message again with the current palette (after a theme change)."""
+        self._is_redraw_pending = False
+        self._highlighter.set_dark(self._is_dark())
+        messages = list(self._messages)
+        was_at_bottom = self._is_at_bottom()
+        self.clear()
+        self._frames, self._messages = [], []
+        for message in messages:
+            self.append_message(message)
+        if was_at_bottom:
+            self._scroll_to_bottom()
+
     @Slot(QUrl)
     def _on_anchor_clicked(self, url: QUrl) -> None:
         if url.scheme() != ACTION_SCHEME:
@@ -139,7 +190,9 @@ class MessageView(QTextBrowser):
             return
         action, _, rest = url.path().partition("/")
         numbers = [int(part) for part in rest.split("/") if part.isdigit()]
-        if action in ACTIONS and numbers:
+        if action == REASONING_ACTION and numbers:
+            self.toggle_reasoning(numbers[0])
+        elif action in ACTIONS and numbers:
             self.action_requested.emit(action, numbers[0], numbers[1] if len(numbers) > 1 else 0)
 
     # -- rendering --------------------------------------------------------------------------------
@@ -180,8 +233,11 @@ class MessageView(QTextBrowser):
         if message.role == "assistant" and message.content:
             # The name goes in as the first Markdown paragraph: a fragment's first block merges
             # into the block it is inserted at, which would strip a leading code block's format.
-            body = close_open_fence(add_copy_links(message.content,
+            reply = split_reasoning(message.content)
+            body = close_open_fence(add_copy_links(reply.answer,
                                                    lambda k: action_href("copy-code", index, k)))
+            if reply.reasoning or reply.is_thinking:
+                body = f"{self._reasoning_markdown(reply.reasoning, reply.is_thinking, index)}\n\n{body}"
             cursor.insertMarkdown(f"{name}\n\n{body}")
             self._shade_code_blocks(frame.firstPosition(), cursor.position())
         else:
@@ -204,6 +260,18 @@ class MessageView(QTextBrowser):
                 cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
             self._insert_actions(cursor, actions, index, message)
         cursor.endEditBlock()
+
+    def _reasoning_markdown(self, reasoning: str, is_thinking: bool, index: int) -> str:
+        """The "Reasoning" line that folds a reply's reasoning, and the reasoning as a quote when shown."""
+        href = f"{ACTION_SCHEME}:{REASONING_ACTION}/{index}"
+        is_shown = index in self._expanded
+        title = "Thinking…" if is_thinking else "Reasoning"
+        words = len(reasoning.split())
+        link = f"[{'▾' if is_shown else '▸'} {title} ({words} words, click to {'hide' if is_shown else 'show'})]"
+        if not is_shown or not reasoning:
+            return f"{link}({href})"
+        quoted = "\n".join(f"> {line}" for line in close_open_fence(reasoning).splitlines())
+        return f"{link}({href})\n\n{quoted}"
 
     @staticmethod
     def _actions_for(message: Message) -> list[str]:
@@ -275,8 +343,13 @@ class MessageView(QTextBrowser):
                 shade = QTextCursor(block)
                 fmt.setBackground(background)
                 fmt.setLeftMargin(6)
+                fmt.setNonBreakableLines(False)  # wrap long code lines rather than widen the transcript
+                fmt.setProperty(CODE_BLOCK_PROPERTY, True)
                 shade.setBlockFormat(fmt)
             block = block.next()
+
+    def _is_dark(self) -> bool:
+        return self.palette().color(QPalette.ColorRole.Base).lightness() < 128
 
     def _is_at_bottom(self) -> bool:
         bar = self.verticalScrollBar()

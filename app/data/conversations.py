@@ -8,17 +8,19 @@ to the database at once, except the text of a streaming reply, which the chat pa
 at the end.
 
 Branches: editing a user message or regenerating a reply adds a sibling in the message tree (see
-``app/storage.py``); :meth:`ConversationStore.switch_branch` shows another sibling.
+``app/data/storage.py``); :meth:`ConversationStore.switch_branch` shows another sibling.
 """
 
 from __future__ import annotations
 
+import builtins  # ConversationStore.list hides the builtin in its annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.data import storage as db
-from app.data.storage import DEFAULT_TITLE, ROLES, Storage, make_title
+from app.data import records as db
+from app.data.records import DEFAULT_TITLE, ROLES, make_title
+from app.data.storage import Storage
 
 __all__ = [
     "DEFAULT_TITLE", "ROLES", "STATUS_DONE", "STATUS_ERROR", "STATUS_STOPPED", "STATUS_STREAMING",
@@ -179,7 +181,7 @@ class ConversationStore:
         """Return the conversations not in the trash, most recently updated first."""
         return self.storage.list_conversations()
 
-    def search(self, text: str) -> list[tuple[db.Conversation, str]]:
+    def search(self, text: str) -> builtins.list[tuple[db.Conversation, str]]:
         """Conversations whose title or messages contain ``text``, with a snippet of the match."""
         return self.storage.search(text)
 
@@ -304,7 +306,7 @@ class ConversationStore:
         self._live[record.id] = conversation
         return conversation
 
-    def _branch(self, record: db.Conversation) -> list[Message]:
+    def _branch(self, record: db.Conversation) -> builtins.list[Message]:
         """The messages from the root to the active leaf, with their places among siblings."""
         if record.active_leaf_id is None:
             return []

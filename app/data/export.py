@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from app.data.storage import DEFAULT_TITLE, ROLES, Conversation, Message, Storage
+from app.data.records import DEFAULT_TITLE, ROLES, Conversation, Message
+from app.data.storage import Storage
 
 FORMAT_VERSION = 1
 

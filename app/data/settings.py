@@ -9,17 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QSettings, Qt
-from PySide6.QtGui import QColor, QGuiApplication, QPalette
+from PySide6.QtCore import QByteArray, QSettings
 
+#: Colour themes the user can pick (:func:`app.window.theme.apply_theme` applies one).
 THEMES = ("system", "light", "dark")
 FILE_NAME = "settings.ini"
 #: Font sizes the user can pick, in points; 0 means the system's size.
 MIN_FONT_SIZE, MAX_FONT_SIZE = 0, 32
 #: Generation defaults, used by every conversation that does not set its own.
 DEFAULT_GENERATION: dict[str, Any] = {"temperature": 0.7, "top_p": 0.95, "max_tokens": 512}
-
-_SCHEMES = {"system": Qt.ColorScheme.Unknown, "light": Qt.ColorScheme.Light, "dark": Qt.ColorScheme.Dark}
 
 
 class Settings:
@@ -121,7 +119,7 @@ class Settings:
 
     def _int(self, key: str, default: int) -> int:
         try:
-            return int(self._qsettings.value(key, default))  # type: ignore[arg-type]
+            return int(self._qsettings.value(key, default))  # type: ignore[call-overload]
         except (TypeError, ValueError):
             return default
 
@@ -134,46 +132,3 @@ class Settings:
     def _bytes(self, key: str) -> QByteArray | None:
         value = self._qsettings.value(key)
         return value if isinstance(value, QByteArray) and not value.isEmpty() else None
-
-
-def apply_theme(theme: str) -> None:
-    """Switch to the light or dark palette, or back to the system's choice.
-
-    Qt is asked first (``QStyleHints.setColorScheme``); where the platform cannot switch (X11
-    without a desktop theme, the offscreen platform), Hearth sets a palette of its own.
-    """
-    scheme = _SCHEMES.get(theme, Qt.ColorScheme.Unknown)
-    hints = QGuiApplication.styleHints()
-    hints.setColorScheme(scheme)
-    if theme == "system" or hints.colorScheme() == scheme:
-        QGuiApplication.setPalette(QPalette())  # drop a palette set below
-    else:
-        QGuiApplication.setPalette(dark_palette() if theme == "dark" else light_palette())
-
-
-def dark_palette() -> QPalette:
-    """A dark palette for platforms that cannot switch theme themselves."""
-    palette = QPalette()
-    colours = {
-        QPalette.ColorRole.Window: "#2b2b2b", QPalette.ColorRole.WindowText: "#e6e6e6",
-        QPalette.ColorRole.Base: "#1f1f1f", QPalette.ColorRole.AlternateBase: "#303030",
-        QPalette.ColorRole.Text: "#e6e6e6", QPalette.ColorRole.Button: "#353535",
-        QPalette.ColorRole.ButtonText: "#e6e6e6", QPalette.ColorRole.Highlight: "#3d7bd9",
-        QPalette.ColorRole.HighlightedText: "#ffffff", QPalette.ColorRole.Link: "#7fb0ff",
-        QPalette.ColorRole.ToolTipBase: "#3a3a3a", QPalette.ColorRole.ToolTipText: "#e6e6e6",
-        QPalette.ColorRole.PlaceholderText: "#9a9a9a", QPalette.ColorRole.Mid: "#555555",
-    }
-    for role, colour in colours.items():
-        palette.setColor(role, QColor(colour))
-    for role in (QPalette.ColorRole.WindowText, QPalette.ColorRole.Text, QPalette.ColorRole.ButtonText):
-        palette.setColor(QPalette.ColorGroup.Disabled, role, QColor("#7a7a7a"))
-    return palette
-
-
-def light_palette() -> QPalette:
-    """A light palette for platforms that cannot switch theme themselves."""
-    palette = QPalette(QColor("#efefef"), QColor("#fafafa"))
-    palette.setColor(QPalette.ColorRole.Base, QColor("#ffffff"))
-    palette.setColor(QPalette.ColorRole.Text, QColor("#1a1a1a"))
-    palette.setColor(QPalette.ColorRole.WindowText, QColor("#1a1a1a"))
-    return palette

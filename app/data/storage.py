@@ -6,259 +6,38 @@ Every write commits before the method returns, so a crash loses at most what was
 
 Messages form a tree per conversation: editing a user message or regenerating a reply adds a
 *sibling* (same parent), and ``conversations.active_leaf_id`` says which branch the UI shows.
-The schema version lives in ``PRAGMA user_version``; :data:`MIGRATIONS` upgrades it step by step.
+The rows are the dataclasses of :mod:`app.data.records`; the schema and its upgrades are in
+:mod:`app.data.migrations`.
+
+Long because :class:`Storage` is the database's whole API, one method per query: its lock and
+transactions (:meth:`Storage.batch`) must wrap every one of them, so they stay in one class.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Self
 
-DEFAULT_TITLE = "New chat"
-MAX_TITLE_CHARS = 40
-ROLES = ("system", "user", "assistant")
+from app.data.migrations import migrate, schema_version
+from app.data.records import DEFAULT_TITLE, ROLES, Conversation, Message, Preset, make_title
+
 BUSY_TIMEOUT_MS = 5000
 SNIPPET_CONTEXT_CHARS = 30
-
-DEFAULT_PRESETS: tuple[tuple[str, str], ...] = (
-    ("Helpful assistant", "You are a helpful assistant."),
-    ("Concise", "You are a helpful assistant. Answer briefly and directly, without preamble."),
-    (
-        "Code reviewer",
-        (
-            "You are a careful code reviewer. Point out bugs, unclear names and missing tests, "
-            "and suggest concrete fixes."
-        ),
-    ),
-    ("Translator", "Translate the user's text into English, keeping its meaning and tone."),
-)
-
-
-@dataclass(slots=True, frozen=True)
-class Preset:
-    """A named system prompt the user can start a conversation from."""
-
-    id: int
-    name: str
-    system_prompt: str
-    created_at: float
-
-
-@dataclass(slots=True, frozen=True)
-class Conversation:
-    """One chat. Sampling fields left ``None`` mean "use the app's default"."""
-
-    id: int
-    title: str
-    created_at: float
-    updated_at: float
-    system_prompt: str | None
-    preset_id: int | None
-    temperature: float | None
-    top_p: float | None
-    max_tokens: int | None
-    model: str | None
-    deleted_at: float | None
-    active_leaf_id: int | None
-
-    @property
-    def is_deleted(self) -> bool:
-        """Whether the conversation sits in the trash (soft-deleted, undoable)."""
-        return self.deleted_at is not None
-
-
-@dataclass(slots=True, frozen=True)
-class Message:
-    """One node of a conversation's message tree, with the generation metrics of a reply."""
-
-    id: int
-    conversation_id: int
-    parent_id: int | None
-    role: str
-    content: str
-    model: str | None
-    quantization: str | None
-    num_prompt_tokens: int | None
-    num_generated_tokens: int | None
-    ttft_s: float | None
-    tok_s: float | None
-    finish_reason: str | None
-    created_at: float
-    is_complete: bool
-
 
 _PRESET_COLS = ", ".join(f.name for f in fields(Preset))
 _CONV_COLS = ", ".join(f.name for f in fields(Conversation))
 _MSG_COLS = ", ".join(f.name for f in fields(Message))
 _MSG_COLS_M = ", ".join(f"m.{f.name}" for f in fields(Message))
 
-# --- migrations -----------------------------------------------------------------------------------
-# Each migration runs inside one transaction together with its ``user_version`` bump. Statements are
-# listed one by one because ``executescript`` would commit the surrounding transaction.
-
-_SCHEMA_1 = (
-    """CREATE TABLE presets (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        name TEXT NOT NULL UNIQUE,
-        system_prompt TEXT NOT NULL,
-        created_at REAL NOT NULL
-    )""",
-    """CREATE TABLE conversations (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        title TEXT NOT NULL,
-        created_at REAL NOT NULL,
-        updated_at REAL NOT NULL,
-        system_prompt TEXT,
-        preset_id INTEGER REFERENCES presets(id) ON DELETE SET NULL,
-        temperature REAL,
-        top_p REAL,
-        max_tokens INTEGER,
-        model TEXT,
-        deleted_at REAL,
-        active_leaf_id INTEGER REFERENCES messages(id) ON DELETE SET NULL
-    )""",
-    """CREATE TABLE messages (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-        parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,
-        role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
-        content TEXT NOT NULL,
-        model TEXT,
-        quantization TEXT,
-        num_prompt_tokens INTEGER,
-        num_generated_tokens INTEGER,
-        ttft_s REAL,
-        tok_s REAL,
-        finish_reason TEXT,
-        created_at REAL NOT NULL,
-        is_complete INTEGER NOT NULL DEFAULT 1
-    )""",
-    "CREATE INDEX messages_by_conversation ON messages(conversation_id)",
-    "CREATE INDEX messages_by_parent ON messages(parent_id)",
-    "CREATE INDEX conversations_by_updated ON conversations(deleted_at, updated_at)",
-)
-
-_FTS_TABLE = (
-    "CREATE VIRTUAL TABLE messages_fts USING fts5("
-    "content, content='messages', content_rowid='id', tokenize='trigram')"
-)
-_FTS_STATEMENTS = (
-    """CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
-        INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
-    END""",
-    """CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
-        INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
-    END""",
-    """CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
-        INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
-        INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
-    END""",
-    # Backfill: index the messages written under schema 1.
-    "INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')",
-)
-
-
-def _migrate_1_initial_schema(conn: sqlite3.Connection) -> None:
-    """Create conversations, messages and presets, and seed the default presets."""
-    for statement in _SCHEMA_1:
-        conn.execute(statement)
-    now = time.time()
-    conn.executemany(
-        "INSERT INTO presets (name, system_prompt, created_at) VALUES (?, ?, ?)",
-        [(name, prompt, now) for name, prompt in DEFAULT_PRESETS],
-    )
-
-
-def _migrate_2_message_search_index(conn: sqlite3.Connection) -> None:
-    """Add an FTS5 trigram index over message content, kept current by triggers.
-
-    Where this SQLite lacks FTS5 or its trigram tokenizer, the step is a no-op and
-    :meth:`Storage.search` falls back to ``LIKE``.
-    """
-    try:
-        conn.execute(_FTS_TABLE)
-    except sqlite3.OperationalError:
-        return
-    for statement in _FTS_STATEMENTS:
-        conn.execute(statement)
-
-
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
-    _migrate_1_initial_schema,
-    _migrate_2_message_search_index,
-)
-SCHEMA_VERSION = len(MIGRATIONS)
-
-
-def schema_version(conn: sqlite3.Connection) -> int:
-    """Return the schema version recorded in the database (0 for a new file)."""
-    return int(conn.execute("PRAGMA user_version").fetchone()[0])
-
-
-def migrate(conn: sqlite3.Connection, target: int | None = None) -> int:
-    """Apply the pending migrations in order, each in its own transaction.
-
-    Args:
-        conn: A connection in autocommit mode (``isolation_level=None``).
-        target: The version to stop at; the latest when ``None``. Tests use ``1`` to build an old file.
-
-    Returns:
-        The schema version after migrating.
-
-    Raises:
-        ValueError: The database is newer than this code, or ``target`` is out of range.
-    """
-    target = SCHEMA_VERSION if target is None else target
-    if not 0 <= target <= SCHEMA_VERSION:
-        raise ValueError(f"target schema version must be in 0..{SCHEMA_VERSION}, got {target}")
-    if conn.isolation_level is not None:
-        raise ValueError("migrate() needs a connection opened with isolation_level=None")
-    version = schema_version(conn)
-    if version > SCHEMA_VERSION:
-        raise ValueError(
-            f"database schema version {version} is newer than this Hearth supports ({SCHEMA_VERSION}); "
-            "update Hearth to open it"
-        )
-    while version < target:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            MIGRATIONS[version](conn)
-            version += 1
-            conn.execute(f"PRAGMA user_version = {version:d}")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-    return version
-
 
 # --- helpers --------------------------------------------------------------------------------------
-
-
-def make_title(text: str, max_chars: int = MAX_TITLE_CHARS) -> str:
-    """Turn a first question into a short title, cut at a word boundary.
-
-    Args:
-        text: The user's first message.
-        max_chars: The most characters kept before the ellipsis.
-
-    Returns:
-        The title, or :data:`DEFAULT_TITLE` when ``text`` is blank.
-    """
-    words = " ".join(text.split())
-    if not words:
-        return DEFAULT_TITLE
-    if len(words) <= max_chars:
-        return words
-    head = words[: max_chars + 1]
-    cut = head.rsplit(" ", 1)[0].rstrip(" ,.;:!?-") if " " in head else ""
-    return (cut or words[:max_chars]) + "…"  # no usable word boundary: cut mid-word
 
 
 def _snippet(content: str, needle: str) -> str:
@@ -308,6 +87,16 @@ def _preset(row: Sequence[Any]) -> Preset:
 # --- storage --------------------------------------------------------------------------------------
 
 
+def create_private(path: Path) -> None:
+    """Create ``path``'s folder (0700) and an empty file (0600) if they are missing, so that nobody else on the
+    machine can read the conversations. SQLite gives its -wal and -shm files the database file's permissions.
+    Existing folders and files keep the permissions the user gave them."""
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, mode=0o700)
+    if not path.exists():
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+
+
 class Storage:
     """The conversation database: one SQLite file, one connection, safe to share between threads.
 
@@ -326,7 +115,7 @@ class Storage:
         self._lock = threading.RLock()
         self._depth = 0  # nesting of batch(); writes commit when it returns to 0
         self.has_fts = False  # whether the message search index exists (schema 2, FTS5 trigram)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        create_private(self.path)
         self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS:d}")

@@ -1,4 +1,9 @@
-"""The model pane: pick, load and unload a model; engine and generation settings; hardware."""
+"""The model pane: pick, load and unload a model; serving, engine and generation settings; hardware.
+
+The boxes with a role of their own live beside it: :mod:`app.model.quantization_view` (the advice under
+the level choice), :mod:`app.model.server_box`, :mod:`app.model.load_settings`,
+:mod:`app.model.generation_form` and :mod:`app.model.hardware_box`.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,10 @@ import html
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt, QTimer, Signal, Slot
+from PySide6.QtCore import QSize, Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
-    QCheckBox,
     QComboBox,
-    QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
     QFrame,
@@ -22,67 +25,32 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QScrollArea,
-    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
 
 from app import log
-from app.bridge.engine_bridge import (
-    DEVICES,
-    DTYPES,
-    QUANTIZATION_LEVELS,
-    REMOTE_DEVICE,
-    EngineBridge,
-    LoadSettings,
-    ModelInfo,
-    QuantizationAdvice,
-    ServerState,
-)
+from app.bridge.engine_bridge import EngineBridge
+from app.bridge.types import DEVICES, REMOTE_DEVICE, LoadSettings, ModelInfo, QuantizationAdvice
 from app.formatting import format_bytes
+from app.model.generation_form import GenerationForm
+from app.model.hardware_box import HardwareBox
+from app.model.load_settings import LoadSettingsForm
+from app.model.quantization_view import QuantizationView, level_name
+from app.model.server_box import ServerBox
+from engine.api import LEVEL_DTYPES, QUANTIZATION_LEVELS
 
 DEFAULT_MODEL_TEXT = ("Leave the path empty to use the default model, "
                       "a small chat model that comes with Hearth.")
 _DEVICE_LABELS = {"auto": "Automatic", "cpu": "CPU", "cuda": "NVIDIA GPU (CUDA)"}
 SOURCES = (("local", "This computer"), ("remote", "Remote server (OpenAI API)"))
 DEFAULT_REMOTE_URL = "http://localhost:8000/v1"
-_DTYPE_LABELS = {"auto": "Automatic", "float32": "float32 (exact, large)",
-                 "bfloat16": "bfloat16 (half size)", "float16": "float16 (half size, GPU)"}
-_QUANTIZATION_LABELS = {"auto": "Automatic", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16",
-                        "int8": "int8", "int4": "int4"}
+#: The "Precision" choices: how the weights are stored (``QUANTIZATION_LEVELS``), in plain words.
+PRECISION_LABELS = {"auto": "Automatic (the best that fits)", "fp32": "fp32 · full size, exact",
+                    "bf16": "bf16 · half size", "fp16": "fp16 · half size, for GPUs",
+                    "int8": "int8 · quarter size", "int4": "int4 · eighth size, some quality loss"}
 #: How long the path box must stay unchanged before a recommendation is asked for.
 RECOMMEND_DELAY_MS = 400
-
-
-def level_name(level: str) -> str:
-    """A quantization level as the user reads it (the old name "none" is fp32)."""
-    return "fp32" if level == "none" else level
-
-
-def _gb(num_bytes: float) -> str:
-    return f"{num_bytes / 1e9:.1f} GB"
-
-
-def describe_recommendation(rec: Any) -> str:
-    """Rich text for an ``engine.loading.recommend.Recommendation``: the level, the numbers and the reason."""
-    per_token = rec.kv_bytes_per_token
-    per_token_text = f"{per_token / 1e3:.0f} KB" if per_token >= 1000 else f"{per_token} B"
-    numbers = (f"weights {_gb(rec.weights_bytes)} · KV cache {per_token_text} per token "
-               f"({_gb(rec.kv_budget_bytes)} for {rec.context_length} tokens) · "
-               f"{_gb(rec.free_bytes)} free · fits: {html.escape(str(rec.fits))}")
-    return (f"Recommended: <b>{html.escape(level_name(rec.quantization))}</b> on {html.escape(str(rec.device))}"
-            f"<br>{numbers}<br><span style='color: #757575'>{html.escape(str(rec.reason))}</span>")
-
-
-def fit_warning(rec: Any) -> str:
-    """A plain warning when the level in ``rec`` will not fit (or only just), else ""."""
-    name = level_name(rec.quantization)
-    need = rec.weights_bytes + rec.kv_budget_bytes
-    if rec.fits == "no":
-        return f"{name} needs {_gb(need)} but only {_gb(rec.free_bytes)} is free — it will not fit."
-    if rec.fits == "tight":
-        return f"{name} needs {_gb(need)} of the {_gb(rec.free_bytes)} free — it fits, but only just."
-    return ""
 
 
 class ModelPane(QWidget):
@@ -98,6 +66,7 @@ class ModelPane(QWidget):
         super().__init__(parent)
         self.setObjectName("modelPaneWidget")
         self._bridge = bridge
+        self._shown_once = False  # the first show asks for a recommendation
         self._build()
         self._set_state(loaded=False, loading=False)
         self._connect_bridge()
@@ -105,7 +74,6 @@ class ModelPane(QWidget):
     def _connect_bridge(self) -> None:
         """The bridge signals only this pane uses (the shared ones are wired in ``MainWindow``)."""
         self._bridge.signals.remote_models_listed.connect(self._on_remote_models_listed)
-        self._bridge.signals.server_state_changed.connect(self._on_server_state_changed)
         self._bridge.signals.recommendation_ready.connect(self._on_recommendation_ready)
 
     def showEvent(self, event: QShowEvent) -> None:
@@ -122,12 +90,17 @@ class ModelPane(QWidget):
         layout.setContentsMargins(8, 8, 8, 8)
         layout.setSpacing(10)
         layout.addWidget(self._build_model_group())
-        layout.addWidget(self._build_server_group())
-        layout.addWidget(self._build_settings_group())
-        layout.addWidget(self._build_generation_group())
-        layout.addWidget(self._build_hardware_group())
+        self._server_box = ServerBox(self._bridge)
+        self._load_settings_form = LoadSettingsForm()
+        self._generation_form = GenerationForm()
+        self._generation_form.sampling_params_changed.connect(self.sampling_params_changed)
+        layout.addWidget(self._server_box)
+        layout.addWidget(self._load_settings_form)
+        layout.addWidget(self._generation_form)
+        self._hardware_box = HardwareBox()
+        layout.addWidget(self._hardware_box)
         layout.addStretch(1)
-        scroll = QScrollArea()
+        scroll = self._scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
         scroll.setWidget(content)
@@ -172,39 +145,24 @@ class ModelPane(QWidget):
         self._device_combo.setObjectName("deviceCombo")
         for device in DEVICES:
             self._device_combo.addItem(_DEVICE_LABELS[device], device)
-        self._dtype_combo = QComboBox()
-        self._dtype_combo.setObjectName("dtypeCombo")
-        for dtype in DTYPES:
-            self._dtype_combo.addItem(_DTYPE_LABELS[dtype], dtype)
         self._quantization_combo = QComboBox()
         self._quantization_combo.setObjectName("quantizationCombo")
-        self._quantization_combo.setToolTip("How the weights are stored: smaller levels use less memory")
+        self._quantization_combo.setToolTip(
+            "How the model's weights are stored. Smaller uses less memory and can be faster, at some cost "
+            "in quality. Automatic picks the most exact one that fits; the reason is shown below.")
         for level in QUANTIZATION_LEVELS:
-            self._quantization_combo.addItem(_QUANTIZATION_LABELS[level], level)
+            self._quantization_combo.addItem(PRECISION_LABELS[level], level)
         self._quantization_combo.currentIndexChanged.connect(self._on_quantization_changed)
-        self._recommendation_label = QLabel("")
-        self._recommendation_label.setObjectName("recommendationLabel")
-        self._recommendation_label.setWordWrap(True)
-        self._recommendation_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self._quantization_warning = QLabel("")
-        self._quantization_warning.setObjectName("quantizationWarning")
-        self._quantization_warning.setWordWrap(True)
-        self._quantization_warning.setStyleSheet(
-            "QLabel { color: #8a4b00; background: #fff4e5; border: 1px solid #ffd8a8;"
-            " border-radius: 4px; padding: 6px; }")
-        self._quantization_warning.hide()
-        self._advice: QuantizationAdvice | None = None
+        self._quantization_view = QuantizationView()
         self._recommend_timer = QTimer(self)
         self._recommend_timer.setSingleShot(True)
         self._recommend_timer.setInterval(RECOMMEND_DELAY_MS)
         self._recommend_timer.timeout.connect(self.request_recommendation)
         self._path_edit.textChanged.connect(lambda _text: self._recommend_timer.start())
         self._device_combo.currentIndexChanged.connect(lambda _index: self._recommend_timer.start())
-        self._shown_once = False
         form = QFormLayout()
         form.addRow("Device", self._device_combo)
-        form.addRow("Precision", self._dtype_combo)
-        form.addRow("Quantization", self._quantization_combo)
+        form.addRow("Precision", self._quantization_combo)
 
         self._load_button = QPushButton("Load model")
         self._load_button.setObjectName("loadModelButton")
@@ -243,8 +201,7 @@ class ModelPane(QWidget):
         local_layout.addLayout(path_row)
         local_layout.addWidget(hint)
         local_layout.addLayout(form)
-        local_layout.addWidget(self._recommendation_label)
-        local_layout.addWidget(self._quantization_warning)
+        local_layout.addWidget(self._quantization_view)
 
         layout = QVBoxLayout(group)
         layout.addLayout(source_form)
@@ -280,93 +237,11 @@ class ModelPane(QWidget):
         self._remote_box.hide()
         return self._remote_box
 
-    def _build_server_group(self) -> QGroupBox:
-        group = QGroupBox("Serve on localhost")
-        self._serve_check = QCheckBox("Serve the loaded model to other programs (OpenAI API)")
-        self._serve_check.setObjectName("serveCheck")
-        self._serve_check.toggled.connect(self._on_serve_toggled)
-        self._serve_port_spin = QSpinBox()
-        self._serve_port_spin.setObjectName("servePortSpin")
-        self._serve_port_spin.setRange(1, 65535)
-        self._serve_port_spin.setValue(8000)
-        self._serve_key_edit = QLineEdit()
-        self._serve_key_edit.setObjectName("serveKeyEdit")
-        self._serve_key_edit.setEchoMode(QLineEdit.EchoMode.Password)
-        self._serve_key_edit.setPlaceholderText("Optional: clients must send it as a Bearer token")
-        self._serve_status_label = QLabel("Off. Only programs on this computer can connect (127.0.0.1).")
-        self._serve_status_label.setObjectName("serveStatusLabel")
-        self._serve_status_label.setWordWrap(True)
-        self._serve_status_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        form = QFormLayout(group)
-        form.addRow(self._serve_check)
-        form.addRow("Port", self._serve_port_spin)
-        form.addRow("API key", self._serve_key_edit)
-        form.addRow(self._serve_status_label)
-        return group
-
-    def _build_settings_group(self) -> QGroupBox:
-        group = QGroupBox("Engine settings (used on the next load)")
-        defaults = LoadSettings()
-        self._batch_spin = QSpinBox()
-        self._batch_spin.setObjectName("maxBatchSizeSpin")
-        self._batch_spin.setRange(1, 256)
-        self._batch_spin.setValue(defaults.max_batch_size)
-        self._batch_spin.setToolTip("How many requests the engine runs together")
-        self._wait_spin = QDoubleSpinBox()
-        self._wait_spin.setObjectName("batchTimeoutSpin")
-        self._wait_spin.setRange(0.0, 1000.0)
-        self._wait_spin.setDecimals(1)
-        self._wait_spin.setSuffix(" ms")
-        self._wait_spin.setValue(defaults.max_wait_ms)
-        self._wait_spin.setToolTip("How long the engine waits to fill a batch")
-        self._kv_spin = QSpinBox()
-        self._kv_spin.setObjectName("kvCacheSpin")
-        self._kv_spin.setRange(0, 1024 * 1024)
-        self._kv_spin.setSingleStep(256)
-        self._kv_spin.setSuffix(" MiB")
-        self._kv_spin.setSpecialValueText("Automatic")
-        self._kv_spin.setValue(defaults.kv_cache_mb)
-        self._kv_spin.setToolTip("Memory for the KV cache; Automatic sizes it from free memory")
-        form = QFormLayout(group)
-        form.addRow("Max batch size", self._batch_spin)
-        form.addRow("Batch timeout", self._wait_spin)
-        form.addRow("KV-cache budget", self._kv_spin)
-        return group
-
-    def _build_generation_group(self) -> QGroupBox:
-        group = QGroupBox("Generation")
-        self._temperature_spin = QDoubleSpinBox()
-        self._temperature_spin.setObjectName("temperatureSpin")
-        self._temperature_spin.setRange(0.0, 2.0)
-        self._temperature_spin.setSingleStep(0.1)
-        self._temperature_spin.setValue(0.7)
-        self._temperature_spin.setToolTip("0 always picks the most likely word")
-        self._top_p_spin = QDoubleSpinBox()
-        self._top_p_spin.setObjectName("topPSpin")
-        self._top_p_spin.setRange(0.05, 1.0)
-        self._top_p_spin.setSingleStep(0.05)
-        self._top_p_spin.setValue(0.95)
-        self._max_tokens_spin = QSpinBox()
-        self._max_tokens_spin.setObjectName("maxTokensSpin")
-        self._max_tokens_spin.setRange(1, 32768)
-        self._max_tokens_spin.setValue(512)
-        for spin in (self._temperature_spin, self._top_p_spin, self._max_tokens_spin):
-            spin.valueChanged.connect(self._on_generation_changed)
-        form = QFormLayout(group)
-        form.addRow("Temperature", self._temperature_spin)
-        form.addRow("Top-p", self._top_p_spin)
-        form.addRow("Max reply tokens", self._max_tokens_spin)
-        return group
-
-    def _build_hardware_group(self) -> QGroupBox:
-        group = QGroupBox("This computer")
-        self._hardware_label = QLabel("Detecting hardware…")
-        self._hardware_label.setObjectName("hardwareLabel")
-        self._hardware_label.setWordWrap(True)
-        self._hardware_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        layout = QVBoxLayout(group)
-        layout.addWidget(self._hardware_label)
-        return group
+    def minimumSizeHint(self) -> QSize:
+        """As narrow as the content allows without scrolling sideways (the scroll area alone would allow less)."""
+        hint = super().minimumSizeHint()
+        content = self._scroll.widget().minimumSizeHint().width() + self._scroll.verticalScrollBar().sizeHint().width()
+        return QSize(max(hint.width(), content), hint.height())
 
     # -- public API -------------------------------------------------------------------------------
 
@@ -378,12 +253,15 @@ class ModelPane(QWidget):
         """Whether the "Remote server" choice is selected."""
         return self._source_combo.currentData() == "remote"
 
+    def set_model_spec(self, text: str) -> None:
+        """Put a model path in the box ("" for the default model)."""
+        self._path_edit.setText(text)
+
     def load_settings(self) -> LoadSettings:
-        return LoadSettings(max_batch_size=self._batch_spin.value(), max_wait_ms=self._wait_spin.value(),
-                            kv_cache_mb=self._kv_spin.value(), quantization=self.quantization())
+        return self._load_settings_form.load_settings(self.quantization())
 
     def quantization(self) -> str:
-        """The chosen quantization level (one of ``QUANTIZATION_LEVELS``)."""
+        """The chosen precision: a quantization level (one of ``QUANTIZATION_LEVELS``)."""
         return str(self._quantization_combo.currentData())
 
     def request_recommendation(self) -> None:
@@ -391,19 +269,22 @@ class ModelPane(QWidget):
         self._recommend_timer.stop()
         if self.is_remote():
             return
-        self._advice = None
-        self._update_quantization_warning()
-        self._recommendation_label.setText("Estimating the memory this model needs…")
+        self._quantization_view.show_estimating()
         self._bridge.recommend_quantization(self.model_spec(), self._device_combo.currentData())
 
     def sampling_params(self) -> dict[str, Any]:
         """``SamplingParams`` keyword arguments from the Generation box."""
-        return {"temperature": round(self._temperature_spin.value(), 3),
-                "top_p": round(self._top_p_spin.value(), 3),
-                "max_tokens": self._max_tokens_spin.value()}
+        return self._generation_form.sampling_params()
+
+    def set_sampling_params(self, params: dict[str, Any]) -> None:
+        """Show generation defaults (``sampling_params()`` keys) in the Generation box."""
+        self._generation_form.set_sampling_params(params)
 
     def load(self) -> None:
-        """Load the chosen model with the chosen device, precision and settings."""
+        """Load the chosen model with the chosen device, precision and settings.
+
+        The weights' dtype follows the precision (``engine.api.LEVEL_DTYPES``; "auto" leaves both to the engine).
+        """
         self._error_label.hide()
         self._progress.setValue(0)
         self._stage_label.setText("Starting…")
@@ -414,8 +295,9 @@ class ModelPane(QWidget):
             self._bridge.connect_remote(self._remote_url_edit.text(), self._remote_key_edit.text(),
                                         self._remote_model_combo.currentText().strip())
             return
+        level = self.quantization()
         self._bridge.load_model(self.model_spec(), self._device_combo.currentData(),
-                                self._dtype_combo.currentData(), self.load_settings())
+                                LEVEL_DTYPES.get(level, "auto"), self.load_settings())
 
     # -- widget events ----------------------------------------------------------------------------
 
@@ -448,7 +330,7 @@ class ModelPane(QWidget):
         remote = self.is_remote()
         self._local_box.setVisible(not remote)
         self._remote_box.setVisible(remote)
-        if not remote and self._advice is None:
+        if not remote and self._quantization_view.advice is None:
             self._recommend_timer.start()
         self._set_state(loaded=self._bridge.model_info is not None, loading=self._bridge.is_loading)
 
@@ -459,44 +341,21 @@ class ModelPane(QWidget):
                 self._remote_model_combo.currentText() != info.model_name:
             self.load()
 
-    @Slot(bool)
-    def _on_serve_toggled(self, checked: bool) -> None:
-        info = self._bridge.model_info
-        if not checked:
-            self._bridge.stop_server()
-        elif info is not None and info.device != REMOTE_DEVICE:
-            self._serve_status_label.setText("Starting…")
-            self._bridge.start_server(self._serve_port_spin.value(), self._serve_key_edit.text())
-        else:
-            self._serve_status_label.setText("Starts when a model is loaded on this computer.")
-
     @Slot(object)
     def _on_recommendation_ready(self, advice: QuantizationAdvice) -> None:
         if advice.spec != self.model_spec() or advice.device != self._device_combo.currentData():
             return  # an answer for a model or device no longer chosen
-        self._advice = advice
+        self._quantization_view.show_advice(advice)
         rec = advice.recommendation
-        if rec is None:
-            self._recommendation_label.setText(
-                f"<span style='color: #757575'>No recommendation: {html.escape(advice.error)}</span>")
-            self._update_quantization_warning()
-            return
-        self._recommendation_label.setText(describe_recommendation(rec))
-        index = self._quantization_combo.findData(rec.quantization)
-        if index >= 0:
-            self._quantization_combo.setCurrentIndex(index)
-        self._update_quantization_warning()
+        if rec is not None:
+            index = self._quantization_combo.findData(rec.quantization)
+            if index >= 0:
+                self._quantization_combo.setCurrentIndex(index)
+        self._quantization_view.update_warning(self.quantization())
 
     @Slot(int)
     def _on_quantization_changed(self, _index: int) -> None:
-        self._update_quantization_warning()
-
-    def _update_quantization_warning(self) -> None:
-        advice = self._advice
-        rec = advice.estimates.get(self.quantization()) if advice is not None else None
-        warning = fit_warning(rec) if rec is not None else ""
-        self._quantization_warning.setText(warning)
-        self._quantization_warning.setVisible(bool(warning))
+        self._quantization_view.update_warning(self.quantization())
 
     @Slot(object)
     def _on_remote_models_listed(self, models: list[str]) -> None:
@@ -505,19 +364,6 @@ class ModelPane(QWidget):
         self._remote_model_combo.addItems(models)
         if current in models:
             self._remote_model_combo.setCurrentText(current)
-
-    @Slot(object)
-    def _on_server_state_changed(self, state: ServerState) -> None:
-        if state.is_running:
-            key = " with the API key" if self._serve_key_edit.text() else ""
-            self._serve_status_label.setText(f"Serving at <b>{html.escape(state.url)}</b>{key}; "
-                                             "chats here and API clients share the model.")
-        else:
-            self._serve_status_label.setText(state.message or "Off.")
-
-    @Slot()
-    def _on_generation_changed(self) -> None:
-        self.sampling_params_changed.emit(self.sampling_params())
 
     # -- engine events ----------------------------------------------------------------------------
 
@@ -539,17 +385,16 @@ class ModelPane(QWidget):
                                      f"<b>{html.escape(info.spec)}</b>")
             return
         self._stage_label.setText(f"Loaded in {info.load_s:.1f} s")
-        if self._serve_check.isChecked():
-            self._bridge.start_server(self._serve_port_spin.value(), self._serve_key_edit.text())
+        self._server_box.start_if_on()
         details = [f"<b>{html.escape(info.model_name)}</b>",
                    f"runs on <b>{html.escape(info.device)}</b> in {html.escape(info.dtype)}"]
         if info.quantization:
-            details.append(f"quantization <b>{html.escape(level_name(info.quantization))}</b>")
+            details.append(f"precision <b>{html.escape(level_name(info.quantization))}</b>")
         if info.weights_bytes:
             details.append(f"{format_bytes(info.weights_bytes)} of weights")
         text = " · ".join(details)
         if info.device_reason:
-            text += f"<br><span style='color: #757575'>{html.escape(info.device_reason)}</span>"
+            text += f"<br><span style='color: #8a8a8a'>{html.escape(info.device_reason)}</span>"
         self._info_label.setText(text)
 
     @Slot(str)
@@ -571,7 +416,7 @@ class ModelPane(QWidget):
 
     @Slot(object)
     def _on_hardware_detected(self, info: Any) -> None:
-        self._hardware_label.setText(describe_hardware(info))
+        self._hardware_box.show_hardware(info)
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -589,24 +434,3 @@ class ModelPane(QWidget):
         if self._path_edit.text().strip() and current.exists():
             return str(current if current.is_dir() else current.parent)
         return str(Path.home())
-
-
-def describe_hardware(info: Any) -> str:
-    """Rich text for a ``hardware.detect()`` result, in plain words."""
-    if info is None:
-        return "Hardware could not be detected; the engine picks the device when it loads."
-    features = [name for name, present in (("AVX2", info.avx2), ("AVX-512", info.avx512),
-                                            ("AVX-512 BF16", info.avx512_bf16), ("AMX", info.amx)) if present]
-    lines = [f"<b>CPU</b>: {html.escape(str(info.cpu_model))}, {info.physical_cores} cores"
-             + (f" ({', '.join(features)})" if features else ""),
-             (f"<b>Memory</b>: {format_bytes(info.ram_available_bytes)} free of "
-              f"{format_bytes(info.ram_total_bytes)}")]
-    if info.gpus:
-        for gpu in info.gpus:
-            lines.append(f"<b>GPU {gpu.index}</b>: {html.escape(str(gpu.name))}, "
-                         f"{format_bytes(gpu.free_bytes)} free of {format_bytes(gpu.total_bytes)}")
-    else:
-        lines.append("<b>GPU</b>: none usable")
-    if info.gpu_reason:
-        lines.append(f"<span style='color: #757575'>{html.escape(str(info.gpu_reason))}</span>")
-    return "<br>".join(lines)

@@ -5,21 +5,27 @@ CPU and GPU figures with the loaded model's metrics about once a second, and the
 engine metrics alone. :meth:`MonitorPane._on_metrics_updated` merges them into the latest values; a
 one-second timer turns those into one row of a ten-minute history, which feeds the graphs (pyqtgraph)
 and "Export CSV". While the pane is hidden the history keeps growing but nothing is redrawn.
+
+The readings stay true when nothing happens: throughput drops to 0 once no token has arrived for
+:data:`THROUGHPUT_IDLE_S`, latencies read "–" until a request has one, and without a GPU the GPU graph
+and the VRAM figure are hidden. The graphs sit in two columns when the pane is wide, else in one.
+
+The plot widget is :class:`app.monitor.graph.Graph`; the series and numbers it draws from a row are in
+:mod:`app.monitor.readings`.
 """
 
 from __future__ import annotations
 
 import csv
-import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, QTimer, Slot
-from PySide6.QtGui import QColor, QShowEvent
+from PySide6.QtCore import QSize, Qt, QTimer, Slot
+from PySide6.QtGui import QPalette, QResizeEvent, QShowEvent
 from PySide6.QtWidgets import (
     QFileDialog,
     QFormLayout,
@@ -30,227 +36,28 @@ from PySide6.QtWidgets import (
     QLabel,
     QPushButton,
     QScrollArea,
-    QSizePolicy,
-    QStackedLayout,
     QVBoxLayout,
     QWidget,
 )
 
 from app import log
 from app.formatting import format_bytes, format_percent, format_rate, format_seconds
+from app.monitor.graph import Graph, steady_label
+from app.monitor.readings import ENGINE_PREFIXES, STAT_ROWS, STAT_TOOLTIPS, gpu_sum, known_latency
 
 SAMPLE_INTERVAL_MS = 1000
-GRAPH_HEIGHT = 230
 #: Rows of history: ten minutes at one a second.
 HISTORY_ROWS = 600
-#: Engine keys dropped from the latest values when the model is unloaded.
-_ENGINE_PREFIXES = ("num_", "kv_", "prefix_", "throughput", "requests_", "ttft_", "itl_", "e2e_", "batch_",
-                    "mean_batch")
-
-#: (label, metrics keys, formatter) rows of the "Engine" box.
-_STAT_ROWS: tuple[tuple[str, tuple[str, ...], Callable[[float], str]], ...] = (
-    ("Running / waiting", ("num_running", "num_waiting"), lambda v: f"{v:.0f}"),
-    ("Batch efficiency", ("batch_efficiency",), format_percent),
-    ("Mean batch size", ("mean_batch_size",), lambda v: f"{v:.1f}"),
-    ("Preemptions", ("num_preemptions",), lambda v: f"{v:.0f}"),
-    ("KV blocks used / cached / total", ("kv_blocks_used", "kv_blocks_cached", "kv_blocks_total"),
-     lambda v: f"{v:.0f}"),
-    ("Prefix cache hits", ("prefix_cache_hit_rate",), format_percent),
-    ("Time to first token (p50 / p90 / p99)", ("ttft_p50", "ttft_p90", "ttft_p99"), format_seconds),
-    ("Time between tokens (p50 / p99)", ("itl_p50", "itl_p99"), format_seconds),
-    ("Whole reply (p50 / p99)", ("e2e_p50", "e2e_p99"), format_seconds),
-    ("Requests per second", ("requests_per_s",), lambda v: f"{v:.2f}"),
-    ("CPU (all cores)", ("cpu_percent",), lambda v: f"{v:.0f} %"),
-)
-
-_COLOURS = {"red": "#e4572e", "blue": "#4c6ef5", "green": "#2f9e44", "orange": "#f08c00",
-            "purple": "#862e9c", "teal": "#1098ad", "grey": "#adb5bd", "pink": "#d6336c"}
-
-def _steady_label(min_width: int = 0) -> QLabel:
-    """A label whose changing text never changes the layout: a new width would resize (and fully repaint)
-    every graph once a second."""
-    label = QLabel("–")
-    label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-    label.setMinimumWidth(min_width)
-    return label
-
-
 #: Milliseconds between the graphs' repaints in a periodic redraw.
 STAGGER_MS = 60
-
-
-def _gpu_sum(row: dict[str, Any], name: str) -> float | None:
-    """Sum of ``gpu{i}_{name}`` over the GPUs in ``row``; None without GPUs."""
-    count = int(row.get("gpu_count") or 0)
-    values = [row[f"gpu{i}_{name}"] for i in range(count) if f"gpu{i}_{name}" in row]
-    return float(sum(values)) if values else None
-
-
-def _kv_percent(row: dict[str, Any], *keys: str) -> float | None:
-    total = row.get("kv_blocks_total")
-    if not total or any(row.get(k) is None for k in keys):
-        return None
-    return 100.0 * sum(float(row[k]) for k in keys) / float(total)
-
-
-#: Derived series: name -> function of one history row (None where it has no value).
-_DERIVED: dict[str, Callable[[dict[str, Any]], float | None]] = {
-    "gpu_memory_used_bytes": lambda r: _gpu_sum(r, "memory_used_bytes"),
-    "gpu_memory_total_bytes": lambda r: _gpu_sum(r, "memory_total_bytes"),
-    "kv_used_pct": lambda r: _kv_percent(r, "kv_blocks_used"),
-    "kv_used_cached_pct": lambda r: _kv_percent(r, "kv_blocks_used", "kv_blocks_cached"),
-    "kv_all_pct": lambda r: 100.0 if r.get("kv_blocks_total") else None,
-    "prefix_hit_pct": lambda r: None if r.get("prefix_cache_hit_rate") is None
-    else 100.0 * float(r["prefix_cache_hit_rate"]),
-}
-
-
-def series_values(rows: Iterable[dict[str, Any]], name: str) -> np.ndarray:
-    """One value per row for a raw key or a ``_DERIVED`` name; NaN where a row has none."""
-    derive = _DERIVED.get(name)
-    values = [derive(r) if derive is not None else r.get(name) for r in rows]
-    return np.array([math.nan if v is None else float(v) for v in values], dtype=float)
-
-
-class Graph(QFrame):
-    """A titled pyqtgraph plot of a few series over time, with a current-value line.
-
-    Args:
-        title: what is shown, e.g. "CPU memory".
-        left_label: the left axis' label and unit, e.g. ("memory", "B").
-    """
-
-    def __init__(self, title: str, left_label: tuple[str, str], parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setFrameShape(QFrame.Shape.StyledPanel)
-        self._title = QLabel(f"<b>{title}</b>")
-        self.value_label = _steady_label()
-        self.value_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-        self.value_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        header = QHBoxLayout()
-        header.addWidget(self._title)
-        header.addStretch(1)
-        header.addWidget(self.value_label)
-
-        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
-        self.setFixedHeight(GRAPH_HEIGHT)
-        self.plot = pg.PlotWidget(axisItems={"bottom": pg.DateAxisItem(orientation="bottom")})
-        self.plot.setMouseEnabled(x=False, y=False)
-        self.plot.setMenuEnabled(False)
-        self.plot.hideButtons()
-        self.plot.showGrid(x=True, y=True, alpha=0.15)
-        self.plot.setLabel("left", left_label[0], units=left_label[1])
-        self.plot.addLegend(offset=(6, 4), labelTextSize="8pt", brush=pg.mkBrush(255, 255, 255, 170))
-        self.plot.getPlotItem().vb.setLimits(yMin=0)
-        self._placeholder = QLabel("Waiting for data…")
-        self._placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self._stack = QStackedLayout()
-        self._stack.addWidget(self.plot)
-        self._stack.addWidget(self._placeholder)
-
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(6, 4, 6, 6)
-        layout.addLayout(header)
-        layout.addLayout(self._stack)
-        self._curves: dict[str, pg.PlotDataItem] = {}
-        self._right: pg.ViewBox | None = None
-        self._right_fixed = False
-        #: The series :attr:`samples` reports; the first one added unless set.
-        self.primary: str | None = None
-
-    # -- building ---------------------------------------------------------------------------------
-
-    def add_curve(self, name: str, label: str, colour: str, *, fill: int = 0, right: bool = False,
-                  dashed: bool = False, scales: bool = True) -> None:
-        """Add a series drawn from history key (or ``_DERIVED`` name) ``name``.
-
-        Args:
-            fill: alpha (0-255) of the area under the curve; 0 draws the line only.
-            right: draw it against the right-hand axis.
-            scales: whether the axis' automatic range includes it.
-        """
-        pen = pg.mkPen(colour, width=1.6, style=Qt.PenStyle.DashLine if dashed else Qt.PenStyle.SolidLine)
-        brush = None
-        if fill:
-            brush = QColor(colour)
-            brush.setAlpha(fill)
-        curve = pg.PlotDataItem(pen=pen, name=label, connect="finite", clipToView=True, autoDownsample=True,
-                                fillLevel=0.0 if fill else None, brush=brush)
-        curve.setZValue(len(self._curves))  # later curves in front
-        if right:
-            self._right_view().addItem(curve, ignoreBounds=not scales)
-            self.plot.getPlotItem().legend.addItem(curve, label)
-        else:
-            self.plot.addItem(curve, ignoreBounds=not scales)
-        self._curves[name] = curve
-        self.primary = self.primary or name
-
-    def set_right_label(self, text: str, units: str | None = None) -> None:
-        self._right_view()
-        self.plot.setLabel("right", text, units=units)
-
-    def set_right_range(self, low: float, high: float) -> None:
-        """Fix the right-hand axis' range (it scales to its curves otherwise)."""
-        self._right_fixed = True
-        self._right_view().setYRange(low, high, padding=0.02)
-
-    def _right_view(self) -> pg.ViewBox:
-        """A second y axis on the right, sharing the x axis (pyqtgraph's MultiplePlotAxes example)."""
-        if self._right is None:
-            item = self.plot.getPlotItem()
-            self._right = pg.ViewBox()
-            self._right.setMouseEnabled(x=False, y=False)
-            self._right.setMenuEnabled(False)
-            self._right.setLimits(yMin=0)
-            item.showAxis("right")
-            item.scene().addItem(self._right)
-            item.getAxis("right").linkToView(self._right)
-            self._right.setXLink(item)
-            item.vb.sigResized.connect(self._on_resized)
-        return self._right
-
-    @Slot()
-    def _on_resized(self) -> None:
-        if self._right is not None:
-            main = self.plot.getPlotItem().vb
-            self._right.setGeometry(main.sceneBoundingRect())
-            self._right.linkedViewChanged(main, self._right.XAxis)
-
-    # -- data -------------------------------------------------------------------------------------
-
-    def set_placeholder(self, text: str | None) -> None:
-        """Show ``text`` instead of the plot (e.g. "No GPU"); None shows the plot."""
-        if text is None:
-            self._stack.setCurrentWidget(self.plot)
-        else:
-            self._placeholder.setText(text)
-            self._stack.setCurrentWidget(self._placeholder)
-
-    @property
-    def placeholder_text(self) -> str | None:
-        return self._placeholder.text() if self._stack.currentWidget() is self._placeholder else None
-
-    def update_from(self, times: np.ndarray, rows: list[dict[str, Any]]) -> None:
-        for name, curve in self._curves.items():
-            curve.setData(times, series_values(rows, name))
-        if self._right is not None:
-            if not self._right_fixed:
-                self._right.enableAutoRange(axis=pg.ViewBox.YAxis)
-            self._on_resized()
-
-    def clear(self) -> None:
-        for curve in self._curves.values():
-            curve.setData([], [])
-
-    def curve_data(self, name: str) -> list[float]:
-        """The values of one series as drawn (NaN where missing)."""
-        y = self._curves[name].yData
-        return [] if y is None else [float(v) for v in y]
-
-    @property
-    def samples(self) -> list[float]:
-        """The finite values of the :attr:`primary` series, as drawn."""
-        return [] if self.primary is None else [v for v in self.curve_data(self.primary) if not math.isnan(v)]
+#: Seconds without a new token after which the throughput reads 0 (the engine's figure is a sliding window).
+THROUGHPUT_IDLE_S = 3.0
+#: The pane's width from which the graphs sit in two columns.
+TWO_COLUMN_WIDTH = 760
+#: Columns of the headline figures.
+HEADLINE_COLUMNS = 3
+_COLOURS = {"red": "#e4572e", "blue": "#4c6ef5", "green": "#2f9e44", "orange": "#f08c00",
+            "purple": "#862e9c", "teal": "#1098ad", "grey": "#adb5bd", "pink": "#d6336c"}
 
 
 class MonitorPane(QWidget):
@@ -276,6 +83,12 @@ class MonitorPane(QWidget):
         self._gpu_names: list[str] = []
         self._needs_redraw = False
         self.num_redraws = 0
+        #: The time source for the idle check (tests replace it).
+        self.clock: Callable[[], float] = time.monotonic
+        self._last_token_time: float | None = None
+        self._tokens_total: float | None = None
+        self._has_gpu: bool | None = None
+        self._num_columns = 0
         self._build()
         self._timer = QTimer(self)
         self._timer.setObjectName("monitor-sample-timer")
@@ -286,16 +99,16 @@ class MonitorPane(QWidget):
     # -- building ---------------------------------------------------------------------------------
 
     def _build(self) -> None:
-        pg.setConfigOptions(antialias=False, background=self.palette().color(self.backgroundRole()),
-                            foreground=self.palette().color(self.foregroundRole()))
+        pg.setConfigOptions(antialias=False, background=self.palette().color(QPalette.ColorRole.Base),
+                            foreground=self.palette().color(QPalette.ColorRole.WindowText))
 
-        self.gpu_graph = Graph("GPU memory", ("memory", "B"))
+        self.gpu_graph = Graph("GPU memory", ("memory", "GiB"))
         self.gpu_graph.add_curve("gpu_memory_total_bytes", "total", _COLOURS["grey"], dashed=True)
         self.gpu_graph.add_curve("gpu_memory_used_bytes", "used", _COLOURS["purple"], fill=90)
         self.gpu_graph.add_curve("torch_cuda_reserved_bytes", "model (reserved)", _COLOURS["orange"], fill=110)
         self.gpu_graph.set_placeholder("Waiting for the first sample…")
 
-        self.ram_graph = Graph("CPU memory", ("memory", "B"))
+        self.ram_graph = Graph("CPU memory", ("memory", "GiB"))
         self.ram_graph.add_curve("process_rss_bytes", "Hearth (RSS)", _COLOURS["red"], fill=110)
         self.ram_graph.add_curve("ram_used_bytes", "system used", _COLOURS["blue"])
         self.ram_graph.add_curve("ram_total_bytes", "system total", _COLOURS["grey"], dashed=True)
@@ -330,18 +143,22 @@ class MonitorPane(QWidget):
             graph.set_placeholder("No model loaded")
         self.graphs = (self.gpu_graph, self.ram_graph, self.kv_graph, self.throughput_graph, self.latency_graph)
 
-        grid = QGridLayout()
-        grid.setSpacing(8)
-        for i, graph in enumerate(self.graphs):
-            grid.addWidget(graph, i // 2, i % 2)
+        self._grid = QGridLayout()
+        self._grid.setSpacing(8)
+        self._place_graphs(1)
 
         self._stat_labels: dict[str, QLabel] = {}
         stats = QGroupBox("Engine")
         form = QFormLayout(stats)
-        for title, _, _ in _STAT_ROWS:
-            label = _steady_label()
+        for title, _, _ in STAT_ROWS:
+            label = steady_label()
             self._stat_labels[title] = label
-            form.addRow(title, label)
+            caption = QLabel(title)
+            if title in STAT_TOOLTIPS:
+                caption.setToolTip(STAT_TOOLTIPS[title])
+                caption.setCursor(Qt.CursorShape.WhatsThisCursor)  # says that hovering explains it
+                label.setToolTip(STAT_TOOLTIPS[title])
+            form.addRow(caption, label)
         self._gpu_detail = QLabel("–")
         self._gpu_detail.setObjectName("gpuDetailLabel")
         self._gpu_detail.setWordWrap(True)
@@ -350,10 +167,10 @@ class MonitorPane(QWidget):
         content = QWidget()
         layout = QVBoxLayout(content)
         layout.setContentsMargins(8, 8, 8, 8)
-        layout.addLayout(grid)
+        layout.addLayout(self._grid)
         layout.addWidget(stats)
         layout.addStretch(1)
-        scroll = QScrollArea()
+        scroll = self._scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
         scroll.setWidget(content)
@@ -363,34 +180,77 @@ class MonitorPane(QWidget):
         outer.addLayout(self._build_headline())
         outer.addWidget(scroll, 1)
 
-    def _build_headline(self) -> QHBoxLayout:
+    def _build_headline(self) -> QVBoxLayout:
+        """The headline figures in a grid of :data:`HEADLINE_COLUMNS`, and the Export button under them."""
         self.headline: dict[str, QLabel] = {}
-        row = QHBoxLayout()
-        row.setContentsMargins(8, 6, 8, 2)
-        for key, caption in (("tok_s", "Throughput"), ("kv", "KV cache"), ("ram", "RAM"), ("vram", "VRAM"),
-                             ("device", "Device"), ("quantization", "Quantization")):
-            value = _steady_label(min_width=110)
+        self._headline_boxes: dict[str, QWidget] = {}
+        grid = QGridLayout()
+        grid.setHorizontalSpacing(12)
+        grid.setVerticalSpacing(4)
+        for i, (key, caption) in enumerate((("tok_s", "Throughput"), ("kv", "KV cache"), ("ram", "RAM"),
+                                            ("device", "Device"), ("quantization", "Precision"),
+                                            ("vram", "VRAM"))):  # last: hidden without a GPU
+            value = steady_label(min_width=90)
             value.setObjectName(f"headline_{key}")
             font = value.font()
-            font.setPointSizeF(font.pointSizeF() * 1.35)
+            font.setPointSizeF(font.pointSizeF() * 1.25)
             font.setBold(True)
             value.setFont(font)
             cap = QLabel(caption)
-            cap.setStyleSheet("color: palette(placeholder-text);")
-            box = QVBoxLayout()
-            box.setSpacing(0)
-            box.addWidget(cap)
-            box.addWidget(value)
-            row.addLayout(box)
-            row.addSpacing(10)
+            cap.setForegroundRole(QPalette.ColorRole.PlaceholderText)  # follows a theme change
+            box = QWidget()
+            box_layout = QVBoxLayout(box)
+            box_layout.setContentsMargins(0, 0, 0, 0)
+            box_layout.setSpacing(0)
+            box_layout.addWidget(cap)
+            box_layout.addWidget(value)
+            grid.addWidget(box, i // HEADLINE_COLUMNS, i % HEADLINE_COLUMNS)
             self.headline[key] = value
-        row.addStretch(1)
+            self._headline_boxes[key] = box
         self.export_button = QPushButton("Export CSV…")
         self.export_button.setObjectName("exportCsvButton")
         self.export_button.setToolTip("Save the last ten minutes of samples as a CSV file")
         self.export_button.clicked.connect(self._on_export_clicked)
-        row.addWidget(self.export_button, 0, Qt.AlignmentFlag.AlignVCenter)
-        return row
+        buttons = QHBoxLayout()
+        buttons.addStretch(1)
+        buttons.addWidget(self.export_button)
+        column = QVBoxLayout()
+        column.setContentsMargins(8, 6, 8, 2)
+        column.addLayout(grid)
+        column.addLayout(buttons)
+        return column
+
+    def _place_graphs(self, num_columns: int) -> None:
+        """Lay the shown graphs out in ``num_columns`` columns (the GPU graph is left out without a GPU)."""
+        self._num_columns = num_columns
+        for graph in self.graphs:
+            self._grid.removeWidget(graph)
+        shown = [g for g in self.graphs if not (g is self.gpu_graph and self._has_gpu is False)]
+        for i, graph in enumerate(shown):
+            self._grid.addWidget(graph, i // num_columns, i % num_columns)
+        for column in range(2):
+            self._grid.setColumnStretch(column, 1 if column < num_columns else 0)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        columns = 2 if event.size().width() >= TWO_COLUMN_WIDTH else 1
+        if columns != self._num_columns:
+            self._place_graphs(columns)
+
+    def _show_gpu(self, has_gpu: bool) -> None:
+        """Show the GPU graph and VRAM figure only where there is a GPU."""
+        if has_gpu == self._has_gpu:
+            return
+        self._has_gpu = has_gpu
+        self.gpu_graph.setVisible(has_gpu)
+        self._headline_boxes["vram"].setVisible(has_gpu)
+        self._place_graphs(self._num_columns)
+
+    def minimumSizeHint(self) -> QSize:
+        """As narrow as the content allows without scrolling sideways (the scroll area alone would allow less)."""
+        hint = super().minimumSizeHint()
+        content = self._scroll.widget().minimumSizeHint().width() + self._scroll.verticalScrollBar().sizeHint().width()
+        return QSize(max(hint.width(), content), hint.height())
 
     # -- data -------------------------------------------------------------------------------------
 
@@ -426,6 +286,7 @@ class MonitorPane(QWidget):
         """
         self._needs_redraw = False
         self.num_redraws += 1
+        self._decay_idle_throughput()  # a snapshot may have brought the stale figure back since the last row
         rows = list(self._history)
         latest = self._latest
         times = np.array([r["time"] for r in rows], dtype=float)
@@ -435,9 +296,8 @@ class MonitorPane(QWidget):
         gpu_count = latest.get("gpu_count")
         if gpu_count is None:
             self.gpu_graph.set_placeholder("Waiting for the first sample…")
-        elif gpu_count == 0:
-            self.gpu_graph.set_placeholder("No GPU")
         else:
+            self._show_gpu(gpu_count > 0)
             self.gpu_graph.set_placeholder(None)
         self._update_numbers(latest)
         if not staggered:
@@ -449,16 +309,13 @@ class MonitorPane(QWidget):
 
     def _update_numbers(self, m: dict[str, Any]) -> None:
         def get(key: str) -> float | None:
-            value = m.get(key)
-            return None if value is None else float(value)
+            return known_latency(key, m.get(key))
 
         self.headline["tok_s"].setText(format_rate(get("throughput_tok_s")))
         self.headline["kv"].setText(format_percent(get("kv_cache_usage")))
         self.headline["ram"].setText(format_bytes(get("process_rss_bytes")))
-        gpu_used, gpu_total = _gpu_sum(m, "memory_used_bytes"), _gpu_sum(m, "memory_total_bytes")
-        if m.get("gpu_count") == 0:
-            self.headline["vram"].setText("no GPU")
-        elif gpu_used is not None:
+        gpu_used, gpu_total = gpu_sum(m, "memory_used_bytes"), gpu_sum(m, "memory_total_bytes")
+        if gpu_used is not None:
             self.headline["vram"].setText(f"{format_bytes(gpu_used)} / {format_bytes(gpu_total)}")
         else:
             self.headline["vram"].setText("–")
@@ -482,7 +339,7 @@ class MonitorPane(QWidget):
         self.latency_graph.value_label.setText(
             f"TTFT {format_seconds(get('ttft_p50'))} · ITL {format_seconds(get('itl_p50'))}")
 
-        for title, keys, formatter in _STAT_ROWS:
+        for title, keys, formatter in STAT_ROWS:
             values = [get(key) for key in keys]
             self._stat_labels[title].setText(" / ".join("–" if v is None else formatter(v) for v in values))
         self._gpu_detail.setText(self._gpu_text(m))
@@ -490,7 +347,7 @@ class MonitorPane(QWidget):
     def _gpu_text(self, m: dict[str, Any]) -> str:
         count = int(m.get("gpu_count") or 0)
         if not count:
-            return "No GPU" if "gpu_count" in m else "–"
+            return "None found" if "gpu_count" in m else "–"
         parts = []
         for i in range(count):
             name = self._gpu_names[i] if i < len(self._gpu_names) else f"GPU {i}"
@@ -511,6 +368,7 @@ class MonitorPane(QWidget):
     def _on_sample_timeout(self) -> None:
         if not self._latest:
             return
+        self._decay_idle_throughput()
         self._history.append(dict(self._latest, time=time.time()))
         if self.isVisible():
             self.redraw(staggered=self.stagger_ms > 0)
@@ -520,6 +378,20 @@ class MonitorPane(QWidget):
     @Slot(object)
     def _on_metrics_updated(self, snapshot: dict[str, Any]) -> None:
         self._latest.update(snapshot)
+        total = snapshot.get("num_generated_tokens_total")
+        if total is not None:
+            if total != self._tokens_total:
+                self._tokens_total = total
+                self._last_token_time = self.clock()
+        elif snapshot.get("num_running"):  # a backend without a token count: busy means tokens arrive
+            self._last_token_time = self.clock()
+
+    def _decay_idle_throughput(self) -> None:
+        """Read 0 tok/s once no token has arrived for :data:`THROUGHPUT_IDLE_S`, not the last busy figure."""
+        if not self._latest.get("throughput_tok_s"):
+            return
+        if self._last_token_time is None or self.clock() - self._last_token_time > THROUGHPUT_IDLE_S:
+            self._latest["throughput_tok_s"] = 0.0
 
     @Slot(object)
     def _on_model_loaded(self, info: Any) -> None:
@@ -531,7 +403,8 @@ class MonitorPane(QWidget):
     @Slot()
     def _on_model_unloaded(self) -> None:
         self._model = {}
-        for key in [k for k in self._latest if k.startswith(_ENGINE_PREFIXES)]:
+        self._tokens_total = self._last_token_time = None
+        for key in [k for k in self._latest if k.startswith(ENGINE_PREFIXES)]:
             del self._latest[key]
         if self.isVisible():
             self.redraw()

@@ -1,4 +1,4 @@
-"""Hearth's main window: three rearrangeable panes around the engine bridge, menus and shortcuts."""
+"""Hearth's main window: the chat in the middle, the model and monitor panes beside it, menus and shortcuts."""
 
 from __future__ import annotations
 
@@ -11,38 +11,34 @@ from pathlib import Path
 from typing import Any
 
 import platformdirs
-from PySide6.QtCore import QByteArray, Qt, Slot
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
-from PySide6.QtWidgets import (
-    QDockWidget,
-    QDoubleSpinBox,
-    QFileDialog,
-    QLabel,
-    QLineEdit,
-    QMainWindow,
-    QMenu,
-    QMessageBox,
-    QSpinBox,
-    QWidget,
-)
+from PySide6.QtCore import QByteArray, Qt, QTimer, Slot
+from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence, QShowEvent
+from PySide6.QtWidgets import QDockWidget, QFileDialog, QLabel, QMainWindow, QMenu, QMessageBox, QWidget
 
 from app import log
-from app.bridge.engine_bridge import EngineBridge, ModelInfo
+from app.bridge.engine_bridge import EngineBridge
+from app.bridge.types import ModelInfo
 from app.chat.chat_pane import ChatPane
+from app.chat.reply_controller import ReplyController
 from app.data import export
 from app.data.conversations import ConversationStore
-from app.data.settings import Settings, apply_theme
+from app.data.settings import Settings
 from app.data.storage import Storage
 from app.icon import app_icon
 from app.model.model_pane import ModelPane
 from app.monitor.monitor_pane import MonitorPane
 from app.window.settings_dialog import SettingsDialog
+from app.window.theme import apply_theme
 
 DATA_DIR_ENV = "HEARTH_DATA_DIR"
+#: ``saveState`` version of the pane layout; a layout saved under another version is not restored.
+LAYOUT_VERSION = 2
+#: The window's size on first start, shrunk to fit a smaller screen.
+DEFAULT_SIZE = (1280, 820)
+#: Width of the side panel (model and monitor tabs) in the default layout.
+SIDE_PANEL_WIDTH = 430
 #: The conversation database, in the data dir.
 DATABASE_FILE = "hearth.db"
-#: The Model pane's Generation spin boxes (by object name), which hold the sampling defaults.
-_GENERATION_SPINS = {"temperature": "temperatureSpin", "top_p": "topPSpin", "max_tokens": "maxTokensSpin"}
 
 
 def default_data_dir() -> Path:
@@ -53,11 +49,28 @@ def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("Hearth", appauthor=False))
 
 
-class MainWindow(QMainWindow):
-    """The window: chat, model and monitor panes as dock widgets the user can move, tab or hide.
+def import_error_text(exc: Exception) -> str:
+    """Why a conversation file could not be imported, in sentences rather than parser output."""
+    if isinstance(exc, json.JSONDecodeError):
+        return (f"The file is not valid JSON: {exc.msg.lower()} on line {exc.lineno}, column {exc.colno}. "
+                "It may be damaged or cut short, or not be a conversation exported by Hearth.")
+    if isinstance(exc, UnicodeDecodeError):
+        return "The file is not text (UTF-8), so it cannot be a conversation exported by Hearth."
+    if isinstance(exc, OSError):
+        return f"The file could not be read: {(exc.strerror or str(exc)).lower()}."
+    detail = str(exc).rstrip(".")
+    return (f"The file is JSON, but not a conversation Hearth can read: {detail}. "
+            "Hearth imports the JSON files it exports (File → Export as JSON).")
 
-    The docks are named ``chatPane``, ``modelPane`` and ``monitorPane``. Every connection from the
-    bridge's signals to the panes is made in :meth:`_connect_engine`. Conversations live in
+
+class MainWindow(QMainWindow):
+    """The window: the chat as the central widget, the model and monitor panes as tabbed docks beside it.
+
+    The chat cannot be closed, so no layout leaves the window blank; the docks (``modelPane`` and
+    ``monitorPane``) can be moved, floated or closed, and View → Reset layout brings them back as tabs
+    on the right. Every connection from the
+    bridge's signals to the panes (and to the chat's :class:`ReplyController`) is made in
+    :meth:`_connect_engine`; the panes talk to each other only through the window. Conversations live in
     ``hearth.db`` and preferences in ``settings.ini``, both in the data dir; window geometry and the
     pane layout are restored from the settings. Closing the window saves them, shuts the bridge
     down (stops the engine loop and frees the model) and closes the database.
@@ -75,18 +88,20 @@ class MainWindow(QMainWindow):
         self.setDockNestingEnabled(True)
         self.setDockOptions(QMainWindow.DockOption.AnimatedDocks | QMainWindow.DockOption.AllowNestedDocks
                             | QMainWindow.DockOption.AllowTabbedDocks)
-        self.resize(1280, 820)
+        self._resize_to_screen()
 
         self._is_closed = False
         self.settings = Settings(self.data_dir)
+        apply_theme(self.settings.theme)  # before the panes draw anything in the palette
         self.storage = self._open_storage()
         self.store = ConversationStore(self.storage)
         self.store.purge_deleted()  # the trash only lives as long as the "Undo" offer
-        self.chat_pane = ChatPane(self.bridge, self.store)
+        self.replies = ReplyController(self.bridge, self.store, self)
+        self.chat_pane = ChatPane(self.store, self.replies)
         self.chat_pane.default_preset_id = self.settings.default_preset_id
         self.model_pane = ModelPane(self.bridge)
         self.monitor_pane = MonitorPane()
-        self.chat_dock = self._make_dock("Chat", "chatPane", self.chat_pane)
+        self.setCentralWidget(self.chat_pane)
         self.model_dock = self._make_dock("Model", "modelPane", self.model_pane)
         self.monitor_dock = self._make_dock("Monitor", "monitorPane", self.monitor_pane)
         self._place_docks()
@@ -120,27 +135,19 @@ class MainWindow(QMainWindow):
             return Storage(Path(":memory:"))
 
     def _restore_settings(self) -> None:
-        """Apply the stored theme, font, defaults, window geometry and pane layout."""
-        apply_theme(self.settings.theme)
+        """Apply the stored font, defaults, window geometry and pane layout (the theme is applied first)."""
         self.chat_pane.set_font_size(self.settings.font_size)
-        path_edit = self.model_pane.findChild(QLineEdit, "modelPathEdit")
-        if path_edit is not None:
-            path_edit.setText(self.settings.default_model)
-        for name, value in self.settings.generation.items():
-            spin = self.model_pane.findChild((QDoubleSpinBox, QSpinBox)[name == "max_tokens"],
-                                             _GENERATION_SPINS[name])
-            if spin is not None:
-                spin.setValue(value)
+        self.model_pane.set_model_spec(self.settings.default_model)
+        self.model_pane.set_sampling_params(self.settings.generation)
         geometry, state = self.settings.geometry, self.settings.window_state
         if geometry is not None:
             self.restoreGeometry(geometry)
-        if state is not None:
-            self.restoreState(state)
+        self._is_layout_restored = state is not None and self.restoreState(state, LAYOUT_VERSION)
 
     def save_settings(self) -> None:
         """Store the window geometry, pane layout and generation defaults."""
         self.settings.geometry = self.saveGeometry()
-        self.settings.window_state = self.saveState()
+        self.settings.window_state = self.saveState(LAYOUT_VERSION)
         self.settings.generation = self.model_pane.sampling_params()
         self.settings.sync()
 
@@ -155,15 +162,23 @@ class MainWindow(QMainWindow):
                          | QDockWidget.DockWidgetFeature.DockWidgetClosable)
         return dock
 
-    def _place_docks(self) -> None:
-        """Chat on the left; model above monitor on the right."""
-        self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, self.chat_dock)
-        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.model_dock)
-        self.splitDockWidget(self.model_dock, self.monitor_dock, Qt.Orientation.Vertical)
-        self.resizeDocks([self.chat_dock, self.model_dock], [820, 440], Qt.Orientation.Horizontal)
-        self.resizeDocks([self.model_dock, self.monitor_dock], [430, 370], Qt.Orientation.Vertical)
+    def _resize_to_screen(self) -> None:
+        """Start at :data:`DEFAULT_SIZE`, or smaller where the screen is (a 1366×768 laptop)."""
+        width, height = DEFAULT_SIZE
+        screen = QGuiApplication.primaryScreen()
+        if screen is not None:
+            available = screen.availableGeometry()
+            width, height = min(width, available.width()), min(height, available.height() - 40)
+        self.resize(width, height)
 
-    def _add_action(self, menu: QMenu, text: str, name: str, slot: Callable[[], None],
+    def _place_docks(self) -> None:
+        """Model and monitor as tabs of one side panel on the right, the model tab in front."""
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.model_dock)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.monitor_dock)
+        self.tabifyDockWidget(self.model_dock, self.monitor_dock)
+        self.model_dock.raise_()
+
+    def _add_action(self, menu: QMenu, text: str, name: str, slot: Callable[[], object],
                     shortcut: QKeySequence | QKeySequence.StandardKey | str | None = None) -> QAction:
         action = QAction(text, self)
         action.setObjectName(name)
@@ -208,12 +223,10 @@ class MainWindow(QMainWindow):
                          self.chat_pane.open_presets_dialog)
 
         view_menu = self.menuBar().addMenu("&View")
-        for dock in (self.chat_dock, self.model_dock, self.monitor_dock):
+        for dock in (self.model_dock, self.monitor_dock):
             view_menu.addAction(dock.toggleViewAction())
         view_menu.addSeparator()
-        reset = QAction("&Reset layout", self)
-        reset.triggered.connect(self._on_reset_layout_triggered)
-        view_menu.addAction(reset)
+        self._add_action(view_menu, "&Reset layout", "resetLayoutAction", self.reset_layout)
 
         help_menu = self.menuBar().addMenu("&Help")
         about = QAction("&About Hearth", self)
@@ -225,14 +238,14 @@ class MainWindow(QMainWindow):
     def _connect_engine(self) -> None:
         """Every connection from the engine bridge to the panes, in one place."""
         signals = self.bridge.signals
-        signals.token_delta.connect(self.chat_pane._on_token_delta)
-        signals.request_finished.connect(self.chat_pane._on_request_finished)
-        signals.request_failed.connect(self.chat_pane._on_request_failed)
+        signals.token_delta.connect(self.replies._on_token_delta)
+        signals.request_finished.connect(self.replies._on_request_finished)
+        signals.request_failed.connect(self.replies._on_request_failed)
         signals.model_load_progress.connect(self.model_pane._on_model_load_progress)
         signals.model_load_progress.connect(self._on_model_load_progress)
         signals.model_loaded.connect(self.model_pane._on_model_loaded)
         signals.model_loaded.connect(self._on_model_loaded)
-        signals.model_loaded.connect(self.chat_pane.set_model_info)
+        signals.model_loaded.connect(self.replies.set_model_info)
         signals.model_loaded.connect(self.monitor_pane._on_model_loaded)
         signals.model_load_failed.connect(self.model_pane._on_model_load_failed)
         signals.model_load_failed.connect(self._on_model_load_failed)
@@ -243,9 +256,9 @@ class MainWindow(QMainWindow):
         signals.hardware_detected.connect(self.model_pane._on_hardware_detected)
         signals.hardware_detected.connect(self.monitor_pane._on_hardware_detected)
         signals.error.connect(self._on_engine_error)
-        # Pane to pane.
+        # Pane to pane, and the chat's replies to the status bar.
         self.model_pane.sampling_params_changed.connect(self._on_sampling_params_changed)
-        self.chat_pane.streaming_changed.connect(self._on_streaming_changed)
+        self.replies.streaming_changed.connect(self._on_streaming_changed)
         self.chat_pane.notice.connect(self._on_notice)
 
     # -- events -----------------------------------------------------------------------------------
@@ -274,7 +287,7 @@ class MainWindow(QMainWindow):
     def _on_model_unloaded(self) -> None:
         self._model_status.setText("No model loaded")
         self.chat_pane.set_model_ready(False)
-        self.chat_pane.set_model_info(None)
+        self.replies.set_model_info(None)
 
     @Slot(str)
     def _on_notice(self, message: str) -> None:
@@ -296,12 +309,10 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _on_new_chat_triggered(self) -> None:
-        self.chat_dock.show()
         self.chat_pane.new_conversation()
 
     @Slot()
     def _on_search_triggered(self) -> None:
-        self.chat_dock.show()
         self.chat_pane.focus_search()
 
     @Slot()
@@ -373,7 +384,9 @@ class MainWindow(QMainWindow):
             data = json.loads(Path(path_text).read_text(encoding="utf-8"))
             conversation = export.from_json(self.storage, data)
         except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
-            QMessageBox.warning(self, "Import failed", f"Could not import {path_text}:\n{exc}")
+            log.ui.info("import of %s failed: %s", path_text, exc)
+            QMessageBox.warning(self, "Import failed",
+                                f"{Path(path_text).name} could not be imported.\n\n{import_error_text(exc)}")
             return None
         self.chat_pane.refresh()
         self.chat_pane.select_conversation(conversation.id)
@@ -392,12 +405,14 @@ class MainWindow(QMainWindow):
     def _on_import_json_triggered(self) -> None:
         self.import_conversation()
 
-    @Slot()
-    def _on_reset_layout_triggered(self) -> None:
-        for dock in (self.chat_dock, self.model_dock, self.monitor_dock):
+    def reset_layout(self) -> None:
+        """Put the model and monitor panes back as tabs on the right, shown, the model tab in front."""
+        for dock in (self.model_dock, self.monitor_dock):
             dock.setFloating(False)
             dock.show()
         self.restoreState(self._default_state)
+        self.model_dock.raise_()
+        self._size_side_panel()
 
     @Slot()
     def _on_about_triggered(self) -> None:
@@ -405,11 +420,21 @@ class MainWindow(QMainWindow):
                           "<h3>Hearth</h3><p>Chat with language models on your own computer, "
                           "on Hearth's own inference engine.</p>")
 
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        if not self._is_layout_restored:  # dock sizes only take once the window is laid out
+            self._is_layout_restored = True
+            QTimer.singleShot(0, self, self._size_side_panel)
+
+    @Slot()
+    def _size_side_panel(self) -> None:
+        self.resizeDocks([self.model_dock], [SIDE_PANEL_WIDTH], Qt.Orientation.Horizontal)
+
     def closeEvent(self, event: QCloseEvent) -> None:
         if not self._is_closed:
             self._is_closed = True
             self.save_settings()
-            self.chat_pane.shutdown()
+            self.replies.shutdown()
             self.bridge.shutdown()
             self.storage.close()
         super().closeEvent(event)

@@ -13,8 +13,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.data.records import Preset
 from app.data.settings import MAX_FONT_SIZE, MIN_FONT_SIZE, THEMES, Settings
-from app.data.storage import Preset
 
 _THEME_LABELS = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
 

@@ -6,7 +6,7 @@ import gc
 import logging
 import time
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import psutil
 import torch
@@ -20,10 +20,10 @@ from engine.api import (
     SamplingParams,
     check_level,
 )
-from engine.core.llm_engine import LLMEngine, Prompt
+from engine.core.llm_engine import LLMEngine, Prompt, RequestHandle
 from engine.loading.loader import LoadedModel, load_model
 from engine.loading.recommend import recommend
-from engine.model.runner import kv_bytes_per_token, resolve_kv_dtype
+from engine.model.kv_cache import kv_bytes_per_token, resolve_kv_dtype
 from engine.system import hardware
 
 log = logging.getLogger("engine")
@@ -42,7 +42,8 @@ class LLM:
         quantization: "auto", "fp32" (alias "none"), "bf16", "fp16", "int8" or "int4" (see ``engine/quantization.py``).
             "auto" takes ``engine.loading.recommend``'s choice for this machine.
         progress: ``progress(fraction, stage)`` for a progress bar.
-        start_loop: run the engine on its own thread. The app passes False and drives ``engine.step()``.
+        start_loop: run the engine on its own thread. The app passes False and runs the same loop
+            (``engine.core.loop.run_loop``) on a thread of its own.
         **engine_options: fields of :class:`EngineConfig` (``max_batch_size``, ``max_wait_ms``,
             ``kv_cache_bytes``, ...).
     """
@@ -145,26 +146,21 @@ class LLM:
         self, prompts: Prompt | list[str] | list[list[int]], params: SamplingParams | None = None
     ) -> list[RequestOutput]:
         """Run all prompts through the engine concurrently; return outputs in prompt order."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        handles = [self.engine.submit(p, params) for p in prompts]  # type: ignore[union-attr, arg-type]
-        self._drive_until(lambda: all(h.done() for h in handles))
-        return [h.result() for h in handles]
+        is_one = isinstance(prompts, str) or (isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], int))
+        batch = cast(list[Prompt], [prompts] if is_one else prompts)
+        handles = [self.engine.submit(p, params) for p in batch]
+        return self._wait_for(handles)
 
     def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None) -> RequestOutput:
         """Answer a conversation, formatted with the tokenizer's chat template."""
-        handle = self.engine.submit(messages, params)
-        self._drive_until(handle.done)
-        return handle.result()
+        return self._wait_for([self.engine.submit(messages, params)])[0]
 
-    def _drive_until(self, done: Any) -> None:
-        """Wait for the loop thread, or step the engine here when no loop runs."""
-        if self.engine._loop_thread is not None:
-            while not done():
-                time.sleep(0.002)
-            return
-        while not done():
-            self.engine.step()
+    def _wait_for(self, handles: list[RequestHandle]) -> list[RequestOutput]:
+        """The handles' outputs: waited for while a loop steps the engine, else stepped for here."""
+        if not self.engine.is_alive:
+            while not all(h.done() for h in handles):
+                self.engine.step()
+        return [h.result() for h in handles]  # a dying loop fails every request, so this always returns
 
     def metrics(self) -> dict[str, float]:
         return self.engine.metrics()

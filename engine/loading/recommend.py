@@ -25,7 +25,7 @@ from typing import Any
 from engine.api import BYTES_PER_PARAM, Recommendation
 from engine.model.architectures import count_parameters, kv_bytes_per_token, ties_embeddings
 
-_GB = 1e9
+_GIB = 1 << 30  # the app shows every size in GiB
 RUNTIME_OVERHEAD_BYTES = 600_000_000  # CPU: torch, tokenizer, activations, the app itself
 GPU_OVERHEAD_BYTES = 400_000_000  # GPU: CUDA context and activation workspace
 MARGIN = 0.95  # use at most 95 % of what is free
@@ -149,10 +149,10 @@ def _budget(model: Any, hardware: Any, context_length: int | None, device: str) 
     use_gpu = device in ("auto", "cuda") and bool(info.gpus) and (info.torch_cuda_available or hardware is not None)
     if use_gpu:
         free = max(g.free_bytes for g in info.gpus)
-        where = f"the GPU's {free / _GB:.1f} GB free"
+        where = f"the GPU's {free / _GIB:.1f} GiB free"
     else:
         free = int(info.ram_available_bytes)
-        where = f"{free / _GB:.1f} GB of free RAM"
+        where = f"{free / _GIB:.1f} GiB of free RAM"
     overhead = GPU_OVERHEAD_BYTES if use_gpu else RUNTIME_OVERHEAD_BYTES
     return _Budget(info, cfg, num_params, context, per_token, per_token * context, "cuda" if use_gpu else "cpu",
                    free, where, overhead)
@@ -175,11 +175,11 @@ def estimate(
     name = level
     need = weights + b.kv_budget
     if fits == "no":
-        why = (f"{name} needs {need / _GB:.1f} GB (weights {weights / _GB:.1f} GB + a {b.context}-token KV cache "
-               f"{b.kv_budget / _GB:.2f} GB) but only {b.where}; it will not fit.")
+        why = (f"{name} needs {need / _GIB:.1f} GiB (weights {weights / _GIB:.1f} GiB + a {b.context}-token KV cache "
+               f"{b.kv_budget / _GIB:.2f} GiB) but only {b.where}; it will not fit.")
     else:
-        why = (f"{name} weights ({weights / _GB:.1f} GB) plus a {b.context}-token KV cache "
-               f"({b.kv_budget / _GB:.2f} GB) fit in {b.where}.")
+        why = (f"{name} weights ({weights / _GIB:.1f} GiB) plus a {b.context}-token KV cache "
+               f"({b.kv_budget / _GIB:.2f} GiB) fit in {b.where}.")
     return Recommendation(b.target, level, fits, weights, b.per_token, b.kv_budget, b.free, why, b.num_params,
                           b.context)
 
@@ -200,12 +200,12 @@ def recommend(
             fits = "tight" if need > free * TIGHT - overhead else "yes"
             name = level
             why = (
-                f"{name} weights ({weights / _GB:.1f} GB) plus a {context}-token KV cache ({kv_budget / _GB:.2f} GB) "
+                f"{name} weights ({weights / _GIB:.1f} GiB) plus a {context}-token KV cache ({kv_budget / _GIB:.2f} GiB) "
                 f"fit in {where}"
             )
             if level != order[0]:
                 first = order[0]
-                why += f"; {first} would need {_weights_bytes(num_params, order[0], cfg) / _GB:.1f} GB"
+                why += f"; {first} would need {_weights_bytes(num_params, order[0], cfg) / _GIB:.1f} GiB"
             elif target == "cpu" and level == "fp32":
                 why += "; the model is small, so full precision costs little speed"
             return Recommendation(
@@ -221,8 +221,8 @@ def recommend(
         per_token,
         kv_budget,
         free,
-        f"Even at {smallest} the model needs {(weights + kv_budget) / _GB:.1f} GB "
-        f"(weights {weights / _GB:.1f} GB + KV cache {kv_budget / _GB:.2f} GB) but only {where}; "
+        f"Even at {smallest} the model needs {(weights + kv_budget) / _GIB:.1f} GiB "
+        f"(weights {weights / _GIB:.1f} GiB + KV cache {kv_budget / _GIB:.2f} GiB) but only {where}; "
         "close other programs, shorten the context, or choose a smaller model.",
         num_params,
         context,

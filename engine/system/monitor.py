@@ -74,16 +74,16 @@ class _Nvml:
         if nvml is None:
             return
         for i, handle in enumerate(self.handles):
-            reads: tuple[tuple[str, Callable[[], float]], ...] = (
-                ("memory_used_bytes", lambda h=handle: nvml.nvmlDeviceGetMemoryInfo(h).used),
-                ("memory_total_bytes", lambda h=handle: nvml.nvmlDeviceGetMemoryInfo(h).total),
-                ("utilization_percent", lambda h=handle: nvml.nvmlDeviceGetUtilizationRates(h).gpu),
-                ("temperature_c", lambda h=handle: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)),
-                ("power_w", lambda h=handle: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
+            reads: tuple[tuple[str, Callable[[Any], float]], ...] = (
+                ("memory_used_bytes", lambda h: nvml.nvmlDeviceGetMemoryInfo(h).used),
+                ("memory_total_bytes", lambda h: nvml.nvmlDeviceGetMemoryInfo(h).total),
+                ("utilization_percent", lambda h: nvml.nvmlDeviceGetUtilizationRates(h).gpu),
+                ("temperature_c", lambda h: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)),
+                ("power_w", lambda h: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
             )
             for name, read in reads:
                 try:
-                    sample[f"gpu{i}_{name}"] = float(read())
+                    sample[f"gpu{i}_{name}"] = float(read(handle))
                 except nvml.NVMLError:  # NotSupported on this board, or the GPU fell off the bus
                     pass
 

@@ -23,6 +23,15 @@ def data_dir() -> Path:
     return Path(platformdirs.user_data_dir("Hearth", appauthor=False))
 
 
+def ensure_private_dir(path: Path) -> Path:
+    """Create ``path`` (and missing parents) readable by this user only (0700); an existing folder is left as the
+    user set it. Returns ``path``."""
+    path = Path(path)
+    if not path.exists():
+        path.mkdir(parents=True, mode=0o700)
+    return path
+
+
 def models_dir() -> Path:
     """Return the folder holding converted and downloaded models (``data_dir()/models``)."""
     return data_dir() / "models"

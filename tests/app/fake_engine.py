@@ -4,7 +4,8 @@
 ``recommend``, ``estimate`` and ``Sampler`` that ``EngineBridge(api=...)`` accepts. Every type comes from
 ``engine.api``, the contracts the real engine uses, so none is copied here. The fake streams a canned reply one word
 per ``step()``, batches every running request in each step, honours ``handle.cancel()``, and
-reports ``metrics()`` with the real key set. It imports neither torch nor Qt.
+reports ``metrics()`` with the real key set. ``FakeEngine`` implements ``engine.core.loop.Steppable``, so the
+bridge drives it with the engine's own ``run_loop``. It imports neither torch nor Qt.
 """
 
 from __future__ import annotations
@@ -96,7 +97,10 @@ class FakeHandle:
 
 
 class FakeEngine:
-    """Thread-safe submit/cancel, step() from one driver thread, like the real engine."""
+    """Thread-safe submit/cancel/wake, step() from one driver thread, like the real engine.
+
+    ``fail_next_steps`` makes that many coming ``step()`` calls raise, as a broken model would.
+    """
 
     def __init__(self, max_batch_size: int, step_delay_s: float) -> None:
         self._lock = threading.Condition()
@@ -105,6 +109,11 @@ class FakeEngine:
         self._running: list[_Request] = []
         self._max_batch_size = max_batch_size
         self._step_delay_s = step_delay_s
+        self._is_woken = False
+        self._started_at = time.monotonic()
+        self.is_alive = False
+        self.loop_error: str | None = None
+        self.fail_next_steps = 0
         self.num_steps = 0
         #: Largest number of requests that produced a token in the same step.
         self.max_batch_seen = 0
@@ -131,11 +140,22 @@ class FakeEngine:
 
     def wait_for_work(self, timeout_s: float) -> bool:
         with self._lock:
-            return self._lock.wait_for(lambda: bool(self._waiting or self._running), timeout_s)
+            has_work = self._lock.wait_for(lambda: bool(self._waiting or self._running or self._is_woken),
+                                           timeout_s)
+            self._is_woken = False
+            return has_work
+
+    def wake(self) -> None:
+        with self._lock:
+            self._is_woken = True
+            self._lock.notify_all()
 
     def step(self) -> list[StepOutput]:
         self.step_threads.add(threading.current_thread().name)
         with self._lock:
+            if self.fail_next_steps > 0:
+                self.fail_next_steps -= 1
+                raise RuntimeError("the fake model broke")
             while self._waiting and len(self._running) < self._max_batch_size:
                 self._running.append(self._waiting.popleft())
             batch = list(self._running)
@@ -178,9 +198,26 @@ class FakeEngine:
         ids = [request.num_generated] if text else []
         return StepOutput(request.request_id, text, ids, True, reason, metrics)
 
-    def counts(self) -> tuple[int, int]:
+    def fail_all(self, message: str) -> list[StepOutput]:
         with self._lock:
-            return len(self._running), len(self._waiting)
+            requests = [*self._running, *self._waiting]
+            self._running.clear()
+            self._waiting.clear()
+        return [StepOutput(r.request_id, "", [], True, "error", {}, message) for r in requests]
+
+    def metrics(self) -> dict[str, float]:
+        with self._lock:
+            running, waiting = len(self._running), len(self._waiting)
+        elapsed = max(time.monotonic() - self._started_at, 1e-6)
+        batch = self._max_batch_size
+        return {
+            "num_running": running, "num_waiting": waiting,
+            "kv_cache_usage": running / batch, "kv_blocks_used": running * 4,
+            "kv_blocks_total": batch * 4, "prefix_cache_hit_rate": 0.0,
+            "throughput_tok_s": self.num_generated_total / elapsed, "requests_per_s": 0.0,
+            "ttft_p50": 0.01, "ttft_p90": 0.02, "ttft_p99": 0.03, "itl_p50": 0.01, "itl_p99": 0.02,
+            "e2e_p50": 0.5, "e2e_p99": 1.0, "batch_efficiency": 1.0, "num_preemptions": 0,
+        }
 
 
 class FakeLLM:
@@ -215,20 +252,10 @@ class FakeLLM:
         self.kv_cache_bytes = kv_cache_bytes
         self.engine = FakeEngine(max_batch_size, step_delay_s)
         self.is_closed = False
-        self.started_at = time.monotonic()
         FakeLLM.instances.append(self)
 
-    def metrics(self) -> dict[str, Any]:
-        running, waiting = self.engine.counts()
-        elapsed = max(time.monotonic() - self.started_at, 1e-6)
-        return {
-            "num_running": running, "num_waiting": waiting,
-            "kv_cache_usage": running / self.max_batch_size, "kv_blocks_used": running * 4,
-            "kv_blocks_total": self.max_batch_size * 4, "prefix_cache_hit_rate": 0.0,
-            "throughput_tok_s": self.engine.num_generated_total / elapsed, "requests_per_s": 0.0,
-            "ttft_p50": 0.01, "ttft_p90": 0.02, "ttft_p99": 0.03, "itl_p50": 0.01, "itl_p99": 0.02,
-            "e2e_p50": 0.5, "e2e_p99": 1.0, "batch_efficiency": 1.0, "num_preemptions": 0,
-        }
+    def metrics(self) -> dict[str, float]:
+        return self.engine.metrics()
 
     def close(self) -> None:
         self.is_closed = True

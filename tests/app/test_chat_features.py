@@ -23,12 +23,12 @@ from PySide6.QtWidgets import (
     QSpinBox,
 )
 
-from app.chat import chat_pane as chat_pane_module
+from app.chat import reply_controller
 from app.chat.preset_dialog import PresetDialog
 from app.data import export
 from app.data.conversations import STATUS_DONE, STATUS_STREAMING
-from app.data.settings import apply_theme
 from app.window.main_window import MainWindow
+from app.window.theme import apply_theme
 from tests.app import ui_flows
 from tests.app.fake_engine import FRANCE_REPLY, FakeLLM
 
@@ -71,7 +71,7 @@ def click_action(win: MainWindow, href: str) -> None:
 
 def test_reply_is_saved_while_streaming_and_when_it_ends(qtbot: Any, open_window: Any, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(chat_pane_module, "SAVE_INTERVAL_MS", 100)
+    monkeypatch.setattr(reply_controller, "SAVE_INTERVAL_MS", 100)
     win = open_window(tmp_path)
     ui_flows.set_generation(win, max_tokens=2000)  # the whole long reply
     ui_flows.load_model(qtbot, win)

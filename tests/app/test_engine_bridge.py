@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import ast
+import logging
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import shiboken6
 
-from app.bridge.engine_bridge import EngineBridge, LoadSettings, ModelInfo, RequestInfo
+from app.bridge.engine_bridge import EngineBridge
+from app.bridge.types import LoadSettings, ModelInfo, RequestInfo
 from tests.app.fake_engine import FRANCE_REPLY, FakeLLM, make_fake_api
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -113,6 +116,40 @@ def test_bad_sampling_params_fail_the_request(qtbot: Any, loaded_bridge: EngineB
     assert "temperature" in blocker.args[1]
 
 
+def test_a_failing_step_fails_its_requests_and_the_loop_goes_on(qtbot: Any, loaded_bridge: EngineBridge) -> None:
+    FakeLLM.instances[-1].engine.fail_next_steps = 1
+    with qtbot.wait_signal(loaded_bridge.signals.request_failed, timeout=5000) as blocker:
+        rid = loaded_bridge.submit("c1", FRANCE, {})
+    assert blocker.args == [rid, "generation failed: the fake model broke"]
+    with qtbot.wait_signal(loaded_bridge.signals.request_finished, timeout=5000) as blocker:
+        loaded_bridge.submit("c1", FRANCE, {})
+    assert blocker.args[1].finish_reason == "stop"
+
+
+class _Fatal(BaseException):
+    """Something no engine loop survives."""
+
+
+def test_a_dead_loop_says_so_and_fails_requests(qtbot: Any, loaded_bridge: EngineBridge) -> None:
+    engine = FakeLLM.instances[-1].engine
+
+    def fatal() -> list[Any]:
+        raise _Fatal("out of luck")
+
+    engine.step = fatal  # type: ignore[method-assign]
+    failed: list[tuple[str, str]] = []
+    loaded_bridge.signals.request_failed.connect(lambda rid, message: failed.append((rid, message)))
+    with qtbot.wait_signal(loaded_bridge.signals.error, timeout=5000) as blocker:
+        rid = loaded_bridge.submit("c1", FRANCE, {})
+    assert "out of luck" in blocker.args[0]
+    qtbot.wait_until(lambda: bool(failed), timeout=2000)
+    assert failed == [(rid, "The engine stopped: _Fatal: out of luck")]
+    assert not engine.is_alive and engine.loop_error == "_Fatal: out of luck"
+    with qtbot.wait_signal(loaded_bridge.signals.request_failed, timeout=2000) as blocker:
+        later = loaded_bridge.submit("c1", FRANCE, {})
+    assert blocker.args[0] == later and "out of luck" in blocker.args[1] and "Reload" in blocker.args[1]
+
+
 def test_submit_without_a_model_fails_asynchronously(qtbot: Any, bridge: EngineBridge) -> None:
     failed: list[tuple[str, str]] = []
     bridge.signals.request_failed.connect(lambda rid, msg: failed.append((rid, msg)))
@@ -129,11 +166,29 @@ def test_request_submitted_while_loading_waits_for_the_model(qtbot: Any, bridge:
     assert blocker.args[0] == rid
 
 
-def test_metrics_are_emitted_about_once_a_second(qtbot: Any, loaded_bridge: EngineBridge) -> None:
-    with qtbot.wait_signal(loaded_bridge.signals.metrics_updated, timeout=3000) as blocker:
-        pass
-    snapshot = blocker.args[0]
-    assert {"num_running", "kv_cache_usage", "throughput_tok_s"} <= snapshot.keys()
+def test_the_engine_loop_alone_publishes_metrics_once_a_second(qtbot: Any, loaded_bridge: EngineBridge) -> None:
+    engine = FakeLLM.instances[-1].engine
+    callers: set[str] = set()
+    metrics = engine.metrics
+
+    def recorded() -> dict[str, float]:
+        callers.add(threading.current_thread().name)
+        return metrics()
+
+    engine.metrics = recorded  # type: ignore[method-assign]
+    snapshots: list[dict[str, Any]] = []
+    loaded_bridge.signals.metrics_updated.connect(
+        lambda snapshot: snapshots.append(snapshot) if "num_running" in snapshot else None)
+    with qtbot.wait_signal(loaded_bridge.signals.request_finished, timeout=5000):
+        loaded_bridge.submit("c1", FRANCE, {})
+    qtbot.wait_until(lambda: len(snapshots) >= 2, timeout=3000)
+    started = time.monotonic()
+    count = len(snapshots)
+    qtbot.wait(2500)
+    assert len(snapshots) - count in (2, 3), time.monotonic() - started
+    assert {"num_running", "kv_cache_usage", "throughput_tok_s", "time"} <= snapshots[-1].keys()
+    assert loaded_bridge.last_metrics is snapshots[-1]
+    assert len(callers) == 1 and callers <= engine.step_threads  # the thread that steps, nobody else
 
 
 def test_unload_frees_the_model_and_fails_in_flight_requests(qtbot: Any, loaded_bridge: EngineBridge) -> None:
@@ -220,3 +275,46 @@ def test_only_the_bridge_imports_engine() -> None:
                 importers.add(path.relative_to(app_dir).as_posix())
     # self_test.py runs `hearth --self-test` headless, without the Qt event loop the bridge needs.
     assert {p for p in importers if not p.startswith("bridge/")} == {"self_test.py"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ending", ["close", "delete"])
+def test_a_first_chat_on_the_real_engine_ends_cleanly(qtbot: Any, tmp_path: Path, caplog: Any, ending: str) -> None:
+    """Load the default model through the real bridge, get two replies, then close the window, or delete it
+    without closing it (as when a test drops its last reference to it).
+
+    Nothing may fail in a worker thread: pytest-qt's exception capture is on, and no error may be logged (such
+    as "Signal source has been deleted" from an emit after the window took the signals object with it). Either
+    way the engine loop and the resource monitor stop.
+    """
+    from app import create_window
+    from app.data.conversations import STATUS_DONE
+    from tests.app import ui_flows
+
+    timeouts = ui_flows.Timeouts(load_ms=180_000, reply_ms=120_000, first_token_ms=60_000)
+    win = create_window(data_dir=tmp_path)
+    qtbot.add_widget(win)
+    win.show()
+    qtbot.wait_exposed(win)
+    ui_flows.set_generation(win, temperature=0.0, max_tokens=12)
+    ui_flows.load_model(qtbot, win, timeouts=timeouts)
+    for question in (ui_flows.FRANCE_QUESTION, ui_flows.ITALY_QUESTION):
+        reply = ui_flows.send(qtbot, win, question)
+        ui_flows.wait_finished(qtbot, reply, timeouts.reply_ms)
+        assert reply.status == STATUS_DONE, reply.error
+    signals = win.bridge.signals
+    qtbot.wait(1200)  # a metrics tick of the loop and of the monitor
+    if ending == "close":
+        bridge = win.bridge
+        win.close()
+        assert bridge.pool.activeThreadCount() == 0
+    else:
+        win.deleteLater()
+        qtbot.wait_until(lambda: not shiboken6.isValid(win), timeout=5000)
+        qtbot.wait(1500)  # the loop notices within a second, and stops the monitor too
+    win = None  # so that pytest-qt's teardown does not find a deleted window
+    emitted: list[Any] = []
+    signals.metrics_updated.connect(emitted.append)
+    qtbot.wait(2500)
+    assert emitted == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

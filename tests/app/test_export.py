@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from app.data.export import from_json, to_json, to_markdown
-from app.data.storage import Message, Storage
+from app.data.records import Message
+from app.data.storage import Storage
 
 
 @pytest.fixture

@@ -6,20 +6,24 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QDockWidget, QLabel, QProgressBar, QPushButton
+from PySide6.QtWidgets import QDockWidget, QLabel, QProgressBar, QPushButton, QSpinBox
 
 from app.window.main_window import MainWindow
 from tests.app import ui_flows
 from tests.app.fake_engine import FakeLLM
 
 
-def test_window_has_title_icon_and_three_panes(window: MainWindow) -> None:
+def test_window_has_title_icon_chat_and_side_panes(window: MainWindow) -> None:
     assert window.windowTitle() == "Hearth"
     assert not window.windowIcon().isNull()
-    for name in ("chatPane", "modelPane", "monitorPane"):
+    assert window.centralWidget() is window.chat_pane  # the chat cannot be closed
+    assert window.findChild(QDockWidget, "chatPane") is None
+    for name in ("modelPane", "monitorPane"):
         dock = window.findChild(QDockWidget, name)
-        assert dock is not None and dock.isVisible()
+        assert dock is not None and not dock.isHidden()
         assert dock.features() & QDockWidget.DockWidgetFeature.DockWidgetMovable
+    assert window.tabifiedDockWidgets(window.model_dock) == [window.monitor_dock]
+    assert window.model_dock.isVisible()  # the model tab is in front
 
 
 def test_send_is_disabled_until_a_model_loads(qtbot: Any, window: MainWindow) -> None:
@@ -46,8 +50,8 @@ def test_load_progress_and_status_bar(qtbot: Any, window: MainWindow) -> None:
 
 
 def test_engine_settings_apply_on_next_load(qtbot: Any, window: MainWindow) -> None:
-    window.model_pane._batch_spin.setValue(3)
-    window.model_pane._kv_spin.setValue(128)
+    ui_flows.child(window, QSpinBox, "maxBatchSizeSpin").setValue(3)
+    ui_flows.child(window, QSpinBox, "kvCacheSpin").setValue(128)
     ui_flows.load_model(qtbot, window)
     llm = FakeLLM.instances[-1]
     assert llm.max_batch_size == 3 and llm.kv_cache_bytes == 128 * 1024 * 1024
@@ -89,7 +93,7 @@ def test_delete_conversation_while_streaming(qtbot: Any, window: MainWindow) -> 
     reply = ui_flows.send(qtbot, window, ui_flows.LONG_PROMPT)
     qtbot.wait_until(lambda: bool(reply.content), timeout=3000)
     qtbot.mouseClick(ui_flows.child(window, QPushButton, "deleteChatButton"), Qt.MouseButton.LeftButton)
-    assert window.chat_pane.num_streaming == 0
+    assert window.replies.num_streaming == 0
     assert len(window.chat_pane.store) == 1  # a fresh, empty conversation replaces it
     qtbot.wait_until(lambda: window.bridge.last_metrics.get("num_running") == 0, timeout=5000)
 

@@ -73,15 +73,15 @@ def test_graphs_and_headline_follow_the_metrics(pane: MonitorPane) -> None:
     assert "50 used · 10 cached · 40 free" in pane.kv_graph.value_label.text()
 
 
-def test_no_gpu_is_said_plainly_and_gpus_are_drawn(pane: MonitorPane) -> None:
+def test_no_gpu_hides_the_gpu_graph_and_gpus_are_drawn(pane: MonitorPane) -> None:
     feed(pane, system_sample(gpus=0))
-    assert pane.gpu_graph.placeholder_text == "No GPU"
-    assert pane.headline["vram"].text() == "no GPU"
+    assert pane.gpu_graph.isHidden() and not pane.headline["vram"].isVisible()
     assert pane.kv_graph.placeholder_text == "No model loaded"
 
     pane._on_hardware_detected(types.SimpleNamespace(gpus=[types.SimpleNamespace(name="RTX 4090")]))
     feed(pane, system_sample(gpus=1) | engine_metrics())
-    assert pane.gpu_graph.placeholder_text is None
+    assert pane.gpu_graph.placeholder_text is None and not pane.gpu_graph.isHidden()
+    assert pane.headline["vram"].isVisible()
     assert pane.gpu_graph.curve_data("gpu_memory_used_bytes")[-1] == 3 * GiB
     assert pane.gpu_graph.curve_data("torch_cuda_reserved_bytes")[-1] == 2 * GiB
     assert pane.headline["vram"].text() == "3.0 GiB / 24.0 GiB"

@@ -6,7 +6,7 @@ from typing import Any
 
 from PySide6.QtWidgets import QComboBox, QLabel, QLineEdit
 
-from app.bridge.engine_bridge import QuantizationAdvice
+from app.bridge.types import QuantizationAdvice
 from app.window.main_window import MainWindow
 from tests.app import ui_flows
 from tests.app.fake_engine import FakeLLM
@@ -22,12 +22,12 @@ def _wait_recommendation(qtbot: Any, window: MainWindow) -> None:
 def test_recommendation_shows_and_preselects(qtbot: Any, window: MainWindow) -> None:
     _wait_recommendation(qtbot, window)
     text = ui_flows.child(window, QLabel, "recommendationLabel").text()
-    # The fake model has 4 B parameters and 6 GiB free: int8 (4.0 GB) fits, bf16 (8.0 GB) does not.
-    assert "<b>int8</b>" in text and "weights 4.0 GB" in text and "131 KB per token" in text
-    assert "0.5 GB for 4096 tokens" in text and "6.4 GB free" in text and "fits: yes" in text
+    # The fake model has 4 B parameters and 6 GiB free: int8 (3.7 GiB) fits, bf16 (7.5 GiB) does not.
+    assert "precision: <b>int8</b>" in text and "weights 3.7 GiB" in text and "128.0 KiB per token" in text
+    assert "512.0 MiB for 4096 tokens" in text and "6.0 GiB free" in text and "fits: yes" in text
     assert "fit in the fake&#x27;s free RAM" in text  # the reason, escaped
     combo = ui_flows.child(window, QComboBox, "quantizationCombo")
-    assert combo.currentData() == "int8" and combo.currentText() == "int8"
+    assert combo.currentData() == "int8" and combo.currentText().startswith("int8")
     assert not ui_flows.child(window, QLabel, "quantizationWarning").isVisible()
 
 
@@ -37,9 +37,9 @@ def test_level_that_does_not_fit_warns(qtbot: Any, window: MainWindow) -> None:
     warning = ui_flows.child(window, QLabel, "quantizationWarning")
     combo.setCurrentIndex(combo.findData("bf16"))
     assert warning.isVisible()
-    assert warning.text() == "bf16 needs 8.5 GB but only 6.4 GB is free — it will not fit."
+    assert warning.text() == "bf16 needs 8.0 GiB but only 6.0 GiB is free — it will not fit."
     combo.setCurrentIndex(combo.findData("fp32"))
-    assert warning.text().startswith("fp32 needs 16.5 GB")
+    assert warning.text().startswith("fp32 needs 15.4 GiB")
     combo.setCurrentIndex(combo.findData("int4"))
     assert not warning.isVisible()
     combo.setCurrentIndex(combo.findData("auto"))
@@ -54,8 +54,19 @@ def test_chosen_level_reaches_the_llm(qtbot: Any, window: MainWindow) -> None:
     llm = FakeLLM.instances[-1]
     assert llm.requested_quantization == "int4" and llm.quantization == "int4"
     assert window.bridge.model_info.quantization == "int4"
-    assert "quantization <b>int4</b>" in ui_flows.child(window, QLabel, "modelInfoLabel").text()
+    assert "precision <b>int4</b>" in ui_flows.child(window, QLabel, "modelInfoLabel").text()
     assert window.monitor_pane._model["quantization"] == "int4"
+
+
+def test_one_precision_choice_sets_the_dtype_too(qtbot: Any, window: MainWindow) -> None:
+    assert window.findChild(QComboBox, "dtypeCombo") is None  # no second, overlapping menu
+    _wait_recommendation(qtbot, window)
+    combo = ui_flows.child(window, QComboBox, "quantizationCombo")
+    assert [combo.itemData(i) for i in range(combo.count())] == ["auto", "fp32", "bf16", "fp16", "int8", "int4"]
+    combo.setCurrentIndex(combo.findData("fp32"))
+    ui_flows.load_model(qtbot, window)
+    llm = FakeLLM.instances[-1]
+    assert llm.requested_quantization == "fp32" and llm.dtype == "float32"
 
 
 def test_bad_path_gives_no_recommendation(qtbot: Any, window: MainWindow, tmp_path: Any) -> None:

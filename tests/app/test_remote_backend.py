@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from app.bridge.engine_bridge import REMOTE_DEVICE, EngineBridge, ModelInfo, RequestInfo
+from app.bridge.engine_bridge import EngineBridge
 from app.bridge.remote_backend import api_root, parse_server_metrics, sampling_body
+from app.bridge.types import REMOTE_DEVICE, ModelInfo, RequestInfo
 from tests.engine.server_process import ServerProcess, free_port, run_server
 
 pytestmark = pytest.mark.slow
@@ -113,7 +114,7 @@ def test_serve_on_localhost_shares_the_loaded_engine(qtbot: Any, bridge: EngineB
                                                      default_model_dir: Path) -> None:
     import httpx
 
-    from app.bridge.engine_bridge import ServerState
+    from app.bridge.types import ServerState
     from tests.engine.conftest import build_tiny_model
 
     folder = build_tiny_model("llama", tmp_path / "tiny", default_model_dir)

@@ -1,10 +1,11 @@
-"""Tests for app/storage.py, on real SQLite files."""
+"""Tests for app/data/storage.py, records.py and migrations.py, on real SQLite files."""
 
 from __future__ import annotations
 
 import json
 import queue
 import sqlite3
+import stat
 import subprocess
 import sys
 import threading
@@ -15,16 +16,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.data.storage import (
-    DEFAULT_PRESETS,
-    DEFAULT_TITLE,
-    MAX_TITLE_CHARS,
-    SCHEMA_VERSION,
-    Storage,
-    make_title,
-    migrate,
-    schema_version,
-)
+from app.data.migrations import DEFAULT_PRESETS, SCHEMA_VERSION, migrate, schema_version
+from app.data.records import DEFAULT_TITLE, MAX_TITLE_CHARS, make_title
+from app.data.storage import Storage
 
 WRITER = Path(__file__).with_name("storage_writer.py")
 
@@ -390,3 +384,16 @@ def test_sigkill_mid_stream_keeps_committed_content(tmp_path: Path) -> None:
         assert not message.is_complete
         assert [c.title for c, _ in storage.search("token3 ")] == ["kill test"]
         assert storage.check_integrity() == []
+
+
+def test_a_new_database_and_its_folder_are_private(tmp_path: Path) -> None:
+    """Nobody else on the machine can read the conversations: folder 0700, database (and WAL) 0600."""
+    path = tmp_path / "fresh" / "conversations.db"
+    store = Storage(path)
+    try:
+        store.create_conversation("secret")
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        for file in path.parent.iterdir():
+            assert stat.S_IMODE(file.stat().st_mode) == 0o600, file.name
+    finally:
+        store.close()

@@ -113,3 +113,23 @@ def test_a_failing_output_callback_does_not_stop_the_engine(llm: LLM, caplog: An
         result = handle.result(timeout=30)
     assert result.finish_reason == "length" and len(result.token_ids) == 3
     assert "on_output callback" in caplog.text
+
+
+def test_a_failing_step_fails_its_stream_and_the_loop_lives_on(llm: LLM, monkeypatch: Any) -> None:
+    engine = llm.engine
+    run = engine.runner.run
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(engine.runner, "run", run)  # only this once
+        raise RuntimeError("kernel fault")
+
+    async def stream() -> list[StepOutput]:
+        return [out async for out in AsyncLLMEngine(llm).stream("Hello there", params(4))]
+
+    monkeypatch.setattr(engine.runner, "run", broken)
+    failed = asyncio.run(stream())
+    assert [o.finished for o in failed] == [True]
+    assert failed[0].finish_reason == "error" and failed[0].error == "generation failed: kernel fault"
+    assert engine.is_alive and engine.loop_error is None
+    assert [len(o.new_token_ids) for o in asyncio.run(stream())] == [1] * 4
+    wait_until_idle(llm)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+import logging
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +158,91 @@ def test_random_workloads_leak_no_blocks_and_match_solo_runs(tiny_llm: Any, plan
             assert out.token_ids == solo[: len(out.token_ids)]
         else:
             assert out.token_ids == solo
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(tiny_llm: Any, monkeypatch: Any) -> None:
+    engine = tiny_llm.engine
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    sample = engine.sampler.sample
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(engine.sampler, "sample", sample)  # only this once
+        raise OverflowError("seed out of range")
+
+    monkeypatch.setattr(engine.sampler, "sample", broken)
+    handles = [engine.submit(p, params) for p in ("one", "two")]
+    _drive(tiny_llm, handles)
+    for handle in handles:
+        out = handle.result(timeout=0)
+        assert out.finish_reason == "error" and out.error == "generation failed: seed out of range"
+    with pytest.raises(RuntimeError, match="seed out of range"):
+        "".join(handles[0])
+    assert tiny_llm.metrics()["kv_blocks_used"] == 0
+    assert len(tiny_llm.generate(["three"], params)[0].token_ids) == 4
+
+
+def test_run_loop_steps_publishes_metrics_and_waits_idle_without_polling(tiny_llm: Any) -> None:
+    from engine.core.loop import run_loop
+
+    engine = tiny_llm.engine
+    stop = threading.Event()
+    steps: list[int] = []
+    snapshots: list[dict[str, Any]] = []
+    loop = threading.Thread(target=run_loop, args=(engine, stop, lambda outs: steps.append(len(outs)),
+                                                   snapshots.append), kwargs={"metrics_interval_s": 0.2})
+    loop.start()
+    try:
+        out = engine.submit("Hello", SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)).result(30)
+        assert len(out.token_ids) == 5
+        assert engine.is_alive
+        time.sleep(0.3)  # idle from here on
+        cpu_before = _thread_cpu_s(loop)
+        time.sleep(1.0)
+        assert _thread_cpu_s(loop) - cpu_before < 0.05  # an idle loop sleeps on a condition variable
+        assert {"num_running", "kv_blocks_used", "throughput_tok_s", "time"} <= snapshots[-1].keys()
+        gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(snapshots)]
+        assert len(gaps) >= 5 and min(gaps) > 0.15  # one snapshot every metrics_interval_s, never more often
+        started = time.monotonic()
+        engine.submit("Hi", SamplingParams(max_tokens=1, temperature=0.0)).result(30)
+        assert time.monotonic() - started < 5.0
+    finally:
+        stop.set()
+        engine.wake()
+        loop.join(10)
+    assert not loop.is_alive() and not engine.is_alive and engine.loop_error is None
+    assert sum(steps) == 6  # every output went to on_step
+
+
+def _thread_cpu_s(thread: threading.Thread) -> float:
+    import psutil
+
+    times = {t.id: t.user_time + t.system_time for t in psutil.Process().threads()}
+    return times[thread.native_id]
+
+
+class _Fatal(BaseException):
+    """Something no step survives (as KeyboardInterrupt or SystemExit would be)."""
+
+
+def test_a_dead_loop_is_recorded_and_fails_every_request(tiny_model_dirs: dict[str, Path], caplog: Any) -> None:
+    llm = LLM(tiny_model_dirs["llama"], dtype="float32", kv_cache_bytes=4 << 20)  # start_loop=True
+    try:
+        engine = llm.engine
+        assert engine.is_alive and engine.loop_error is None
+        params = SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True)
+        first = engine.submit("A long story", params)
+        next(iter(first))  # streaming has begun
+
+        def fatal() -> list[Any]:
+            raise _Fatal("the loop cannot go on")
+
+        with caplog.at_level(logging.CRITICAL, logger="engine"):
+            engine.step = fatal  # type: ignore[method-assign]
+            out = first.result(timeout=30)
+        assert out.finish_reason == "error" and "the loop cannot go on" in (out.error or "")
+        assert not engine.is_alive and engine.loop_error == "_Fatal: the loop cannot go on"
+        assert "the engine loop stopped" in caplog.text
+        with pytest.raises(RuntimeError, match="engine has stopped"):
+            engine.submit("Anyone there?", params)
+    finally:
+        llm.close()

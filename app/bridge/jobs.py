@@ -1,0 +1,116 @@
+"""What runs on the bridge's pool besides the engine loop: the job runnable and the workers' helpers.
+
+Nothing here holds bridge state: :class:`Job` runs one bridge method, :class:`Threads` holds the stop switch of
+the bridge's threads, and the functions import the engine, advise on quantization and start "Serve on localhost".
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
+
+from PySide6.QtCore import QRunnable
+
+from app import log
+from app.bridge.types import QuantizationAdvice, ServerState
+from engine.api import QUANTIZATION_LEVELS
+
+#: Physical cores left to the GUI thread when the engine runs inside the app.
+UI_RESERVED_CORES = 1
+
+
+class Superseded(Exception):
+    """Raised from the progress callback to abandon a load nobody waits for any more."""
+
+
+def import_engine() -> types.SimpleNamespace:
+    """Import the engine (slow: torch). Called from pool threads only.
+
+    The engine gets every physical core but one: the GUI thread must not compete with busy torch threads for
+    a core, or painting stalls while a reply streams (measured on 2 cores: >100 ms gaps with 2 torch threads).
+    """
+    import engine
+    from engine.loading import recommend
+    from engine.system import hardware, monitor
+
+    hardware.configure_threads(reserve=UI_RESERVED_CORES)
+
+    return types.SimpleNamespace(
+        LLM=engine.LLM,
+        SamplingParams=engine.SamplingParams,
+        ModelLoadError=engine.ModelLoadError,
+        detect_hardware=hardware.detect,
+        recommend=recommend.recommend,
+        estimate=recommend.estimate,
+        Sampler=monitor.Sampler,
+    )
+
+
+class Job(QRunnable):
+    """Runs one bridge method on the pool and logs anything it raises."""
+
+    def __init__(self, name: str, fn: Callable[[], None]) -> None:
+        super().__init__()
+        self.setAutoDelete(False)  # the bridge keeps the Python reference
+        self.name = name
+        self.done = threading.Event()
+        self._fn = fn
+
+    def run(self) -> None:
+        try:
+            self._fn()
+        except Exception:  # noqa: BLE001 (a worker thread must report, not die)
+            log.bridge.exception("%s failed", self.name)
+        finally:
+            self.done.set()
+
+
+class Threads:
+    """The stop switch of the bridge's work and its resource monitor thread, as plain Python objects.
+
+    ``EngineBridge.shutdown`` calls :meth:`stop`; so does an engine loop that finds the bridge destroyed without
+    ``shutdown()`` (a window deleted without being closed), from its own thread: no Qt object is needed for it.
+    """
+
+    def __init__(self) -> None:
+        self.shutdown = threading.Event()
+        self.lock = threading.Lock()
+        self.sampler: Any = None  # engine.system.monitor.Sampler, started with the engine API
+
+    def stop(self) -> None:
+        self.shutdown.set()
+        with self.lock:
+            sampler, self.sampler = self.sampler, None
+        if sampler is not None:
+            sampler.stop()
+
+
+def quantization_advice(engine_api: Callable[[], Any], spec: str, device: str) -> QuantizationAdvice:
+    """The recommended level for ``spec`` on ``device`` and the numbers for every level; an error in words."""
+    advice = QuantizationAdvice(spec, device)
+    try:
+        # hardware=None: each call measures free memory itself (and knows whether torch can use a GPU)
+        api = engine_api()
+        advice.recommendation = api.recommend(spec, device=device)
+        advice.estimates = {level: api.estimate(spec, level, device=device)
+                            for level in QUANTIZATION_LEVELS if level != "auto"}
+    except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
+        log.bridge.info("no quantization recommendation for %s: %s", spec, exc)
+        advice.recommendation, advice.estimates = None, {}
+        advice.error = str(exc) or type(exc).__name__
+    return advice
+
+
+def start_local_server(llm: Any, host: str, port: int, api_key: str) -> tuple[Any, ServerState]:
+    """Serve ``llm``'s engine over the OpenAI API: the running ``ServerThread`` (or None) and its state."""
+    from engine.serving.openai_app import ServerThread
+
+    try:
+        server = ServerThread(llm.engine, str(getattr(llm, "model_name", "default")), host, port, api_key or None)
+        server.start()
+    except OSError as exc:
+        return None, ServerState(False, message=f"Could not listen on {host}:{port}: {exc.strerror or exc}.")
+    log.bridge.info("serving on %s", server.url)
+    return server, ServerState(True, url=server.url)

@@ -1,0 +1,44 @@
+"""``EngineSignals``: every engine -> GUI event, on one QObject that the bridge owns."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QObject, Signal
+
+
+class EngineSignals(QObject):
+    """Engine -> GUI events. Emitted from pool threads; receivers run in the GUI thread.
+
+    The bridge creates it without a parent and every engine loop holds a reference to it, so it outlives the
+    loops even when the window (and the bridge with it) is deleted first: an emit never meets a deleted source.
+
+    Signals:
+        token_delta(request_id, text): new text of a streaming reply.
+        request_finished(request_id, RequestInfo): a reply ended (stop, length or abort).
+        request_failed(request_id, message): a request could not run, failed while generating, or was dropped.
+        model_load_progress(fraction, stage): loader progress, 0..1.
+        model_loaded(ModelInfo): a model is ready for requests.
+        model_load_failed(message): loading failed; the message is meant for the user.
+        model_unloaded(): the model was freed after ``unload_model``.
+        metrics_updated(dict): about once a second each, the engine loop's metrics snapshot (``num_running``,
+            ``throughput_tok_s``, ...) and the resource monitor's sample (memory, CPU, GPUs; with a remote
+            server's figures while one is in use). Both carry ``time``.
+        hardware_detected(HardwareInfo | None): result of ``detect_hardware``.
+        error(message): an unexpected engine error, such as the engine loop stopping.
+        remote_models_listed(list[str]): the models a remote server offers, after ``connect_remote``.
+        server_state_changed(ServerState): "Serve on localhost" started, stopped or failed.
+        recommendation_ready(QuantizationAdvice): result of ``recommend_quantization``.
+    """
+
+    token_delta = Signal(str, str)
+    request_finished = Signal(str, object)
+    request_failed = Signal(str, str)
+    model_load_progress = Signal(float, str)
+    model_loaded = Signal(object)
+    model_load_failed = Signal(str)
+    model_unloaded = Signal()
+    metrics_updated = Signal(object)
+    hardware_detected = Signal(object)
+    error = Signal(str)
+    remote_models_listed = Signal(object)
+    server_state_changed = Signal(object)
+    recommendation_ready = Signal(object)

@@ -1,0 +1,92 @@
+"""The data the bridge's API takes and its signals carry: plain dataclasses and the names of choices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.api import QUANTIZATION_LEVELS
+
+#: ``ModelInfo.device`` of a remote server's model.
+REMOTE_DEVICE = "remote server"
+#: The model spec the engine resolves to its bundled default model.
+DEFAULT_MODEL_SPEC = "default"
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(slots=True)
+class LoadSettings:
+    """Engine settings that take effect on the next model load."""
+
+    max_batch_size: int = 16
+    max_wait_ms: float = 5.0
+    #: KV-cache budget in MiB; 0 lets the engine size it from free memory.
+    kv_cache_mb: int = 0
+    #: One of ``QUANTIZATION_LEVELS``; "auto" lets the engine pick from free memory.
+    quantization: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.quantization not in QUANTIZATION_LEVELS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_LEVELS)}, "
+                             f"got {self.quantization!r}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, got {self.max_batch_size}")
+        if self.max_wait_ms < 0:
+            raise ValueError(f"max_wait_ms must not be negative, got {self.max_wait_ms}")
+        if self.kv_cache_mb < 0:
+            raise ValueError(f"kv_cache_mb must not be negative, got {self.kv_cache_mb}")
+
+    @property
+    def kv_cache_bytes(self) -> int | None:
+        return self.kv_cache_mb * 1024 * 1024 if self.kv_cache_mb else None
+
+
+@dataclass(slots=True)
+class ModelInfo:
+    """What ``model_loaded`` carries: the loaded model and where it runs."""
+
+    spec: str
+    model_name: str
+    device: str
+    dtype: str
+    device_reason: str
+    weights_bytes: int
+    load_s: float
+    #: The quantization level the model was loaded at ("fp32", "bf16", "fp16", "int8", "int4"; "" if unknown).
+    quantization: str = ""
+
+
+@dataclass(slots=True)
+class QuantizationAdvice:
+    """What ``recommendation_ready`` carries: the recommended level for a model, and the numbers for each level."""
+
+    spec: str
+    device: str
+    #: ``engine.api.Recommendation`` for the best level, or None if the model could not be inspected.
+    recommendation: Any = None
+    #: Level ("fp32", "bf16", "fp16", "int8", "int4") -> its ``Recommendation`` (``fits`` says if it fits).
+    estimates: dict[str, Any] = field(default_factory=dict)
+    #: Why there is no recommendation, in plain words ("" when there is one).
+    error: str = ""
+
+
+@dataclass(slots=True)
+class ServerState:
+    """What ``server_state_changed`` carries: whether "Serve on localhost" is serving, and where."""
+
+    is_running: bool
+    url: str = ""
+    #: Why it is not running (empty after a plain stop).
+    message: str = ""
+
+
+@dataclass(slots=True)
+class RequestInfo:
+    """What ``request_finished`` carries."""
+
+    request_id: str
+    conversation_id: str
+    finish_reason: str | None
+    #: ttft_s, e2e_s, num_prompt_tokens, num_generated_tokens, tok_s (may be empty).
+    metrics: dict[str, Any] = field(default_factory=dict)

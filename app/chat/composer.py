@@ -1,0 +1,108 @@
+"""The bottom of the chat pane: the message box, its Send and Stop buttons, and the editing banner."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Signal, Slot
+from PySide6.QtGui import QFont
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+
+from app.chat.chat_input import ChatInput
+
+
+class Composer(QWidget):
+    """Where the user writes a message. The chat pane decides what sending does and when it is allowed.
+
+    Signals:
+        send_requested(): Enter in the box, or Send.
+        stop_requested(): Stop.
+        text_changed(): the box's text changed.
+    """
+
+    send_requested = Signal()
+    stop_requested = Signal()
+    text_changed = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._edit_label = QLabel("Editing your message: Enter sends it as a new branch, Esc cancels.")
+        self._edit_label.setObjectName("editBanner")
+        self._edit_label.hide()
+        self._input = ChatInput()
+        self._input.submitted.connect(self._on_input_submitted)
+        self._input.textChanged.connect(self._on_input_changed)
+        self._send_button = QPushButton("Send")
+        self._send_button.setObjectName("sendButton")
+        self._send_button.setDefault(True)
+        self._send_button.setToolTip("Send (Enter)")
+        self._send_button.clicked.connect(self._on_send_clicked)
+        self._stop_button = QPushButton("Stop")
+        self._stop_button.setObjectName("stopButton")
+        self._stop_button.setToolTip("Stop the reply; the text so far is kept (Esc)")
+        self._stop_button.clicked.connect(self._on_stop_clicked)
+        buttons = QVBoxLayout()
+        buttons.addWidget(self._send_button)
+        buttons.addWidget(self._stop_button)
+        buttons.addStretch(1)
+        input_row = QHBoxLayout()
+        input_row.addWidget(self._input, 1)
+        input_row.addLayout(buttons)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self._edit_label)
+        layout.addLayout(input_row)
+        self.setFocusProxy(self._input)
+
+    # -- public API -------------------------------------------------------------------------------
+
+    def text(self) -> str:
+        return self._input.toPlainText()
+
+    def set_text(self, text: str) -> None:
+        self._input.setPlainText(text)
+
+    def clear(self) -> None:
+        self._input.clear()
+
+    def show_edit_banner(self, is_shown: bool) -> None:
+        """Say that sending replaces an earlier message (or stop saying so)."""
+        self._edit_label.setVisible(is_shown)
+
+    def update_controls(self, *, can_send: bool, is_streaming: bool, is_model_ready: bool,
+                        is_editing: bool) -> None:
+        """Enable the buttons and word the box's placeholder for the conversation's state."""
+        self._send_button.setEnabled(can_send and bool(self._input.toPlainText().strip()))
+        self._send_button.setText("Save & send" if is_editing else "Send")
+        self._stop_button.setEnabled(is_streaming)
+        if not is_model_ready:
+            placeholder = "Load a model in the Model pane to start chatting…"
+        elif is_streaming:
+            placeholder = "Hearth is replying… (Stop keeps the text so far)"
+        else:
+            placeholder = "Message Hearth… (Enter sends, Shift+Enter for a new line)"
+        if placeholder != self._input.placeholderText():
+            self._input.setPlaceholderText(placeholder)
+            self._input.viewport().update()  # Qt does not repaint a placeholder whose text alone changed
+
+    def set_font_size(self, points: int) -> None:
+        """Use ``points`` for the message box (0: the system's size)."""
+        font = QFont(self._input.font())
+        font.setPointSizeF(points if points > 0 else QFont().pointSizeF())
+        self._input.setFont(font)
+
+    # -- widget events ----------------------------------------------------------------------------
+
+    @Slot()
+    def _on_input_submitted(self) -> None:
+        self.send_requested.emit()
+
+    @Slot()
+    def _on_send_clicked(self) -> None:
+        self.send_requested.emit()
+
+    @Slot()
+    def _on_stop_clicked(self) -> None:
+        self.stop_requested.emit()
+
+    @Slot()
+    def _on_input_changed(self) -> None:
+        self.text_changed.emit()

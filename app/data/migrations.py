@@ -1,0 +1,164 @@
+"""The conversation database's schema, and the steps that bring an older file up to date.
+
+The schema version lives in ``PRAGMA user_version``; :data:`MIGRATIONS` upgrades it step by step, each
+step in one transaction with its version bump.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+
+#: The presets a new database starts with (schema 1 seeds them).
+DEFAULT_PRESETS: tuple[tuple[str, str], ...] = (
+    ("Helpful assistant", "You are a helpful assistant."),
+    ("Concise", "You are a helpful assistant. Answer briefly and directly, without preamble."),
+    (
+        "Code reviewer",
+        (
+            "You are a careful code reviewer. Point out bugs, unclear names and missing tests, "
+            "and suggest concrete fixes."
+        ),
+    ),
+    ("Translator", "Translate the user's text into English, keeping its meaning and tone."),
+)
+
+
+# Each migration runs inside one transaction together with its ``user_version`` bump. Statements are
+# listed one by one because ``executescript`` would commit the surrounding transaction.
+
+_SCHEMA_1 = (
+    """CREATE TABLE presets (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        name TEXT NOT NULL UNIQUE,
+        system_prompt TEXT NOT NULL,
+        created_at REAL NOT NULL
+    )""",
+    """CREATE TABLE conversations (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        title TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        system_prompt TEXT,
+        preset_id INTEGER REFERENCES presets(id) ON DELETE SET NULL,
+        temperature REAL,
+        top_p REAL,
+        max_tokens INTEGER,
+        model TEXT,
+        deleted_at REAL,
+        active_leaf_id INTEGER REFERENCES messages(id) ON DELETE SET NULL
+    )""",
+    """CREATE TABLE messages (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,
+        role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+        content TEXT NOT NULL,
+        model TEXT,
+        quantization TEXT,
+        num_prompt_tokens INTEGER,
+        num_generated_tokens INTEGER,
+        ttft_s REAL,
+        tok_s REAL,
+        finish_reason TEXT,
+        created_at REAL NOT NULL,
+        is_complete INTEGER NOT NULL DEFAULT 1
+    )""",
+    "CREATE INDEX messages_by_conversation ON messages(conversation_id)",
+    "CREATE INDEX messages_by_parent ON messages(parent_id)",
+    "CREATE INDEX conversations_by_updated ON conversations(deleted_at, updated_at)",
+)
+
+_FTS_TABLE = (
+    "CREATE VIRTUAL TABLE messages_fts USING fts5("
+    "content, content='messages', content_rowid='id', tokenize='trigram')"
+)
+_FTS_STATEMENTS = (
+    """CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+        INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+    END""",
+    """CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
+        INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+    END""",
+    """CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
+        INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+        INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+    END""",
+    # Backfill: index the messages written under schema 1.
+    "INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')",
+)
+
+
+def _migrate_1_initial_schema(conn: sqlite3.Connection) -> None:
+    """Create conversations, messages and presets, and seed the default presets."""
+    for statement in _SCHEMA_1:
+        conn.execute(statement)
+    now = time.time()
+    conn.executemany(
+        "INSERT INTO presets (name, system_prompt, created_at) VALUES (?, ?, ?)",
+        [(name, prompt, now) for name, prompt in DEFAULT_PRESETS],
+    )
+
+
+def _migrate_2_message_search_index(conn: sqlite3.Connection) -> None:
+    """Add an FTS5 trigram index over message content, kept current by triggers.
+
+    Where this SQLite lacks FTS5 or its trigram tokenizer, the step is a no-op and
+    :meth:`Storage.search` falls back to ``LIKE``.
+    """
+    try:
+        conn.execute(_FTS_TABLE)
+    except sqlite3.OperationalError:
+        return
+    for statement in _FTS_STATEMENTS:
+        conn.execute(statement)
+
+
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
+    _migrate_1_initial_schema,
+    _migrate_2_message_search_index,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    """Return the schema version recorded in the database (0 for a new file)."""
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def migrate(conn: sqlite3.Connection, target: int | None = None) -> int:
+    """Apply the pending migrations in order, each in its own transaction.
+
+    Args:
+        conn: A connection in autocommit mode (``isolation_level=None``).
+        target: The version to stop at; the latest when ``None``. Tests use ``1`` to build an old file.
+
+    Returns:
+        The schema version after migrating.
+
+    Raises:
+        ValueError: The database is newer than this code, or ``target`` is out of range.
+    """
+    target = SCHEMA_VERSION if target is None else target
+    if not 0 <= target <= SCHEMA_VERSION:
+        raise ValueError(f"target schema version must be in 0..{SCHEMA_VERSION}, got {target}")
+    if conn.isolation_level is not None:
+        raise ValueError("migrate() needs a connection opened with isolation_level=None")
+    version = schema_version(conn)
+    if version > SCHEMA_VERSION:
+        raise ValueError(
+            f"database schema version {version} is newer than this Hearth supports ({SCHEMA_VERSION}); "
+            "update Hearth to open it"
+        )
+    while version < target:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            MIGRATIONS[version](conn)
+            version += 1
+            conn.execute(f"PRAGMA user_version = {version:d}")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    return version

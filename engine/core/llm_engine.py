@@ -17,12 +17,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from engine.api import CapacityError, EngineConfig, RequestMetrics, RequestOutput, SamplingParams, StepOutput
 from engine.core.block_manager import BlockManager
+from engine.core.chat_template import chat_token_ids
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.loop import run_loop
 from engine.core.metrics import EngineMetrics
@@ -179,12 +180,9 @@ class LLMEngine:
         if all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
             # a trailing assistant message is a reply to continue, not a finished turn
             cont = prompt[-1]["role"] == "assistant"  # type: ignore[index]
-            ids = self.tokenizer.apply_chat_template(
-                prompt, add_generation_prompt=not cont, continue_final_message=cont, tokenize=True
-            )
-            if hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            return list(ids)
+            # message text that spells a control token stays text (engine/core/chat_template.py)
+            messages = cast(list[dict[str, str]], prompt)
+            return chat_token_ids(self.tokenizer, messages, add_generation_prompt=not cont, continue_final_message=cont)
         raise ValueError("messages must be dicts with 'role' and 'content'")
 
     def submit(

@@ -7,6 +7,7 @@ the names of quantization levels. ``engine/__init__.py`` re-exports the public o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -120,6 +121,14 @@ MAX_TEMPERATURE = 100.0
 #: Repetition penalties outside this range only produce overflow or NaN, never a useful distribution.
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
 MAX_SEED = 2**64 - 1  # seeds are unsigned 64-bit values
+#: OpenAI's bounds: presence/frequency penalties in [-2, 2], logit biases in [-100, 100], at most 20 top logprobs.
+MAX_PENALTY = 2.0
+MAX_LOGIT_BIAS = 100.0
+MAX_TOP_LOGPROBS = 20
+#: Most parallel sequences (``n``) one request may ask for.
+MAX_N = 8
+#: What ``SamplingParams.response_format`` accepts: free text, or any JSON document (``json_schema`` narrows it).
+ResponseFormat = Literal["text", "json"]
 
 
 def _is_number(value: object) -> bool:
@@ -142,6 +151,26 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     ignore_eos: bool = False
+    #: Seconds from submission after which the request ends with ``finish_reason="timeout"`` (None: never).
+    timeout_s: float | None = None
+    #: OpenAI's penalties over the tokens generated so far: ``logit -= frequency * count + presence * (count > 0)``.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    #: Token id -> value added to its logit before sampling (-100 bans it in practice, 100 all but forces it).
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    #: Drop tokens whose probability is below ``min_p`` times the top token's (0 = off).
+    min_p: float = 0.0
+    #: Parallel sequences over the same prompt (``LLMEngine.submit_n``); they share the prompt's KV blocks.
+    n: int = 1
+    #: Report each sampled token's log-probability, plus the ``top_logprobs`` most likely alternatives.
+    logprobs: bool = False
+    top_logprobs: int = 0
+    #: "json" constrains the reply to a JSON document (an object unless ``json_schema`` says otherwise).
+    response_format: ResponseFormat = "text"
+    #: A JSON schema the reply must validate against (implies ``response_format="json"``).
+    json_schema: dict[str, Any] | None = None
+    #: A Lark grammar (llguidance's dialect) the reply must match; exclusive with ``json_schema``.
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -168,10 +197,70 @@ class SamplingParams:
             not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED
         ):
             raise ValueError(f"seed must be an integer between 0 and 2**64 - 1, got {self.seed!r}")
+        if self.timeout_s is not None and (not _is_number(self.timeout_s) or not 0 < self.timeout_s < math.inf):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {self.timeout_s!r}")
+        self._check_sampling_controls()
+        self._check_structure()
+
+    def _check_sampling_controls(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise ValueError(f"{name} must be between -2 and 2, got {value!r}")
+        if not isinstance(self.logit_bias, dict) or not all(
+            isinstance(k, int) and not isinstance(k, bool) and k >= 0
+            and _is_number(v) and -MAX_LOGIT_BIAS <= v <= MAX_LOGIT_BIAS
+            for k, v in self.logit_bias.items()
+        ):
+            raise ValueError(f"logit_bias must map token ids to values in [-100, 100], got {self.logit_bias!r}")
+        if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be between 0 and 1, got {self.min_p!r}")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be an integer between 1 and {MAX_N}, got {self.n!r}")
+        if not isinstance(self.logprobs, bool):
+            raise ValueError(f"logprobs must be true or false, got {self.logprobs!r}")
+        if (not isinstance(self.top_logprobs, int) or isinstance(self.top_logprobs, bool)
+                or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
+            raise ValueError(f"top_logprobs must be an integer between 0 and {MAX_TOP_LOGPROBS}, "
+                             f"got {self.top_logprobs!r}")
+
+    def _check_structure(self) -> None:
+        if self.response_format not in ("text", "json"):
+            raise ValueError(f"response_format must be 'text' or 'json', got {self.response_format!r}")
+        if self.json_schema is not None:
+            if not isinstance(self.json_schema, dict):
+                raise ValueError(f"json_schema must be a JSON schema object, got {self.json_schema!r}")
+            self.response_format = "json"
+        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
+            raise ValueError(f"grammar must be a non-empty Lark grammar, got {self.grammar!r}")
+        if self.grammar is not None and self.response_format == "json":
+            raise ValueError("grammar cannot be combined with response_format='json' or json_schema")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE
+
+    @property
+    def is_constrained(self) -> bool:
+        """The reply must follow a grammar (JSON, a JSON schema, or ``grammar``)."""
+        return self.response_format == "json" or self.grammar is not None
+
+    @property
+    def is_plain_greedy(self) -> bool:
+        """Greedy with nothing to adjust or report: the batch may take one vectorised argmax."""
+        return (self.is_greedy and self.repetition_penalty == 1.0 and not self.presence_penalty
+                and not self.frequency_penalty and not self.logit_bias and not self.logprobs
+                and not self.is_constrained)
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """A sampled token's log-probability, and the most likely tokens with theirs, from the distribution the
+    token was drawn from (after penalties, biases, the grammar mask and temperature; before top-k/top-p/min-p)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -275,6 +364,8 @@ class StepOutput:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     metrics: dict[str, Any] | None = None
     error: str | None = None
+    #: One entry per token of ``new_token_ids`` when the request asked for logprobs.
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)
@@ -288,6 +379,8 @@ class RequestOutput:
     finish_reason: str | None
     metrics: RequestMetrics
     error: str | None = None
+    #: One entry per token of ``token_ids`` when the request asked for logprobs.
+    logprobs: list[TokenLogprob] | None = None
 
 
 # ---------------------------------------------------------------------------------------------------------------

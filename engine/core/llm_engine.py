@@ -46,6 +46,7 @@ class _Request:
     max_tokens: int
     eos_ids: frozenset[int]
     finish_reason: str | None = None
+    deadline: float | None = None  # time.monotonic() after which the request ends with "timeout"
 
 
 OutputCallback = Callable[[StepOutput], None]
@@ -221,6 +222,7 @@ class LLMEngine:
                 handle=handle,
                 max_tokens=min(params.max_tokens, room - len(token_ids)),
                 eos_ids=frozenset() if params.ignore_eos else self.eos_ids,
+                deadline=None if params.timeout_s is None else seq.arrival_time + params.timeout_s,
             )
             self._inbox.append(req)
             self._cv.notify_all()
@@ -263,6 +265,21 @@ class LLMEngine:
             self.scheduler.abort(rid)
             cancelled.finish_reason = "abort"
             outputs.append(self._finish(cancelled, ""))
+        self._expire(outputs)
+
+    def _expire(self, outputs: list[StepOutput]) -> None:
+        """End the requests whose deadline has passed: their text so far stays, their blocks are freed."""
+        now = time.monotonic()
+        for req in [r for r in self._requests.values() if r.deadline is not None and now >= r.deadline]:
+            timeout_s = req.seq.params.timeout_s
+            started = req.metrics.first_token_time is not None
+            self.scheduler.abort(req.seq.request_id)
+            req.finish_reason = "timeout"
+            error = None if started else (
+                f"the request waited {timeout_s:g} s (its timeout) without starting: the engine is busy; "
+                "retry later or allow a longer timeout"
+            )
+            outputs.append(self._finish(req, "", error=error))
 
     def step(self) -> list[StepOutput]:
         """Run one engine iteration; return what each touched request produced.

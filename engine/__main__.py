@@ -1,4 +1,9 @@
-"""Command line for the engine: ``python -m engine info MODEL [--device auto] [--dtype auto]``."""
+"""Command line for the engine: ``python -m engine info MODEL [--device auto] [--dtype auto] [--quantization L]``.
+
+``info`` loads the model, prints what it is and where it runs, and, with ``--quantization`` (default "auto"), builds
+the engine and prints which kernel each weight shape runs per batch bucket, with the timings behind the choice
+(``engine/model/autotune.py``). ``--quantization off`` skips the engine (the loader's facts only).
+"""
 
 from __future__ import annotations
 
@@ -18,10 +23,44 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("model", help="'default', a Hugging Face model folder, or a .gguf file")
     info.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     info.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default: auto)")
+    info.add_argument(
+        "--quantization",
+        default="auto",
+        help="level whose kernels to show: auto, bf16, int8, int4, ... or 'off'",
+    )
     return parser
 
 
-def _info(model: str, device: str, dtype: str) -> int:
+def _kernels(model: str, device: str, dtype: str, level: str) -> None:
+    """Build the engine at ``level`` and print the kernel plans its layers run."""
+    from engine.core.llm import LLM
+    from engine.model.autotune import BUCKET_NAMES
+
+    llm = LLM(
+        model, device=device, dtype=dtype, quantization=level, start_loop=False, kv_cache_bytes=16 << 20
+    )
+    try:
+        runner = llm.engine.runner
+        print(f"level:        {llm.quantization} ({llm.weights_bytes / _GB:.2f} GB of weights in the engine)")
+        if runner.weights_from_gguf:
+            print(
+                f"gguf blocks:  {runner.weights_from_gguf} fused weights run the file's own quantized blocks"
+            )
+        if not runner.kernel_choices:
+            print("kernels:      one per layer, not measured (fp32, CUDA, or HEARTH_AUTOTUNE=off)")
+        for choice in runner.kernel_choices:
+            plan = choice.plan
+            rows = ", ".join(f"{b}: {k}" for b, k in zip(BUCKET_NAMES, plan.kernels, strict=True))
+            source = "cached" if plan.cached else "measured"
+            print(f"kernels:      {choice.role} {choice.shape[0]}x{choice.shape[1]}  rows {rows}  ({source})")
+            print(f"              why: {plan.reason}")
+            for name, times in plan.timings_us.items():
+                print(f"              {name:<12} us per call by bucket: {', '.join(f'{t:g}' for t in times)}")
+    finally:
+        llm.close()
+
+
+def _info(model: str, device: str, dtype: str, level: str = "auto") -> int:
     """Load ``model`` and print the facts about it."""
     from engine.loading.loader import load_model
     from engine.loading.validate import inspect_model
@@ -36,6 +75,9 @@ def _info(model: str, device: str, dtype: str) -> int:
     print(f"dtype:        {str(loaded.dtype).removeprefix('torch.')}")
     print(f"device:       {loaded.device} ({loaded.device_reason})")
     print(f"in memory:    {loaded.weights_bytes:,} bytes ({loaded.weights_bytes / _GB:.2f} GB)")
+    del loaded
+    if level.strip().lower() != "off":
+        _kernels(model, device, dtype, level)
     return 0
 
 
@@ -54,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         return 2
     try:
-        return _info(args.model, args.device, args.dtype)
+        return _info(args.model, args.device, args.dtype, args.quantization)
     except (ModelLoadError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

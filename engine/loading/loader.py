@@ -25,6 +25,7 @@ import torch
 
 from engine.api import HardwareInfo, ModelLoadError
 from engine.loading.default_model import is_converted
+from engine.loading.gguf_weights import GGUF_SOURCE_ATTR
 from engine.loading.validate import (
     Checked,
     ProgressFn,
@@ -166,6 +167,8 @@ def _materialize(
         model, loading_info = result
         del result
         _check_loading_info(loading_info, info.path)
+        if info.format == "gguf":  # the int4/int8 levels may run the file's own blocks (engine/model/kernels.py)
+            setattr(model, GGUF_SOURCE_ATTR, info.path)
         if device_map is None and device.type != "cpu":
             model.to(device)
         model.eval()

@@ -47,8 +47,9 @@ def paged_attention(
 ) -> torch.Tensor:
     """Attention for a packed step. q: [T, H, D]; k, v: [T, KVH, D]. Returns [T, H, D].
 
-    New K/V go into the pool first. Decodes are batched into one SDPA call over gathered slots; each prefill
-    chunk is one SDPA call, causal within the chunk and full over its cached prefix.
+    New K/V go into the pool first. Decodes are batched into one SDPA call over gathered slots (in fp32 on a
+    CPU, where torch's bf16 SDPA is slow); each prefill chunk is one SDPA call, causal within the chunk and full
+    over its cached prefix.
     """
     k_pool, v_pool = kv.k[layer], kv.v[layer]
     k_pool.index_copy_(0, ctx.slot_mapping, k.to(kv.dtype))
@@ -57,11 +58,13 @@ def paged_attention(
     nd = ctx.num_decode
     if nd:
         assert ctx.decode_slots is not None
-        keys = k_pool[ctx.decode_slots].to(q.dtype).transpose(1, 2)  # [B, KVH, L, D]
-        values = v_pool[ctx.decode_slots].to(q.dtype).transpose(1, 2)
-        mask = None if ctx.decode_mask is None else ctx.decode_mask.to(q.dtype)
+        # on a CPU, fp32 decode attention is 3-8x faster than bf16's (measured: torch 2.13, 1-16 rows)
+        dt = torch.float32 if q.device.type == "cpu" else q.dtype
+        keys = k_pool[ctx.decode_slots].to(dt).transpose(1, 2)  # [B, KVH, L, D]
+        values = v_pool[ctx.decode_slots].to(dt).transpose(1, 2)
+        mask = None if ctx.decode_mask is None else ctx.decode_mask.to(dt)
         o = F.scaled_dot_product_attention(
-            q[:nd].unsqueeze(2), keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+            q[:nd].unsqueeze(2).to(dt), keys, values, attn_mask=mask, scale=scale, enable_gqa=True
         )
         out[:nd] = o.squeeze(2)
     for chunk in ctx.prefills:

@@ -4,9 +4,9 @@ Q/K/V and gate/up projections are fused into single matmuls. On a small model mo
 overhead, so fewer, larger ops are what make a single stream fast. Which configs run here is decided by
 :func:`engine.model.architectures.execution_path`.
 
-Weights are built into a :class:`_Stack` per compute dtype: the model-dtype stack serves steps of up to
-``SMALL_STEP_TOKENS`` tokens (single-stream decode, where a bf16 GEMV is memory-bound and fast); with fbgemm's
-packed fp16 GEMM, a second fp32-math stack serves larger steps (bf16 GEMM is slow on CPUs without avx512_bf16).
+Weights are built into one :class:`_Stack`, in the model dtype. Each linear layer comes from a builder
+(``engine/model/kernels.py``) that may hold more than one kernel for it and pick one per step size by measurement
+(``engine/model/autotune.py``).
 """
 
 from __future__ import annotations
@@ -20,13 +20,12 @@ import torch.nn.functional as F
 
 from engine.model.architectures import attention_shape
 from engine.model.attention import AttentionContext, paged_attention
+from engine.model.autotune import Kernel
 from engine.model.kv_cache import KVCache
-from engine.model.quantization import DenseLinear, Linear, PackedFp16Linear
+from engine.model.quantization import DenseLinear
 
-#: Steps with at most this many tokens read the model-dtype weights; larger ones use the packed stack, if any.
-SMALL_STEP_TOKENS = 2
-
-LinearFactory = Callable[[torch.Tensor, torch.Tensor | None], Linear]
+#: ``linear(role, names, weight, bias)``: role is qkv/o/gate_up/down/lm_head, names the HF parameters fused in it
+LinearFactory = Callable[[str, list[str], torch.Tensor, torch.Tensor | None], Kernel]
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -44,17 +43,13 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 @dataclass(slots=True)
 class _FusedLayer:
     input_norm: torch.Tensor
-    qkv: Linear
+    qkv: Kernel
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o: Linear
+    o: Kernel
     post_norm: torch.Tensor
-    gate_up: Linear
-    down: Linear
-
-
-def _packed(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
-    return PackedFp16Linear(weight, bias)
+    gate_up: Kernel
+    down: Kernel
 
 
 @dataclass(slots=True)
@@ -80,25 +75,25 @@ class _LayerNorms:
     def layer(
         self,
         linear: LinearFactory,
+        index: int,
         qkv: torch.Tensor,
         qkv_bias: torch.Tensor | None,
         o: torch.Tensor,
         gate_up: torch.Tensor,
         down: torch.Tensor,
-        dtype: torch.dtype,
     ) -> _FusedLayer:
-        def cast(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(dtype)
+        def names(kind: str, *projs: str) -> list[str]:
+            return [f"model.layers.{index}.{kind}.{p}_proj.weight" for p in projs]
 
         return _FusedLayer(
-            self.input_norm.to(dtype),
-            linear(qkv, qkv_bias),
-            cast(self.q_norm),
-            cast(self.k_norm),
-            linear(o, None),
-            self.post_norm.to(dtype),
-            linear(gate_up, None),
-            linear(down, None),
+            self.input_norm,
+            linear("qkv", names("self_attn", "q", "k", "v"), qkv, qkv_bias),
+            self.q_norm,
+            self.k_norm,
+            linear("o", names("self_attn", "o"), o, None),
+            self.post_norm,
+            linear("gate_up", names("mlp", "gate", "up"), gate_up, None),
+            linear("down", names("mlp", "down"), down, None),
         )
 
 
@@ -108,7 +103,7 @@ class _Stack:
 
     layers: list[_FusedLayer]
     final_norm: torch.Tensor
-    lm_head: Linear
+    lm_head: Kernel
     dtype: torch.dtype
 
     @property
@@ -126,15 +121,13 @@ class FusedDecoder:
 
     Args:
         model: the HF causal LM; its embedding and rotary modules are reused as they are.
-        linear: builds one linear layer from a weight and bias (dense or quantized, see ``make_linear``).
+        linear: builds one linear layer (see ``LinearFactory`` and ``engine/model/kernels.py``).
         quantized: the linears are quantized; the HF modules' dense weights are then dropped to free memory.
             Otherwise the HF modules are pointed at views of the fused tensors, so nothing is stored twice and
             the HF model stays usable.
-        packed_fp16: also build a stack of fbgemm packed fp16 weights (fp32 math) for steps of more than
-            ``SMALL_STEP_TOKENS`` tokens.
     """
 
-    def __init__(self, model: Any, linear: LinearFactory, quantized: bool, packed_fp16: bool) -> None:
+    def __init__(self, model: Any, linear: LinearFactory, quantized: bool) -> None:
         self._inner = model.model
         self._quantized = quantized
         self.num_heads, self.num_kv_heads, self.head_dim = attention_shape(model.config)
@@ -144,9 +137,8 @@ class FusedDecoder:
         self._eps = float(model.config.rms_norm_eps)
         dtype = next(model.parameters()).dtype
         layers: list[_FusedLayer] = []
-        packed: list[_FusedLayer] = []
         with torch.no_grad():
-            for layer in self._inner.layers:
+            for index, layer in enumerate(self._inner.layers):
                 attn, mlp = layer.self_attn, layer.mlp
                 qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
                 bias = None
@@ -155,9 +147,7 @@ class FusedDecoder:
                 gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
                 norms = _LayerNorms.of(layer)
                 weights = (qkv, bias, attn.o_proj.weight, gate_up, mlp.down_proj.weight)
-                layers.append(norms.layer(linear, *weights, dtype=dtype))
-                if packed_fp16:
-                    packed.append(norms.layer(_packed, *weights, dtype=torch.float32))
+                layers.append(norms.layer(linear, index, *weights))
                 if quantized:
                     for module in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
                         module.weight = _frozen(torch.empty(0, dtype=dtype))
@@ -174,31 +164,26 @@ class FusedDecoder:
                 mlp.up_proj.weight = _frozen(gate_up[inter:])
             head = model.lm_head
             final_norm = self._inner.norm.weight
-            self._stack = _Stack(layers, final_norm, DenseLinear(head.weight, head.bias), dtype)
-            self._batch_stack: _Stack | None = None
-            if packed:
-                self._batch_stack = _Stack(
-                    packed, final_norm.float(), PackedFp16Linear(head.weight, head.bias), torch.float32
-                )
-
-    @property
-    def has_batch_stack(self) -> bool:
-        """Whether larger steps run on packed fp16 weights."""
-        return self._batch_stack is not None
+            lm_head = linear("lm_head", ["lm_head.weight"], head.weight, head.bias)
+            self._stack = _Stack(layers, final_norm, lm_head, dtype)
 
     @property
     def extra_bytes(self) -> int:
-        """Bytes of weights held outside the HF model's parameters (quantized or packed copies)."""
-        total = self._stack.nbytes if self._quantized else 0  # dense weights are views of HF parameters
-        return total + (0 if self._batch_stack is None else self._batch_stack.nbytes)
+        """Bytes of weights held outside the HF model's parameters (quantized, packed or dense copies).
+
+        Dense kernels over HF parameters count nothing: the dense layers of an unquantized model and the dense
+        lm_head are views of them (``TunedLinear.nbytes`` leaves out such shared kernels too).
+        """
+        stack = self._stack
+        linears = [m for layer in stack.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        total = sum(m.nbytes for m in linears if self._quantized or not isinstance(m, DenseLinear))
+        return total + (0 if isinstance(stack.lm_head, DenseLinear) else stack.lm_head.nbytes)
 
     def forward(
         self, ids: torch.Tensor, pos: torch.Tensor, kv: KVCache, ctx: AttentionContext, keep: torch.Tensor | None
     ) -> torch.Tensor | None:
         """Run every layer over the packed step (writing its K/V); logits of the ``keep`` rows, if any."""
         stack = self._stack
-        if self._batch_stack is not None and ids.shape[0] > SMALL_STEP_TOKENS:
-            stack = self._batch_stack
         hidden = self._layers(stack, ids, pos, kv, ctx)
         return None if keep is None else stack.lm_head(hidden[keep])
 

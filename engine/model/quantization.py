@@ -1,7 +1,9 @@
 """Weight quantization for the fused decoder: one callable per linear layer.
 
 Levels: ``fp32``/``bf16``/``fp16`` keep dense weights; ``int8`` and ``int4`` quantize the decoder's linear layers
-(the embedding and ``lm_head`` stay in the model dtype, where quality is most sensitive).
+(the embedding stays in the model dtype for its row lookups; on a CPU the fused decoder's ``lm_head`` may run int8,
+see ``engine/model/kernels.py``). GGUF blocks load straight into the int4/int8 kernels
+(``engine/loading/gguf_weights.py``: ``Int4Linear.from_parts``, ``Int8Linear.from_q8``).
 
 Backends, chosen per device:
 
@@ -26,12 +28,25 @@ import torch
 import torch.nn.functional as F
 
 from engine.api import WEIGHT_LEVELS
+from engine.loading.gguf_weights import Int4Parts, Q8Parts
 
 log = logging.getLogger("engine")
 
 INT4_GROUP_SIZE = 32
 
 
+def int4_parts(weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> Int4Parts:
+    """Asymmetric 4-bit quantization per group of input channels (min/max, as GGUF's Q4_1)."""
+    n, k = weight.shape
+    if k % group_size:
+        raise ValueError(f"int4 needs in_features divisible by {group_size}, got {k}")
+    w = weight.float().view(n, k // group_size, group_size)
+    lo = w.amin(dim=-1, keepdim=True)
+    hi = w.amax(dim=-1, keepdim=True)
+    scale = ((hi - lo) / 15.0).clamp(min=1e-8)
+    q = torch.round((w - lo) / scale).clamp(0, 15).to(torch.int32).view(n, k)
+    zero = lo + 8.0 * scale
+    return Int4Parts(q, scale.view(n, -1), zero.view(n, -1))
 
 
 @dataclass(slots=True)
@@ -65,6 +80,11 @@ class Int8Linear:
         q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
         return cls(q, scales, bias)
 
+    @classmethod
+    def from_q8(cls, parts: Q8Parts, bias: torch.Tensor | None = None) -> Int8Linear:
+        """From GGUF Q8_0 blocks: the exact block values, requantized to one scale per row (the kernel's form)."""
+        return cls.quantize(parts.dequantize(), bias)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         scales = self._scales_by_dtype.get(x.dtype)
         if scales is None:
@@ -95,18 +115,15 @@ class Int4Linear:
     def quantize(
         cls, weight: torch.Tensor, bias: torch.Tensor | None = None, group_size: int = INT4_GROUP_SIZE
     ) -> Int4Linear:
-        n, k = weight.shape
-        if k % group_size:
-            raise ValueError(f"int4 needs in_features divisible by {group_size}, got {k}")
-        w = weight.float().view(n, k // group_size, group_size)
-        lo = w.amin(dim=-1, keepdim=True)
-        hi = w.amax(dim=-1, keepdim=True)
-        scale = ((hi - lo) / 15.0).clamp(min=1e-8)
-        q = torch.round((w - lo) / scale).clamp(0, 15).to(torch.int32).view(n, k)
-        zero = lo + 8.0 * scale
-        scales_zeros = torch.stack([scale.view(n, -1), zero.view(n, -1)], dim=-1).transpose(0, 1).contiguous()
-        packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
-        return cls(packed, scales_zeros, group_size, n, bias)
+        return cls.from_parts(int4_parts(weight, group_size), bias)
+
+    @classmethod
+    def from_parts(cls, parts: Int4Parts, bias: torch.Tensor | None = None) -> Int4Linear:
+        """From unpacked 4-bit values with a scale and zero per 32 weights (e.g. GGUF Q4_0/Q4_1/Q4_K blocks)."""
+        n, k = parts.q.shape
+        scales_zeros = torch.stack([parts.scale, parts.zero], dim=-1).transpose(0, 1).contiguous()
+        packed = torch._convert_weight_to_int4pack_for_cpu(parts.q.contiguous(), 1)
+        return cls(packed, scales_zeros.float(), k // parts.scale.shape[1], n, bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         sz = self._sz_by_dtype.get(x.dtype)
@@ -129,13 +146,17 @@ class PackedFp16Linear:
     row by row, and fp32 reads twice the bytes.
     """
 
+    #: the activation dtype the kernel takes (callers cast to it and back)
+    input_dtype = torch.float32
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         w = weight.detach().float()
         self.out_features, self.in_features = w.shape
         with warnings.catch_warnings():  # torch marks the fbgemm fp16 ops deprecated; they are pinned with torch
             warnings.simplefilter("ignore")
             self.packed = torch.fbgemm_pack_gemm_matrix_fp16(w.contiguous())
-        self.bias = (bias.detach().float() if bias is not None else torch.zeros(self.out_features)).contiguous()
+            self.bias = (bias.detach().float() if bias is not None else torch.zeros(self.out_features)).contiguous()
+            self(torch.zeros(1, self.in_features))  # torch warns once per process, at the first call: here
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.fbgemm_linear_fp16_weight(x, self.packed, self.bias)

@@ -12,12 +12,15 @@ Sequences are packed into one token dimension (no padding): decode tokens first,
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import psutil
 import torch
 
 from engine.api import WEIGHT_LEVELS
+from engine.loading.gguf_weights import source_of
 from engine.model.architectures import execution_path
 from engine.model.attention import (
     ATTN_IMPLEMENTATION,
@@ -26,12 +29,18 @@ from engine.model.attention import (
     register_hf_attention,
     step_context,
 )
+from engine.model.autotune import Choice, PlanCache, Tuner
+from engine.model.kernels import KernelBuilder
 from engine.model.kv_cache import NULL_BLOCK, KVCache
 from engine.model.llama import FusedDecoder
 from engine.model.quantization import DenseLinear, Linear, make_linear
-from engine.system.hardware import fbgemm_fp16_available
 
 log = logging.getLogger("engine")
+
+#: Set to "off" to skip kernel measurement: every layer then runs its level's stored kernel.
+AUTOTUNE_ENV = "HEARTH_AUTOTUNE"
+#: Second kernels for a shape (e.g. a dense copy beside int4) may take at most this share of available RAM.
+EXTRA_KERNEL_RAM_FRACTION = 0.1
 
 
 class StepSequence(Protocol):
@@ -96,15 +105,15 @@ class ModelRunner:
         self.weight_quantization: str | None = quantization if quantization in WEIGHT_LEVELS else None
         self._quant_backend = quant_backend
         self._decoder: FusedDecoder | None = None
+        #: the kernel plans measured (or read from the cache) for this model, for ``python -m engine info``
+        self.kernel_choices: list[Choice] = []
+        #: how many fused weights came straight from the GGUF file's blocks
+        self.weights_from_gguf = 0
         if self.is_fused:
-            # bf16/fp16 weights on a CPU: batched steps use fbgemm's packed fp16 GEMM in fp32 (PackedFp16Linear)
-            packed_fp16 = (
-                self.device.type == "cpu"
-                and self.dtype in (torch.bfloat16, torch.float16)
-                and self.weight_quantization is None
-                and fbgemm_fp16_available()
-            )
-            self._decoder = FusedDecoder(model, self._linear, self.weight_quantization is not None, packed_fp16)
+            builder = self._kernel_builder(model)
+            self._decoder = FusedDecoder(model, builder, self.weight_quantization is not None)
+            self.kernel_choices = builder.tuner.choices if builder.tuner is not None else []
+            self.weights_from_gguf = builder.from_file
         else:
             if self.weight_quantization is not None:
                 self._quantize_hf_modules()
@@ -113,7 +122,7 @@ class ModelRunner:
         log.info(
             "model runner: %s path%s, %d KV blocks of %d tokens (%.1f MB, %s)",
             "fused" if self.is_fused else "HF-module",
-            " (+ packed fp16 weights for batched steps)" if self._decoder and self._decoder.has_batch_stack else "",
+            f" ({self.weights_from_gguf} weights from GGUF blocks)" if self.weights_from_gguf else "",
             num_blocks,
             block_size,
             self.kv.nbytes / 1e6,
@@ -121,6 +130,15 @@ class ModelRunner:
         )
 
     # --- weights -----------------------------------------------------------------------------------------------
+    def _kernel_builder(self, model: torch.nn.Module) -> KernelBuilder:
+        """The fused layers' kernel builder: GGUF blocks where the file has them, plans measured per shape."""
+        tuner = None
+        if os.environ.get(AUTOTUNE_ENV, "").strip().lower() not in ("0", "off", "no", "false"):
+            budget = int(psutil.virtual_memory().available * EXTRA_KERNEL_RAM_FRACTION)
+            tuner = Tuner(self.dtype, PlanCache(), budget, int(self.config.num_hidden_layers))
+        gguf = source_of(model) if self.weight_quantization is not None and self.device.type == "cpu" else None
+        return KernelBuilder(self.weight_quantization, self.dtype, self.device, self._quant_backend, gguf, tuner)
+
     def _linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
         if self.weight_quantization is None:
             return DenseLinear(weight, bias)

@@ -4,24 +4,26 @@ Everything is measured in the same run, so the ratios hold even on a noisy machi
 per line, then a summary line with the ratios the targets are stated in::
 
     python -m engine.bench --model default --concurrency 1,4,16 --max-tokens 64
+
+``--llama-server PATH`` adds llama.cpp's server on the same model's GGUF (``engine/tools/llama_server.py``), and
+``--level`` runs our engine at a quantization level instead of ``--dtype`` (e.g. ``--level int4`` beside the Q4_1
+GGUF llama.cpp runs).
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from engine.api import SamplingParams
 from engine.core.llm import LLM
-from engine.core.metrics import percentile
 from engine.system import hardware
+from engine.tools.timings import Timings
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -41,31 +43,6 @@ QUESTIONS = [
     "Explain recursion to a child.",
     "What are prime numbers?",
 ]
-
-
-@dataclass(slots=True)
-class Timings:
-    """Per-request token timestamps, turned into the figures each JSON line carries."""
-
-    starts: list[float] = field(default_factory=list)
-    token_times: list[list[float]] = field(default_factory=list)
-    wall_s: float = 0.0
-
-    def row(self, name: str, concurrency: int) -> dict[str, Any]:
-        tokens = sum(len(t) for t in self.token_times)
-        ttft = [t[0] - s for s, t in zip(self.starts, self.token_times, strict=True) if t]
-        itl = [b - a for t in self.token_times for a, b in itertools.pairwise(t)]
-        return {
-            "system": name,
-            "concurrency": concurrency,
-            "tokens": tokens,
-            "wall_s": round(self.wall_s, 3),
-            "tok_s": round(tokens / self.wall_s, 2),
-            "ttft_p50_ms": round(percentile(ttft, 50) * 1e3, 1),
-            "ttft_p99_ms": round(percentile(ttft, 99) * 1e3, 1),
-            "itl_p50_ms": round(percentile(itl, 50) * 1e3, 2),
-            "itl_p99_ms": round(percentile(itl, 99) * 1e3, 2),
-        }
 
 
 def _messages(i: int) -> list[dict[str, str]]:
@@ -165,7 +142,7 @@ def bench_quantization(model: str, levels: list[str], max_tokens: int) -> None:
 
     from engine.tools.perplexity import perplexity
 
-    text = (Path(__file__).resolve().parent.parent / "tests" / "data" / "gettysburg_and_austen.txt").read_text()
+    text = (Path(__file__).resolve().parents[2] / "tests" / "data" / "gettysburg_and_austen.txt").read_text()
     greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     reference: dict[str, Any] = {}
     for level in levels:
@@ -175,7 +152,7 @@ def bench_quantization(model: str, levels: list[str], max_tokens: int) -> None:
         bench_engine(llm, 16, 4)
         multi = bench_engine(llm, 16, max_tokens).row("hearth", 16)
         ppl = perplexity(llm, text)
-        tokens = [o.token_ids for o in llm.generate([_messages(i) for i in range(8)], greedy)]  # type: ignore[misc]
+        tokens = [llm.chat(_messages(i), greedy).token_ids for i in range(8)]
         if not reference:
             reference = {"ppl": ppl, "tokens": tokens, "level": level}
         same = sum(a == b for ref, out in zip(reference["tokens"], tokens, strict=True) for a, b in zip(ref, out, strict=False))
@@ -196,6 +173,34 @@ def bench_quantization(model: str, levels: list[str], max_tokens: int) -> None:
         llm.close()
 
 
+def _bench_llama_server(llm: LLM, args: argparse.Namespace, levels: list[int]) -> dict[tuple[str, int], Any]:
+    """llama-server's rows, on the same prompts (as token ids), one server start per concurrency."""
+    from pathlib import Path
+
+    from engine.loading.default_model import source_gguf_path
+    from engine.tools.llama_server import measure
+
+    if args.gguf:
+        gguf = Path(args.gguf)
+    elif str(args.model).endswith(".gguf"):
+        gguf = Path(args.model)
+    elif args.model == "default":
+        gguf = source_gguf_path()
+    else:
+        raise SystemExit("--llama-server needs --gguf for a model that is not a GGUF file")
+    prompts = [llm.engine.tokenize(_messages(i)) for i in range(max(levels))]
+    rows: dict[tuple[str, int], Any] = {}
+    for c in levels:
+        timings, no_repack = measure(Path(args.llama_server), gguf, prompts, c, args.max_tokens, torch.get_num_threads())
+        row = timings.row("llama_server", c)
+        row.update(gguf=gguf.name, no_repack=no_repack)
+        if no_repack:
+            row["note"] = "the server died at the first request; restarted with --no-repack"
+        rows[("llama_server", c)] = row
+        _emit(row)
+    return rows
+
+
 def _emit(row: dict[str, Any]) -> None:
     print(json.dumps(row), flush=True)
 
@@ -212,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quantization", default=None, help="'all' or a comma list (bf16,int8,int4,none): compare levels only"
     )
+    parser.add_argument("--level", default=None, help="our quantization level (int4, int8, bf16, ...) instead of --dtype")
+    parser.add_argument("--llama-server", default=None, metavar="PATH", help="also measure this llama-server binary")
+    parser.add_argument("--gguf", default=None, help="the GGUF llama-server runs (default: the model's own)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -222,12 +230,16 @@ def main(argv: list[str] | None = None) -> int:
         bench_quantization(args.model, names, args.max_tokens)
         return 0
 
-    llm = LLM(args.model, dtype=args.dtype, start_loop=False, max_batch_size=max(levels + [16]))
+    precision = {"quantization": args.level} if args.level else {"dtype": args.dtype}
+    llm = LLM(args.model, start_loop=False, max_batch_size=max(levels + [16]), **precision)
     results: dict[tuple[str, int], dict[str, Any]] = {}
     for c in levels:
         bench_engine(llm, c, 4)  # warm this batch shape
         results[("hearth", c)] = row = bench_engine(llm, c, args.max_tokens).row("hearth", c)
+        row["level"] = llm.quantization
         _emit(row)
+    if args.llama_server:
+        results.update(_bench_llama_server(llm, args, levels))
 
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM
@@ -275,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     statics = [r["tok_s"] for (name, c), r in results.items() if name.startswith("hf_static") and c == top]
     if ours and statics:
         summary[f"c{top}_vs_best_hf_static_batch"] = round(ours["tok_s"] / max(statics), 2)
+    for c in levels:
+        theirs, mine = results.get(("llama_server", c)), results.get(("hearth", c))
+        if theirs and mine:
+            summary[f"c{c}_vs_llama_server"] = round(mine["tok_s"] / theirs["tok_s"], 2)
     if len(summary) > 1:
         _emit(summary)
     llm.close()

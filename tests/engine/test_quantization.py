@@ -194,7 +194,7 @@ def test_recommend_no_gpu_16gb_ram_8b_model_uses_int8_on_cpu() -> None:
 def test_recommend_4gb_free_7b_model_does_not_fit_and_says_why() -> None:
     rec = recommend(MISTRAL_7B, hardware=_hw(ram_gb=4))
     assert rec.fits == "no"
-    assert "GB" in rec.reason and "int4" in rec.reason
+    assert "GiB" in rec.reason and "int4" in rec.reason
     assert rec.free_bytes == 4 * GB
 
 

@@ -1,0 +1,324 @@
+"""Kernel choice by measurement: per weight shape and batch bucket, the fastest kernel of a precision class.
+
+Which matmul is fastest depends on the CPU far more than on the model: on a CPU with AVX512_BF16 a plain bf16
+GEMM beats fbgemm's packed fp16 at 16 rows, on one without it the packed kernel is several times faster; int4
+wins a one-row GEMV and may lose a 64-row GEMM. So at load, each distinct weight shape is timed on every
+candidate kernel at one row count per bucket (:data:`BUCKETS`), and :func:`choose` makes a plan: the kernel each
+bucket runs.
+
+The candidates never change the precision class the level fixes (``engine/model/quantization.py`` builds them):
+bf16/fp16 models choose between dense and packed fp16 (exact for bf16 weights); int8/int4 between their packed
+kernel and a dense copy of the same dequantized weights. A plan keeps one kernel per shape unless a second is at
+least :data:`MIN_GAIN` faster in some bucket and its memory is allowed; kernels that share memory already held
+(the lm_head reading the embedding) are free.
+
+Plans are cached in ``data_dir()/autotune.json`` per CPU model, torch version, thread count, shape and
+candidate set, so later loads measure nothing. Every plan records its timings and a reason;
+``python -m engine info`` prints them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from engine.system import hardware
+from engine.system.paths import data_dir
+
+log = logging.getLogger("engine")
+
+#: The row count timed for each bucket: 1, 2-4, 5-16 and 17+ rows.
+BUCKETS = (1, 4, 16, 64)
+BUCKET_NAMES = ("1", "2-4", "5-16", "17+")
+#: A second kernel for a shape is kept only where it is at least this much faster (0.15 = 15 %).
+MIN_GAIN = 0.15
+CACHE_FILENAME = "autotune.json"
+#: Part of every cache key: bump it when the way plans are measured or chosen changes.
+PLAN_VERSION = "v4"
+_WARMUP, _REPEATS, _ROUNDS = 5, 5, 3
+
+
+def bucket_index(rows: int) -> int:
+    """The bucket a step of ``rows`` token rows falls in."""
+    return 0 if rows <= 1 else 1 if rows <= 4 else 2 if rows <= 16 else 3
+
+
+class Kernel(Protocol):
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+    @property
+    def nbytes(self) -> int: ...
+
+
+@dataclass(slots=True)
+class Plan:
+    """Which kernel each bucket runs for one weight shape, and why."""
+
+    kernels: tuple[str, ...]  # one name per bucket
+    timings_us: dict[str, list[float]]  # kernel -> time per bucket
+    reason: str
+    cached: bool = False
+
+    @property
+    def used(self) -> list[str]:
+        return list(dict.fromkeys(self.kernels))
+
+
+def choose(timings_us: Mapping[str, list[float]], preferred: str, may_add: Callable[[str], bool]) -> Plan:
+    """The plan for one shape from its measured timings.
+
+    Args:
+        timings_us: Each candidate's time per bucket (microseconds), in :data:`BUCKETS` order.
+        preferred: The kernel to keep when timings tie (the one the level stores anyway).
+        may_add: Whether a second kernel may be held beside the first (memory allows it, or it is free).
+
+    Returns:
+        One kernel for all buckets (the one with the least total slowdown against each bucket's best), plus a
+        second for the buckets where another is at least :data:`MIN_GAIN` faster, when ``may_add`` allows.
+    """
+    names = list(timings_us)
+    best = [min(timings_us[n][b] for n in names) for b in range(len(BUCKETS))]
+
+    def slowdown(name: str) -> float:
+        return sum(t / max(b, 1e-9) for t, b in zip(timings_us[name], best, strict=True))
+
+    ranked = sorted(names, key=lambda n: (round(slowdown(n), 3), n != preferred))
+    main = ranked[0]
+    plan = [main] * len(BUCKETS)
+    second: str | None = None
+    gains: dict[str, float] = {}
+    for b in range(len(BUCKETS)):
+        fastest = min(names, key=lambda n: timings_us[n][b])
+        gain = timings_us[main][b] / max(timings_us[fastest][b], 1e-9) - 1
+        if fastest != main and gain >= MIN_GAIN:
+            gains[fastest] = max(gains.get(fastest, 0.0), gain)
+    if gains:
+        candidate = max(gains, key=lambda n: gains[n])
+        if may_add(candidate):
+            second = candidate
+            for b in range(len(BUCKETS)):
+                if timings_us[main][b] / max(timings_us[second][b], 1e-9) - 1 >= MIN_GAIN:
+                    plan[b] = second
+    if second is None:
+        why = f"{main} is fastest overall"
+        if gains:
+            why += f"; {max(gains, key=lambda n: gains[n])} would be faster in some buckets but is not kept (memory)"
+    else:
+        buckets = ", ".join(BUCKET_NAMES[b] for b in range(len(BUCKETS)) if plan[b] == second)
+        why = f"{main}, and {second} for {buckets} rows (>= {MIN_GAIN:.0%} faster there)"
+    return Plan(tuple(plan), {n: [round(t, 1) for t in timings_us[n]] for n in names}, why)
+
+
+def _cache_bytes() -> int:
+    """The last-level cache size (Linux sysfs), or 32 MiB where unknown."""
+    size = 32 << 20
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"), reverse=True):
+        try:
+            text = (index / "size").read_text().strip().upper()
+            size = int(text.rstrip("KMG")) << {"K": 10, "M": 20, "G": 30}.get(text[-1], 0)
+            break
+        except (OSError, ValueError, IndexError):
+            continue
+    return size
+
+
+_flush_buffer: torch.Tensor | None = None
+
+
+def _evict_caches() -> None:
+    """Read twice the last-level cache, so the next call reads its weights from memory, as in a real step.
+
+    Reading (not writing) leaves no dirty lines whose write-back would be charged to the timed call.
+    """
+    global _flush_buffer
+    if _flush_buffer is None:
+        _flush_buffer = torch.ones(2 * _cache_bytes() // 4, dtype=torch.float32)
+    _flush_buffer.sum()
+
+
+def _release_flush_buffer() -> None:
+    global _flush_buffer
+    _flush_buffer = None
+
+
+def time_kernel(kernel: Kernel, rows: int, in_features: int, dtype: torch.dtype) -> float:
+    """Best-of-several time of one call on ``rows`` random rows, in microseconds (casts included, as run).
+
+    The caches are flushed before every timed call: a model's layers together outgrow them, so in a real step
+    each weight comes from memory, and a warm-cache timing would flatter small matrices.
+    """
+    x = torch.randn(rows, in_features).to(dtype)
+    cast = getattr(kernel, "input_dtype", None)
+
+    def call() -> None:
+        if cast is not None and cast != dtype:
+            kernel(x.to(cast)).to(dtype)
+        else:
+            kernel(x)
+
+    with torch.inference_mode():
+        for _ in range(_WARMUP):
+            call()
+        best = float("inf")
+        for _ in range(_REPEATS):
+            _evict_caches()
+            start = time.perf_counter()
+            call()
+            best = min(best, time.perf_counter() - start)
+    return best * 1e6
+
+
+class TunedLinear:
+    """A linear layer that runs, for each bucket of row counts, the kernel its plan chose.
+
+    A kernel with an ``input_dtype`` (packed fp16 takes fp32) gets its input cast, and its output cast back.
+    """
+
+    __slots__ = ("_by_bucket", "_casts", "kernels", "plan", "shared")
+
+    def __init__(self, kernels: dict[str, Kernel], plan: Plan, shared: frozenset[str] = frozenset()) -> None:
+        self.kernels = {name: kernels[name] for name in plan.used}
+        self.plan = plan
+        self.shared = shared
+        self._by_bucket = tuple(kernels[name] for name in plan.kernels)
+        self._casts = tuple(getattr(kernels[name], "input_dtype", None) for name in plan.kernels)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        b = 0 if rows <= 1 else 1 if rows <= 4 else 2 if rows <= 16 else 3
+        cast = self._casts[b]
+        if cast is not None and x.dtype != cast:
+            return self._by_bucket[b](x.to(cast)).to(x.dtype)
+        return self._by_bucket[b](x)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this layer adds (kernels sharing memory held elsewhere count nothing)."""
+        return sum(k.nbytes for name, k in self.kernels.items() if name not in self.shared)
+
+
+class PlanCache:
+    """Plans on disk, one JSON object keyed by machine, torch, threads, role, shape and candidates."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path if path is not None else data_dir() / CACHE_FILENAME
+        self._data: dict[str, Any] | None = None
+
+    @staticmethod
+    def key(role: str, shape: tuple[int, int], dtype: torch.dtype, candidates: list[str]) -> str:
+        machine = f"{hardware.detect().cpu_model}|torch {torch.__version__}|{torch.get_num_threads()} threads"
+        machine = f"{PLAN_VERSION}|{machine}"
+        return f"{machine}|{role}|{shape[0]}x{shape[1]}|{str(dtype).removeprefix('torch.')}|{','.join(candidates)}"
+
+    def _load(self) -> dict[str, Any]:
+        if self._data is None:
+            try:
+                self._data = json.loads(self.path.read_text())
+            except (OSError, ValueError):
+                self._data = {}
+        return self._data
+
+    def get(self, key: str) -> Plan | None:
+        entry = self._load().get(key)
+        try:
+            return (
+                Plan(tuple(entry["kernels"]), entry["timings_us"], entry["reason"], cached=True)
+                if entry
+                else None
+            )
+        except (KeyError, TypeError):
+            return None
+
+    def put(self, key: str, plan: Plan) -> None:
+        data = self._load()
+        data[key] = {"kernels": list(plan.kernels), "timings_us": plan.timings_us, "reason": plan.reason}
+        with self._lock:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".autotune-")
+                with os.fdopen(fd, "w") as fh:
+                    json.dump(data, fh, indent=1, sort_keys=True)
+                os.replace(tmp, self.path)
+            except OSError as exc:  # a read-only data dir only costs the next load a re-measurement
+                log.info("autotune cache not written (%s)", exc)
+
+
+@dataclass(slots=True)
+class Choice:
+    """One tuned shape, for ``python -m engine info``."""
+
+    role: str
+    shape: tuple[int, int]
+    plan: Plan
+
+
+class Tuner:
+    """Makes (or reads) one plan per role and shape while a model's layers are built.
+
+    Args:
+        dtype: The activation dtype the model runs in.
+        cache: Where plans persist; None measures every load.
+        extra_budget: Bytes of second kernels the model may hold in all.
+        layers: How many layers share each decoder shape (a second kernel costs that many copies).
+    """
+
+    def __init__(self, dtype: torch.dtype, cache: PlanCache | None, extra_budget: int, layers: int) -> None:
+        self.dtype = dtype
+        self.cache = cache
+        self.budget = extra_budget
+        self.layers = layers
+        self.plans: dict[tuple[str, tuple[int, int]], Plan] = {}
+        self.choices: list[Choice] = []
+
+    def plan_for(
+        self,
+        role: str,
+        shape: tuple[int, int],
+        kernels: dict[str, Kernel],
+        preferred: str,
+        free: frozenset[str],
+    ) -> Plan:
+        """The plan for ``role`` at ``shape``; ``kernels`` are this shape's candidates (first instance)."""
+        known = self.plans.get((role, shape))
+        if known is not None:
+            return known
+        names = sorted(kernels)
+        plan = None
+        key = PlanCache.key(role, shape, self.dtype, names) if self.cache is not None else ""
+        if self.cache is not None:
+            plan = self.cache.get(key)
+        if plan is None or any(name not in kernels for name in plan.kernels):
+            # rounds interleave the candidates, so a passing disturbance does not decide the plan alone
+            timings = {name: [float("inf")] * len(BUCKETS) for name in names}
+            for _ in range(_ROUNDS):
+                for name in names:
+                    for b, rows in enumerate(BUCKETS):
+                        t = time_kernel(kernels[name], rows, shape[1], self.dtype)
+                        timings[name][b] = min(timings[name][b], t)
+            _release_flush_buffer()
+            copies = 1 if role == "lm_head" else self.layers
+
+            def may_add(name: str) -> bool:
+                return name in free or kernels[name].nbytes * copies <= self.budget
+
+            plan = choose(timings, preferred, may_add)
+            if self.cache is not None:
+                self.cache.put(key, plan)
+        for name in plan.used:
+            if name != plan.kernels[0] and name not in free:
+                self.budget -= kernels[name].nbytes * (1 if role == "lm_head" else self.layers)
+        self.plans[(role, shape)] = plan
+        self.choices.append(Choice(role, shape, plan))
+        log.info("kernels for %s %dx%d: %s", role, shape[0], shape[1], plan.reason)
+        return plan

@@ -1,0 +1,135 @@
+"""Builds each fused linear layer's kernel: the level's candidates, the GGUF file's own blocks, the tuned plan.
+
+For the fused decoder on a CPU with torch's kernels (``KernelBuilder``):
+
+* **fp32** stays one dense ``F.linear`` (it must match HF token for token).
+* **bf16/fp16**: dense, or fbgemm's packed fp16 (``PackedFp16Linear``).
+* **int8/int4** decoder layers: the level's one packed kernel (torch has one of each on a CPU; a dense copy of the
+  dequantized weights is faster for batched rows on CPUs with AVX512_BF16, but would undo the memory the level
+  saves). Layers whose input width is not a multiple of 32 use int8, as before.
+* **lm_head** at int8/int4: int8, or the dense embedding it is tied to (free: it is held for lookups anyway).
+
+Where the model came from a GGUF file, Q4_0/Q4_1/Q4_K tensors become int4 kernels and Q8_0 tensors int8 kernels
+straight from the file's blocks, when their dequantized values match the loaded weights (checked per tensor).
+Which candidate runs each batch bucket is measured (``engine/model/autotune.py``). Elsewhere (CUDA, forced
+backends) layers are built by :func:`engine.model.quantization.make_linear` as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+from engine.loading.gguf_weights import GgufWeights, Int4Parts, matches
+from engine.model.autotune import Kernel, Plan, TunedLinear, Tuner
+from engine.model.quantization import (
+    INT4_GROUP_SIZE,
+    DenseLinear,
+    Int4Linear,
+    Int8Linear,
+    PackedFp16Linear,
+    make_linear,
+)
+from engine.system.hardware import fbgemm_fp16_available
+
+log = logging.getLogger("engine")
+
+Build = Callable[[], Kernel]
+
+
+class KernelBuilder:
+    """``builder(role, names, weight, bias)`` -> the linear layer for one fused weight.
+
+    Args:
+        level: "int8"/"int4", or None for dense weights.
+        dtype: the model's dtype (activations run in it).
+        device: where the model runs.
+        backend: "auto", "torch" or "bitsandbytes" (see ``make_linear``).
+        gguf: the GGUF file the model was read from, when its blocks may be used.
+        tuner: measures and caches kernel plans; None runs each level's stored kernel.
+    """
+
+    def __init__(
+        self,
+        level: str | None,
+        dtype: torch.dtype,
+        device: torch.device,
+        backend: str,
+        gguf: GgufWeights | None,
+        tuner: Tuner | None,
+    ) -> None:
+        self.level, self.dtype, self.device, self.backend = level, dtype, device, backend
+        self.gguf = gguf
+        self.tuner = tuner
+        self.from_file = 0  # weights taken straight from the GGUF blocks
+        self.tunable = device.type == "cpu" and backend in ("auto", "torch") and dtype != torch.float32
+
+    def __call__(
+        self, role: str, names: list[str], weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> Kernel:
+        if not self.tunable:
+            if self.level is None or role == "lm_head":
+                return DenseLinear(weight, bias)
+            return make_linear(weight, bias, self.level, self.device, self.backend)
+        builds, preferred, free = self._candidates(role, names, weight, bias)
+        if self.tuner is None or len(builds) == 1:
+            return builds[preferred]()
+        shape = (int(weight.shape[0]), int(weight.shape[1]))
+        known = self.tuner.plans.get((role, shape))
+        if known is not None and all(name in builds for name in known.used):
+            return TunedLinear({name: builds[name]() for name in known.used}, known, free)
+        kernels = {name: build() for name, build in builds.items()}
+        plan: Plan = self.tuner.plan_for(role, shape, kernels, preferred, free)
+        return TunedLinear(kernels, plan, free)
+
+    # --- candidates ------------------------------------------------------------------------------------------
+    def _candidates(
+        self, role: str, names: list[str], weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> tuple[dict[str, Build], str, frozenset[str]]:
+        """Builders of each candidate kernel, the level's own kernel, and the candidates that cost no memory."""
+        dtype = self.dtype
+
+        def dense() -> Build:
+            return lambda: DenseLinear(weight.to(dtype), None if bias is None else bias.to(dtype))
+
+        if self.level is None:
+            builds: dict[str, Build] = {"dense": dense()}
+            if fbgemm_fp16_available():
+                builds["fp16_packed"] = lambda: PackedFp16Linear(weight, bias)
+            return builds, "dense", frozenset({"dense"})
+        if role == "lm_head":
+            q8 = self.gguf.q8_parts(names) if self.gguf is not None else None
+            return (
+                {
+                    "dense": dense(),
+                    "int8": lambda: Int8Linear.from_q8(q8, bias) if q8 else Int8Linear.quantize(weight, bias),
+                },
+                "int8",
+                frozenset({"dense"}),
+            )
+        # decoder layers at int8/int4: the level's one packed kernel (a dense copy would undo the memory saved)
+        parts = self._int4_parts(names, weight) if self.level == "int4" else None
+        if parts is not None:
+            return {"int4": lambda: Int4Linear.from_parts(parts, bias)}, "int4", frozenset()
+        q8 = self.gguf.q8_parts(names) if self.gguf is not None else None
+        if q8 is not None and matches(q8.dequantize(), weight):
+            self.from_file += 1
+            return {"int8": lambda: Int8Linear.from_q8(q8, bias)}, "int8", frozenset()
+        if self.level == "int8" or weight.shape[1] % INT4_GROUP_SIZE:
+            return {"int8": lambda: Int8Linear.quantize(weight, bias)}, "int8", frozenset()
+        return {"int4": lambda: Int4Linear.quantize(weight, bias)}, "int4", frozenset()
+
+    def _int4_parts(self, names: list[str], weight: torch.Tensor) -> Int4Parts | None:
+        """The GGUF file's int4 blocks for these tensors, if it has them and they match the loaded weight."""
+        if self.gguf is None:
+            return None
+        parts = self.gguf.int4_parts(names)
+        if parts is None:
+            return None
+        if not matches(parts.dequantize(), weight):
+            log.warning("GGUF blocks of %s do not match the loaded weights; requantizing them", names[0])
+            return None
+        self.from_file += 1
+        return parts

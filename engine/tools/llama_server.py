@@ -1,0 +1,176 @@
+"""llama.cpp's ``llama-server`` as a benchmark opponent: start it on a GGUF, stream the bench prompts through it.
+
+The server gets the same prompts as our engine, as token ids (so both tokenize nothing differently), through its
+``/completion`` API with ``n_predict``, ``ignore_eos`` and ``temperature`` 0, streamed so every token has a
+timestamp. ``-np N`` gives it N parallel slots; ``-c`` is sized so each slot holds prompt and reply.
+
+On some AMX CPUs llama.cpp crashes at the first decode unless its weight repacking is off; when the server dies
+at the first request it is restarted once with ``--no-repack`` and the rows say so.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.tools.timings import Timings
+
+_READY_TIMEOUT_S = 120.0
+_REQUEST_TIMEOUT_S = 600.0
+
+
+class ServerDied(RuntimeError):
+    """The server process exited while serving."""
+
+
+@dataclass(slots=True)
+class LlamaServer:
+    """A running ``llama-server`` process on a local port."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    no_repack: bool
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_ready(server: LlamaServer) -> None:
+    deadline = time.monotonic() + _READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if not server.alive():
+            raise ServerDied(f"llama-server exited with status {server.process.returncode} while starting")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=2)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"llama-server did not become ready within {_READY_TIMEOUT_S:.0f} s")
+
+
+@contextmanager
+def running_server(
+    binary: Path, gguf: Path, parallel: int, threads: int, ctx_per_slot: int, no_repack: bool
+) -> Iterator[LlamaServer]:
+    """Start ``binary`` on ``gguf`` with ``parallel`` slots; stop it on exit."""
+    port = _free_port()
+    cmd = [
+        str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+        "-np", str(parallel), "-t", str(threads), "-c", str(ctx_per_slot * parallel), "--log-disable",
+    ]  # fmt: skip
+    if no_repack:
+        cmd.append("--no-repack")
+    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = LlamaServer(process, port, no_repack)
+    try:
+        _wait_ready(server)
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _stream_completion(server: LlamaServer, prompt: list[int], max_tokens: int, times: list[float]) -> None:
+    """One streamed ``/completion``; appends a timestamp per generated token to ``times``."""
+    body = json.dumps(
+        {
+            "prompt": prompt,
+            "n_predict": max_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "cache_prompt": True,
+        }
+    )
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=_REQUEST_TIMEOUT_S)
+    try:
+        conn.request("POST", "/completion", body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise ServerDied(f"llama-server answered {resp.status}: {resp.read()[:200]!r}")
+        for raw in resp:
+            line = raw.strip()
+            if not line.startswith(b"data: "):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("stop"):
+                predicted = int(chunk.get("timings", {}).get("predicted_n", len(times)))
+                times.extend([time.perf_counter()] * max(predicted - len(times), 0))  # tokens sent together
+                break
+            times.append(time.perf_counter())
+    except (OSError, http.client.HTTPException) as exc:
+        if not server.alive():
+            raise ServerDied(f"llama-server exited with status {server.process.returncode}") from exc
+        raise
+    finally:
+        conn.close()
+
+
+def bench_server(server: LlamaServer, prompts: list[list[int]], max_tokens: int) -> Timings:
+    """Send every prompt at once (one thread per request) and time each token."""
+    timings = Timings()
+    errors: list[BaseException] = []
+    threads = []
+    start = time.perf_counter()
+    for prompt in prompts:
+        times: list[float] = []
+        timings.starts.append(time.perf_counter())
+        timings.token_times.append(times)
+
+        def run(prompt: list[int] = prompt, times: list[float] = times) -> None:
+            try:
+                _stream_completion(server, prompt, max_tokens, times)
+            except BaseException as exc:  # noqa: BLE001 (re-raised in the caller's thread)
+                errors.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+    timings.wall_s = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return timings
+
+
+def measure(
+    binary: Path, gguf: Path, prompts: list[list[int]], concurrency: int, max_tokens: int, threads: int
+) -> tuple[Timings, bool]:
+    """Timings of ``concurrency`` streams on a server with as many slots; and whether ``--no-repack`` was needed.
+
+    The server is warmed with a short request first. If it dies there, it is started again with ``--no-repack``.
+    """
+    longest = max(len(p) for p in prompts[:concurrency])
+    ctx_per_slot = -(-(longest + max_tokens + 64) // 256) * 256
+    batch = [prompts[i % len(prompts)] for i in range(concurrency)]
+    for no_repack in (False, True):
+        try:
+            with running_server(binary, gguf, concurrency, threads, ctx_per_slot, no_repack) as server:
+                bench_server(server, batch, 4)  # warm up: the crash on some AMX CPUs comes here
+                return bench_server(server, batch, max_tokens), no_repack
+        except ServerDied:
+            if no_repack:
+                raise
+    raise AssertionError("unreachable")

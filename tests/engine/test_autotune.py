@@ -1,0 +1,105 @@
+"""Kernel choice by measurement: the plan logic on fake timings, per-bucket dispatch, and the on-disk cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.model import autotune
+from engine.model.autotune import BUCKETS, PlanCache, TunedLinear, Tuner, bucket_index, choose
+
+
+def _always(name: str) -> bool:
+    return True
+
+
+def _never(name: str) -> bool:
+    return False
+
+
+def test_buckets_cover_every_row_count() -> None:
+    assert [bucket_index(r) for r in (1, 2, 4, 5, 16, 17, 4096)] == [0, 1, 1, 2, 2, 3, 3]
+    assert [bucket_index(r) for r in BUCKETS] == [0, 1, 2, 3]
+
+
+def test_one_kernel_when_it_wins_everywhere() -> None:
+    plan = choose({"int4": [10, 20, 50, 100], "dense": [30, 40, 60, 110]}, "int4", _always)
+    assert plan.kernels == ("int4",) * 4
+    assert plan.used == ["int4"]
+
+
+def test_a_second_kernel_takes_the_buckets_where_it_pays() -> None:
+    """The measured case of an AVX512_BF16 CPU: int4 wins a GEMV, bf16 dense wins batched rows."""
+    timings = {"int4": [18, 31, 106, 413], "dense": [42, 48, 78, 215]}
+    plan = choose(timings, "int4", _always)
+    assert plan.kernels == ("int4", "int4", "dense", "dense")
+    assert "dense for 5-16, 17+ rows" in plan.reason
+    # without memory for a second kernel, the one with the least total slowdown runs everything
+    alone = choose(timings, "int4", _never)
+    assert len(alone.used) == 1
+    assert "not kept" in alone.reason
+
+
+def test_small_gains_and_ties_keep_one_kernel_and_prefer_the_stored_one() -> None:
+    plan = choose({"dense": [100, 100, 100, 100], "fp16_packed": [95, 95, 95, 95]}, "dense", _always)
+    assert plan.used == ["fp16_packed"]  # faster everywhere, though by less than MIN_GAIN: no second kernel
+    tie = choose({"dense": [50, 50, 50, 50], "fp16_packed": [50, 50, 50, 50]}, "dense", _always)
+    assert tie.used == ["dense"]
+
+
+class _Fake:
+    def __init__(self, value: float, nbytes: int = 100, input_dtype: torch.dtype | None = None) -> None:
+        self.value, self._nbytes, self.calls = value, nbytes, 0
+        if input_dtype is not None:
+            self.input_dtype = input_dtype
+        self.seen: list[torch.dtype] = []
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        self.seen.append(x.dtype)
+        return torch.full((x.shape[0], 2), self.value, dtype=x.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+
+def test_tuned_linear_dispatches_by_rows_and_casts_for_its_kernel() -> None:
+    small, big = _Fake(1.0), _Fake(2.0, input_dtype=torch.float32)
+    plan = choose({"small": [1, 1, 9, 9], "big": [9, 9, 1, 1]}, "small", _always)
+    layer = TunedLinear({"small": small, "big": big}, plan, shared=frozenset({"big"}))
+    x1, x20 = torch.ones(1, 4, dtype=torch.bfloat16), torch.ones(20, 4, dtype=torch.bfloat16)
+    assert float(layer(x1)[0, 0]) == 1.0
+    out = layer(x20)
+    assert float(out[0, 0]) == 2.0 and out.dtype == torch.bfloat16
+    assert big.seen == [torch.float32]
+    assert layer.nbytes == 100  # the shared kernel costs nothing
+
+
+def test_plans_are_cached_per_machine_and_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = {"int4": [10.0, 20.0, 300.0, 900.0], "dense": [30.0, 35.0, 50.0, 100.0]}
+    measured: list[str] = []
+
+    def fake_time(kernel: _Fake, rows: int, in_features: int, dtype: torch.dtype) -> float:
+        name = "int4" if kernel.value == 4 else "dense"
+        measured.append(name)
+        return fake[name][BUCKETS.index(rows)]
+
+    monkeypatch.setattr(autotune, "time_kernel", fake_time)
+    cache = PlanCache(tmp_path / "autotune.json")
+    kernels = {"int4": _Fake(4), "dense": _Fake(16)}
+    tuner = Tuner(torch.bfloat16, cache, extra_budget=10_000, layers=30)
+    plan = tuner.plan_for("qkv", (8, 4), kernels, "int4", frozenset())
+    assert plan.kernels == ("int4", "int4", "dense", "dense") and not plan.cached
+    assert len(measured) == 8 * autotune._ROUNDS  # 2 kernels x 4 buckets, per round
+    assert tuner.plan_for("qkv", (8, 4), kernels, "int4", frozenset()) is plan  # once per shape and role
+    assert tuner.budget == 10_000 - 100 * 30  # the second kernel is held by every layer
+    # a later load reads the plan back without measuring
+    again = Tuner(torch.bfloat16, PlanCache(tmp_path / "autotune.json"), extra_budget=10_000, layers=30)
+    cached = again.plan_for("qkv", (8, 4), kernels, "int4", frozenset())
+    assert cached.cached and cached.kernels == plan.kernels and len(measured) == 8 * autotune._ROUNDS
+    # too little memory for 30 dense copies: one kernel
+    poor = Tuner(torch.bfloat16, None, extra_budget=100, layers=30)
+    assert len(poor.plan_for("qkv", (8, 4), kernels, "int4", frozenset()).used) == 1

@@ -1,0 +1,108 @@
+"""GGUF blocks straight into torch's packed kernels: exact unpacking, matching matmuls, the default model's Q4_1."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from engine.loading.gguf_weights import _qk_order, unpack_int4, unpack_q8
+from engine.model.quantization import Int4Linear, Int8Linear
+
+TEXT = (Path(__file__).parent.parent / "data" / "gettysburg_and_austen.txt").read_text()
+#: bytes of fp16 fields at the start of each block (scale, or scale and minimum)
+_HALVES = {"Q4_0": 1, "Q4_1": 2, "Q4_K": 2, "Q8_0": 1}
+
+
+def _random_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Random quantized rows of ``kind`` with sane (small, finite) fp16 scales."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(rows, cols // block * size), dtype=np.uint8)
+    blocks = raw.reshape(rows, -1, size)
+    halves = (rng.standard_normal((rows, blocks.shape[1], _HALVES[kind])) * 0.01).astype(np.float16)
+    blocks[..., : 2 * _HALVES[kind]] = halves.view(np.uint8).reshape(rows, blocks.shape[1], -1)
+    return raw
+
+
+def _reference(raw: np.ndarray, kind: str, rows: int, cols: int) -> torch.Tensor:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    return torch.from_numpy(
+        dequantize(raw, GGMLQuantizationType[kind]).reshape(rows, cols).astype(np.float32)
+    )
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q4_K"])
+def test_int4_blocks_unpack_exactly_and_the_kernel_matches_them(kind: str) -> None:
+    rows, cols = 64, 512
+    raw = _random_blocks(kind, rows, cols)
+    ref = _reference(raw, kind, rows, cols)
+    parts = unpack_int4(torch.from_numpy(raw), kind)
+    # (q - 8) * scale + zero is the file's formula, up to fp32 rounding of the regrouped terms
+    assert torch.allclose(parts.dequantize(), ref, rtol=0, atol=1e-6 * float(ref.abs().max()))
+    x = torch.randn(5, cols)
+    want = x @ ref.t()
+    layer = Int4Linear.from_parts(parts)
+    assert torch.allclose(
+        layer(x), want, rtol=1e-4, atol=1e-4 * float(want.abs().max())
+    )  # fp32 scales: exact
+    got = layer(x.bfloat16()).float()  # bf16 activations: the kernel rounds scale and zero to bf16
+    assert float((got - want).norm() / want.norm()) < 0.02
+
+
+def test_q8_blocks_unpack_exactly_and_requantize_per_row_closely() -> None:
+    rows, cols = 64, 512
+    raw = _random_blocks("Q8_0", rows, cols)
+    ref = _reference(raw, "Q8_0", rows, cols)
+    parts = unpack_q8(torch.from_numpy(raw))
+    assert torch.equal(parts.dequantize(), ref)
+    x = torch.randn(5, cols)
+    want = x @ ref.t()
+    err = float((Int8Linear.from_q8(parts)(x) - want).norm() / want.norm())
+    assert err < 0.02  # per-row int8 of per-block int8 values: half a step of the row's largest weight
+
+
+def test_qk_rows_are_reordered_as_transformers_does() -> None:
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    rows = 9 * 64
+    expected = LlamaTensorProcessor()._reverse_permute_weights(np.arange(rows), 9, 9)
+    assert torch.equal(_qk_order(rows, 9), torch.from_numpy(expected))
+
+
+@pytest.fixture(scope="module")
+def gguf_int4() -> Iterator[Any]:
+    """The default model's own Q4_1 GGUF at int4, every layer on its packed kernel (no dense alternatives)."""
+    from engine import LLM
+    from engine.loading.default_model import source_gguf_path
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HEARTH_AUTOTUNE", "off")
+        llm = LLM(str(source_gguf_path()), quantization="int4", start_loop=False, kv_cache_bytes=64 << 20)
+    yield llm
+    llm.close()
+
+
+def test_default_gguf_runs_its_own_blocks_and_answers(gguf_int4: Any, default_model_dir: Path) -> None:
+    from engine import LLM, SamplingParams
+    from engine.tools.perplexity import perplexity
+
+    runner = gguf_int4.engine.runner
+    assert runner.weights_from_gguf == 4 * int(runner.config.num_hidden_layers)  # qkv, o, gate_up, down
+    answer = gguf_int4.chat(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        SamplingParams(max_tokens=16, temperature=0),
+    )
+    assert "Paris" in answer.text
+    int4_ppl = perplexity(gguf_int4, TEXT)
+    with LLM(default_model_dir, quantization="bf16", start_loop=False, kv_cache_bytes=64 << 20) as bf16:
+        bf16_ppl = perplexity(bf16, TEXT)
+    assert abs(int4_ppl / bf16_ppl - 1) < 0.01, (int4_ppl, bf16_ppl)

@@ -41,6 +41,10 @@ MetricKey = Literal[
     "prefix_cache_hits",
     "num_preemptions",
     "batch_window_ms",
+    "concurrency_limit",
+    "controller_adjustments_total",
+    "controller_token_budget",
+    "controller_target_itl_s",
 ]
 
 
@@ -217,7 +221,7 @@ class SamplingParams:
             raise ValueError(f"min_p must be between 0 and 1, got {self.min_p!r}")
         if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= MAX_N:
             raise ValueError(f"n must be an integer between 1 and {MAX_N}, got {self.n!r}")
-        if not isinstance(self.logprobs, bool):
+        if type(self.logprobs) is not bool:
             raise ValueError(f"logprobs must be true or false, got {self.logprobs!r}")
         if (not isinstance(self.top_logprobs, int) or isinstance(self.top_logprobs, bool)
                 or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
@@ -278,6 +282,9 @@ class EngineConfig:
         max_waiting: most queued requests before ``submit`` raises ``CapacityError``.
         max_model_len: longest prompt plus reply; ``None`` takes the model's own limit.
         enable_prefix_caching: share full KV blocks between requests with the same prefix.
+        adaptive_concurrency: let the concurrency controller (``engine/core/controller.py``) lower the running
+            batch, the token budget and the batching window while the most urgent request's time between
+            tokens exceeds twice its solo figure, or memory runs short; ``max_batch_size`` stays the ceiling.
     """
 
     max_batch_size: int = 16
@@ -289,6 +296,7 @@ class EngineConfig:
     max_waiting: int = 256
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
+    adaptive_concurrency: bool = True
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:

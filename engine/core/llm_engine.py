@@ -12,29 +12,44 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
+import psutil
 import torch
 
-from engine.api import CapacityError, EngineConfig, RequestMetrics, RequestOutput, SamplingParams, StepOutput
+from engine.api import (
+    MAX_SEED,
+    CapacityError,
+    EngineConfig,
+    RequestMetrics,
+    RequestOutput,
+    SamplingParams,
+    StepOutput,
+    TokenLogprob,
+)
 from engine.core.block_manager import BlockManager
 from engine.core.chat_template import chat_token_ids
+from engine.core.context import fit_messages
+from engine.core.controller import ConcurrencyController, StepReport
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.loop import run_loop
 from engine.core.metrics import EngineMetrics
 from engine.core.scheduler import ScheduledBatch, Scheduler
 from engine.core.sequence import Sequence
+from engine.model.grammar import GrammarCompiler, Matcher
 from engine.model.runner import ModelRunner
 from engine.model.sampler import Sampler
 
 log = logging.getLogger("engine")
 
-Prompt = str | list[int] | list[dict[str, str]]
+Prompt = str | list[int] | list[dict[str, Any]]
 
 
 @dataclass(slots=True)
@@ -47,6 +62,10 @@ class _Request:
     eos_ids: frozenset[int]
     finish_reason: str | None = None
     deadline: float | None = None  # time.monotonic() after which the request ends with "timeout"
+    matcher: Matcher | None = None  # the grammar of a constrained request
+    #: The first of ``n`` parallel requests, while it has not yet produced a token: this one waits, so that it
+    #: finds the prompt's KV blocks in the prefix cache instead of computing them again.
+    held_for: _Request | None = None
 
 
 OutputCallback = Callable[[StepOutput], None]
@@ -74,6 +93,7 @@ class RequestHandle:
         self._done = threading.Event()
         self._text: list[str] = []
         self._token_ids: list[int] = []
+        self._logprobs: list[TokenLogprob] = []
         self._final: StepOutput | None = None
         self._metrics: RequestMetrics | None = None
 
@@ -87,6 +107,8 @@ class RequestHandle:
     def _deliver(self, out: StepOutput, metrics: RequestMetrics) -> None:
         self._text.append(out.delta_text)
         self._token_ids.extend(out.new_token_ids)
+        if out.logprobs:
+            self._logprobs.extend(out.logprobs)
         self._metrics = metrics
         self._queue.put(out)
         if out.finished:
@@ -122,6 +144,7 @@ class RequestHandle:
             finish_reason=self._final.finish_reason,
             metrics=self._metrics,
             error=self._final.error,
+            logprobs=list(self._logprobs) or None,
         )
 
 
@@ -149,9 +172,18 @@ class LLMEngine:
         )
         self.sampler = Sampler()
         self.stats = EngineMetrics(max_batch_size=config.max_batch_size)
+        self.controller = (
+            ConcurrencyController(config.max_batch_size, config.max_num_batched_tokens)
+            if config.adaptive_concurrency else None
+        )
+        self._memory_fraction: float | None = None
+        self._memory_checked = -math.inf
         self.eos_ids = _eos_ids(model, tokenizer)
+        self.grammars = GrammarCompiler(tokenizer, self.runner.config.vocab_size, self.eos_ids)
+        self._mask_pool: ThreadPoolExecutor | None = None  # fills grammar masks while the model runs
         self._requests: dict[str, _Request] = {}
         self._inbox: list[_Request] = []
+        self._held: list[_Request] = []  # parallel requests waiting for their first one's prompt KV
         self._cancels: list[str] = []
         self._cv = threading.Condition()
         self._step_lock = threading.Lock()
@@ -165,8 +197,9 @@ class LLMEngine:
         self.loop_error: str | None = None
 
     # --- requests ----------------------------------------------------------------------------------------------
-    def tokenize(self, prompt: Prompt) -> list[int]:
-        """Token ids of a prompt: text, ids, or chat messages (through the tokenizer's chat template)."""
+    def tokenize(self, prompt: Prompt, tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """Token ids of a prompt: text, ids, or chat messages (through the tokenizer's chat template, which
+        renders ``tools``, OpenAI-style function definitions, when given)."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty")
@@ -183,7 +216,10 @@ class LLMEngine:
             cont = prompt[-1]["role"] == "assistant"  # type: ignore[index]
             # message text that spells a control token stays text (engine/core/chat_template.py)
             messages = cast(list[dict[str, str]], prompt)
-            return chat_token_ids(self.tokenizer, messages, add_generation_prompt=not cont, continue_final_message=cont)
+            extra: dict[str, Any] = {"tools": tools} if tools else {}
+            return chat_token_ids(
+                self.tokenizer, messages, add_generation_prompt=not cont, continue_final_message=cont, **extra
+            )
         raise ValueError("messages must be dicts with 'role' and 'content'")
 
     def submit(
@@ -193,13 +229,58 @@ class LLMEngine:
         priority: int = 0,
         request_id: str | None = None,
         on_output: OutputCallback | None = None,
+        overflow: str | None = None,
     ) -> RequestHandle:
         """Queue a request without blocking. Lower ``priority`` values run first (0 = interactive chat).
 
         ``on_output(step_output)`` is called on the stepping thread for each output (see ``RequestHandle``).
+        ``overflow`` (``engine.core.context.OVERFLOW_POLICIES``) says what to drop from a chat longer than the
+        context; None rejects it.
         """
         params = params or SamplingParams()
-        token_ids = self.tokenize(prompt)
+        if params.n > 1:
+            raise ValueError("n > 1 asks for several requests: submit it with submit_n")
+        if overflow is not None and isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+            prompt = self.fit_context(cast(list[dict[str, str]], prompt), params, overflow)
+        return self._submit(self.tokenize(prompt), [params], priority, [request_id], [on_output])[0]
+
+    def fit_context(self, messages: list[dict[str, str]], params: SamplingParams, overflow: str) -> Prompt:
+        """``messages`` cut to fit the context with room for the reply, by ``overflow``'s policy."""
+        room = min(self.max_model_len, self.block_manager.num_usable_blocks * self.config.block_size)
+        budget = room - min(params.max_tokens, room // 2)
+        return cast(Prompt, fit_messages(messages, budget, lambda m: len(self.tokenize(cast(Prompt, m))), overflow))
+
+    def submit_n(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        priority: int = 0,
+        on_outputs: list[OutputCallback | None] | None = None,
+    ) -> list[RequestHandle]:
+        """Queue ``params.n`` requests over the same prompt and return their handles.
+
+        The first computes the prompt; the others wait until it has, then take its KV blocks from the prefix
+        cache (full blocks are shared, not copied). A seeded request's i-th sequence uses ``seed + i``.
+        """
+        n = params.n
+        each = [replace(params, n=1, seed=None if params.seed is None else (params.seed + i) % (MAX_SEED + 1))
+                for i in range(n)]
+        return self._submit(self.tokenize(prompt), each, priority, [None] * n, on_outputs or [None] * n)
+
+    def prepare(self, params: SamplingParams) -> None:
+        """Check and compile ``params``' grammar now (the first one builds the tokenizer's automaton, ~1 s), so
+        ``submit`` does not pay for it on the caller's event loop. ``ValueError`` for a bad schema."""
+        self.grammars.matcher(params)
+
+    def _submit(
+        self,
+        token_ids: list[int],
+        params_list: list[SamplingParams],
+        priority: int,
+        request_ids: list[str | None],
+        on_outputs: list[OutputCallback | None],
+    ) -> list[RequestHandle]:
+        matchers = [self.grammars.matcher(p) for p in params_list]
         room = min(self.max_model_len, self.block_manager.num_usable_blocks * self.config.block_size)
         if len(token_ids) >= room:
             raise ValueError(
@@ -208,25 +289,47 @@ class LLMEngine:
         with self._cv:
             if self.loop_error is not None:
                 raise RuntimeError(f"the engine has stopped ({self.loop_error}); reload the model")
-            if len(self._inbox) + self.scheduler.num_waiting >= self.config.max_waiting:
+            if len(self._inbox) + len(self._held) + self.scheduler.num_waiting + len(params_list) > (
+                self.config.max_waiting
+            ):
                 raise CapacityError(
                     f"{self.config.max_waiting} requests are already waiting; retry when some have finished"
                 )
-            rid = request_id or f"req-{next(self._ids)}"
-            handle = RequestHandle(self, rid, token_ids, on_output)
-            seq = Sequence(rid, list(token_ids), params, priority=priority)
-            req = _Request(
-                seq=seq,
-                detok=IncrementalDetokenizer(self.tokenizer, params.stop),
-                metrics=RequestMetrics(arrival_time=seq.arrival_time, num_prompt_tokens=len(token_ids)),
-                handle=handle,
-                max_tokens=min(params.max_tokens, room - len(token_ids)),
-                eos_ids=frozenset() if params.ignore_eos else self.eos_ids,
-                deadline=None if params.timeout_s is None else seq.arrival_time + params.timeout_s,
-            )
-            self._inbox.append(req)
+            handles = []
+            first: _Request | None = None
+            for params, request_id, on_output, matcher in zip(
+                params_list, request_ids, on_outputs, matchers, strict=True
+            ):
+                req = self._new_request(token_ids, params, priority, request_id, on_output, room)
+                req.matcher, req.held_for = matcher, first
+                first = first or req
+                self._inbox.append(req)
+                handles.append(req.handle)
             self._cv.notify_all()
-        return handle
+        return handles
+
+    def _new_request(
+        self,
+        token_ids: list[int],
+        params: SamplingParams,
+        priority: int,
+        request_id: str | None,
+        on_output: OutputCallback | None,
+        room: int,
+    ) -> _Request:
+        rid = request_id or f"req-{next(self._ids)}"
+        handle = RequestHandle(self, rid, token_ids, on_output)
+        seq = Sequence(rid, list(token_ids), params, priority=priority)
+        req = _Request(
+            seq=seq,
+            detok=IncrementalDetokenizer(self.tokenizer, params.stop),
+            metrics=RequestMetrics(arrival_time=seq.arrival_time, num_prompt_tokens=len(token_ids)),
+            handle=handle,
+            max_tokens=min(params.max_tokens, room - len(token_ids)),
+            eos_ids=frozenset() if params.ignore_eos else self.eos_ids,
+            deadline=None if params.timeout_s is None else seq.arrival_time + params.timeout_s,
+        )
+        return req
 
     def cancel(self, request_id: str) -> None:
         with self._cv:
@@ -235,7 +338,7 @@ class LLMEngine:
 
     # --- loop --------------------------------------------------------------------------------------------------
     def has_work(self) -> bool:
-        return bool(self._inbox or self._cancels or self.scheduler.has_work())
+        return bool(self._inbox or self._cancels or self._held or self.scheduler.has_work())
 
     def wait_for_work(self, timeout_s: float) -> bool:
         """Block until there is something to step, ``wake()`` is called, or ``timeout_s`` passes."""
@@ -255,11 +358,21 @@ class LLMEngine:
         with self._cv:
             inbox, self._inbox = self._inbox, []
             cancels, self._cancels = self._cancels, []
-        for req in inbox:
+        waiting, self._held = [*self._held, *inbox], []
+        for req in waiting:
+            first = req.held_for
+            if first is not None and first.metrics.first_token_time is None and not first.handle.done():
+                self._held.append(req)
+                continue
+            req.held_for = None
             self._requests[req.seq.request_id] = req
             self.scheduler.add(req.seq)
         for rid in cancels:
             cancelled = self._requests.get(rid)
+            held = [r for r in self._held if r.seq.request_id == rid]
+            if held:
+                self._held.remove(held[0])
+                cancelled = held[0]
             if cancelled is None:
                 continue
             self.scheduler.abort(rid)
@@ -298,34 +411,92 @@ class LLMEngine:
             batch = self.scheduler.schedule()
             if not batch.seqs:
                 return outputs
+            top = min(self.scheduler.running, key=lambda s: s.sort_key, default=None)
+            top_req = None if top is None else self._requests.get(top.request_id)
+            top_before = None if top_req is None else top_req.metrics.last_token_time
             try:
                 self._run_batch(batch, outputs)
             except Exception as exc:
                 log.exception("engine step failed; failing its %d requests", len(batch.seqs))
                 outputs += self._fail_seqs(batch.seqs, exc)
+            if self.controller is not None:
+                top_after = None if top_req is None else top_req.metrics.last_token_time
+                itl = None if top_before is None or top_after is None else top_after - top_before
+                self._control(itl or None, alone=len(batch.seqs) == 1)
             return outputs
 
+    def _control(self, top_itl_s: float | None, alone: bool) -> None:
+        """Report this step to the concurrency controller and apply its knobs to the scheduler."""
+        assert self.controller is not None
+        now = time.monotonic()
+        if now - self._memory_checked > 1.0:  # a /proc read: once a second is plenty
+            self._memory_checked = now
+            rss, available = psutil.Process().memory_info().rss, psutil.virtual_memory().available
+            self._memory_fraction = rss / (rss + available)
+        bm, sched = self.block_manager, self.scheduler
+        self.controller.observe(StepReport(
+            now=now,
+            num_running=sched.num_running,
+            num_waiting=sched.num_waiting,
+            top_itl_s=top_itl_s,
+            top_alone=alone,
+            kv_free_fraction=bm.num_free_blocks / max(1, bm.num_usable_blocks),
+            memory_fraction=self._memory_fraction,
+        ))
+        sched.max_running = self.controller.limit
+        sched.token_budget = self.controller.token_budget
+        sched.window_scale = self.controller.window_scale
+
+    def _start_masks(self, batch: ScheduledBatch) -> tuple[list[str], Future[torch.Tensor]] | None:
+        """Start filling the grammar masks of the constrained sequences that sample this step, on a worker
+        thread, so that they are ready when the model's forward pass is."""
+        ids, matchers = [], []
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            req = self._requests.get(seq.request_id)
+            if req is not None and req.matcher is not None and seq.num_computed_tokens + num_new >= len(seq):
+                ids.append(seq.request_id)
+                matchers.append(req.matcher)
+        if not matchers:
+            return None
+        if self._mask_pool is None:
+            self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="hearth-grammar")
+        return ids, self._mask_pool.submit(self.grammars.fill_masks, matchers)
+
     def _run_batch(self, batch: ScheduledBatch, outputs: list[StepOutput]) -> None:
+        pending = self._start_masks(batch)
         logits, rows = self.runner.run(batch)
         self.scheduler.postprocess(batch)
         now = time.monotonic()
         itls: list[float] = []
         if logits is not None:
             seqs = [batch.seqs[i] for i in rows]
-            histories = [s.token_ids for s in seqs] if any(
-                s.params.repetition_penalty != 1.0 for s in seqs
-            ) else [[] for _ in seqs]
-            tokens = self.sampler.sample(
-                logits, [s.params for s in seqs], [s.request_id for s in seqs], histories
+            masks: list[torch.Tensor | None] | None = None
+            if pending is not None:
+                by_id = dict(zip(pending[0], pending[1].result(), strict=True))
+                masks = [by_id.get(s.request_id) for s in seqs]
+            penalised = any(
+                s.params.repetition_penalty != 1.0 or s.params.presence_penalty or s.params.frequency_penalty
+                for s in seqs
             )
-            for seq, token in zip(seqs, tokens, strict=True):
+            result = self.sampler.sample(
+                logits, [s.params for s in seqs], [s.request_id for s in seqs],
+                [s.token_ids if penalised else [] for s in seqs], [s.num_prompt_tokens for s in seqs], masks,
+            )
+            for i, (seq, token, logprob) in enumerate(zip(seqs, result.tokens, result.logprobs, strict=True)):
                 req = self._requests[seq.request_id]
+                error = result.errors.get(i)
+                if error is None and req.matcher is not None and not req.matcher.accept(token):
+                    error = f"structured output: the grammar refused token {token} ({req.matcher.error})"
+                if error is not None:  # only this request fails; the batch goes on
+                    self.scheduler.abort(seq.request_id)
+                    outputs.append(self._fail(req, error))
+                    continue
                 if req.metrics.last_token_time is not None:
                     itls.append(now - req.metrics.last_token_time)
-                outputs.append(self._on_token(req, token, now))
+                outputs.append(self._on_token(req, token, now, logprob))
         self.stats.record_step(len(batch.seqs), len(rows), itls, now)
 
-    def _on_token(self, req: _Request, token: int, now: float) -> StepOutput:
+    def _on_token(self, req: _Request, token: int, now: float, logprob: TokenLogprob | None = None) -> StepOutput:
         seq, m = req.seq, req.metrics
         seq.token_ids.append(token)
         if m.first_token_time is None:
@@ -336,20 +507,22 @@ class LLMEngine:
         m.num_generated_tokens += 1
         is_eos = token in req.eos_ids
         delta = "" if is_eos else req.detok.add([token])
-        if is_eos or req.detok.stopped:
+        if is_eos or req.detok.stopped or (req.matcher is not None and req.matcher.is_finished):
             req.finish_reason = "stop"
         elif m.num_generated_tokens >= req.max_tokens:
             req.finish_reason = "length"
+        logprobs = None if logprob is None else [logprob]
         if req.finish_reason is None:
-            out = StepOutput(seq.request_id, delta, [token])
+            out = StepOutput(seq.request_id, delta, [token], logprobs=logprobs)
             req.handle._deliver(out, m)
             return out
         self.scheduler.running.remove(seq)
         self.scheduler.finish(seq)
-        return self._finish(req, delta, [token])
+        return self._finish(req, delta, [token], logprobs=logprobs)
 
     def _finish(
-        self, req: _Request, delta: str, new_token_ids: list[int] | None = None, error: str | None = None
+        self, req: _Request, delta: str, new_token_ids: list[int] | None = None, error: str | None = None,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> StepOutput:
         now = time.monotonic()
         delta += req.detok.finish()
@@ -358,7 +531,8 @@ class LLMEngine:
         self._requests.pop(req.seq.request_id, None)
         self.sampler.forget(req.seq.request_id)
         out = StepOutput(
-            req.seq.request_id, delta, new_token_ids or [], True, req.finish_reason, req.metrics.as_dict(), error
+            req.seq.request_id, delta, new_token_ids or [], True, req.finish_reason, req.metrics.as_dict(), error,
+            logprobs,
         )
         req.handle._deliver(out, req.metrics)
         return out
@@ -391,7 +565,8 @@ class LLMEngine:
                 inbox, self._inbox = self._inbox, []
                 self._cancels.clear()
             outputs = []
-            for req in [*self._requests.values(), *inbox]:
+            held, self._held = self._held, []
+            for req in [*self._requests.values(), *inbox, *held]:
                 self.scheduler.abort(req.seq.request_id)
                 try:
                     outputs.append(self._fail(req, message))
@@ -440,6 +615,10 @@ class LLMEngine:
                 "batch_window_ms": self.scheduler.batch_window_s() * 1000.0,
             }
         )
+        if self.controller is not None:
+            snap.update(self.controller.metrics())
+        else:
+            snap.update({"concurrency_limit": float(self.scheduler.max_running), "controller_adjustments_total": 0.0})
         return snap
 
 

@@ -45,6 +45,10 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        #: Knobs the concurrency controller turns (engine/core/controller.py); start at the configured limits.
+        self.max_running = config.max_batch_size
+        self.token_budget = config.max_num_batched_tokens
+        self.window_scale = 1.0
         self._mean_gap_s: float | None = None  # moving average of the time between arrivals
         self._last_arrival: float | None = None
 
@@ -89,14 +93,14 @@ class Scheduler:
         Adaptive: when requests arrive in bursts (mean gap below the configured window), waiting lets them
         share the first step; when they arrive slowly, waiting only adds latency, so the window shrinks to 0.
         """
-        max_wait = self.config.max_wait_ms / 1000.0
+        max_wait = self.window_scale * self.config.max_wait_ms / 1000.0
         if self._mean_gap_s is None or self._mean_gap_s > max_wait:
             return 0.0
         return min(max_wait, 2.0 * self._mean_gap_s)
 
     def admission_delay_s(self, now: float | None = None) -> float:
         """Seconds to hold back admission now (0 means admit)."""
-        if self.running or not self.waiting or len(self.waiting) >= self.config.max_batch_size:
+        if self.running or not self.waiting or len(self.waiting) >= self.max_running:
             return 0.0
         now = time.monotonic() if now is None else now
         oldest = min(seq.arrival_time for seq in self.waiting)
@@ -105,7 +109,8 @@ class Scheduler:
     # --- scheduling ------------------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
-        budget = self.config.max_num_batched_tokens
+        budget = self.token_budget
+        self._make_room_for_urgent()
         self.running.sort(key=lambda s: s.sort_key)
         i = 0
         while i < len(self.running) and budget > 0:
@@ -127,7 +132,7 @@ class Scheduler:
         if self.admission_delay_s() > 0:
             return batch
         self.waiting.sort(key=lambda s: s.sort_key)
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_batch_size:
+        while self.waiting and budget > 0 and len(self.running) < self.max_running:
             seq = self.waiting[0]
             # the prefix cache may cover the start of the prompt; size the first chunk after the cached part
             if not self.block_manager.can_allocate(seq, min(len(seq.token_ids), budget)):
@@ -141,6 +146,21 @@ class Scheduler:
             batch.add(seq, num_new)
             budget -= num_new
         return batch
+
+    def _make_room_for_urgent(self) -> None:
+        """A waiting request more urgent than a running one takes its place when the batch is full.
+
+        This is what keeps the app's own chat (priority 0) ahead of the local server's requests: the least
+        urgent running sequence is preempted (and recomputed later) rather than the chat waiting behind it.
+        """
+        if not self.waiting or len(self.running) < self.max_running:
+            return
+        urgent = min(self.waiting, key=lambda s: s.sort_key)
+        while self.running and len(self.running) >= self.max_running:
+            victim = max(self.running, key=lambda s: s.sort_key)
+            if victim.priority <= urgent.priority:
+                return
+            self._preempt(victim)
 
     def _preempt(self, seq: Sequence) -> None:
         """Free ``seq``'s blocks and queue it again; its tokens are recomputed (prefix cache permitting)."""

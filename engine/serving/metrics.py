@@ -82,11 +82,13 @@ class _EngineCollector:
         ("mean_batch_size", "mean_batch_size", "Mean sequences per engine step over recent steps."),
         ("batch_efficiency", "batch_efficiency", "Mean batch size over max_batch_size."),
         ("generation_throughput_tok_s", "throughput_tok_s", "Tokens generated per second, recent window."),
+        ("concurrency_limit", "concurrency_limit", "Most sequences the concurrency controller lets run at once."),
     )
     _COUNTERS = (
         ("prefix_cache_queries", "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
         ("prefix_cache_hits", "prefix_cache_hits", "Prompt tokens found in the prefix cache."),
         ("num_preemptions", "num_preemptions", "Requests preempted to free KV-cache blocks."),
+        ("controller_adjustments", "controller_adjustments_total", "Changes the concurrency controller made."),
     )
 
     def __init__(self, engine_metrics: Callable[[], dict[str, float]], model_name: str) -> None:

@@ -54,7 +54,7 @@ bundle: install ## build the offline bundle dist/Hearth/ (PyInstaller, ~6 min)
 	PYTHON=$(PY) packaging/build.sh
 
 .PHONY: smoke
-smoke: install ## answer one prompt with the bundle, offline (builds it if missing; ~1 min)
+smoke: install ## bundle: answer one prompt offline, open its window under Xvfb (builds it if missing; ~1 min)
 	packaging/smoke.sh
 
 .PHONY: install-desktop-entry

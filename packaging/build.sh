@@ -5,7 +5,9 @@
 #   PYTHON=/other/python packaging/build.sh
 #
 # It installs PyInstaller (packaging/build-requirements.txt) into the venv, converts the default model
-# if that has not happened yet, and runs PyInstaller on packaging/hearth.spec. See docs/PACKAGING.md.
+# if that has not happened yet, and runs PyInstaller on packaging/hearth.spec. On Linux it then checks with
+# ldd that the bundle carries every library its Qt plugins load (packaging/check_libs.py) and fails, printing
+# the apt-get command, when one is missing on the build machine. See docs/PACKAGING.md.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -25,4 +27,8 @@ fi
 
 started=$SECONDS
 "$PYTHON" -m PyInstaller --noconfirm --log-level WARN --distpath "$DIST" --workpath "$WORK" packaging/hearth.spec
+if [[ $(uname -s) == Linux ]] && ! "$PYTHON" packaging/check_libs.py "$DIST/Hearth"; then
+    echo "error: $DIST/Hearth is incomplete (see above); it was left in place for inspection" >&2
+    exit 1
+fi
 echo "built $DIST/Hearth in $((SECONDS - started)) s: $(du -sh "$DIST/Hearth" | cut -f1)"

@@ -9,7 +9,10 @@
 #    "Paris". It runs offscreen, with no network (a new network namespace through `unshare -n`, or
 #    `unshare -rn` without root; failing both, proxies pointed at a closed port plus HF_HUB_OFFLINE=1),
 #    a fresh empty data dir, an empty environment and a PATH without a C compiler.
-# 2. The window starts offscreen the same way and is still running 20 s later (Qt plugins, pyqtgraph).
+# 2. The real window, on X11 (Qt's xcb platform plugin) under Xvfb through `xvfb-run`, the same way
+#    otherwise: it must map (xwininfo finds a viewable top-level window named "Hearth") within
+#    WINDOW_TIMEOUT seconds (default 90), stay up 10 s more without a traceback, and is then closed.
+#    Needs xvfb-run and xwininfo: `apt-get install -y xvfb x11-utils` (Debian/Ubuntu).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -58,13 +61,52 @@ if [[ -n $(ls -A "$data") ]]; then
     echo "smoke: note: the self-test wrote to the data dir: $(ls -A "$data")"
 fi
 
+# The window: Xvfb, Qt's xcb plugin (no fallback to offscreen), the same offline, empty environment.
+for tool in xvfb-run xwininfo; do
+    if ! command -v $tool >/dev/null; then
+        echo "smoke: FAIL ($tool not found; install it with: sudo apt-get install -y xvfb x11-utils)" >&2
+        exit 1
+    fi
+done
+window_env=("${clean_env[@]}" QT_QPA_PLATFORM=xcb)
 t0=$SECONDS
 status=0
-timeout 20 "${offline[@]}" "${clean_env[@]}" "$exe" >"$out" 2>&1 || status=$?
-if [[ $status != 124 ]] || grep -q "Traceback" "$out"; then
+# Runs inside xvfb-run, which sets DISPLAY and XAUTHORITY; $1 is the timeout, the rest the command that opens the window.
+# Exit status: 0 mapped and stayed up, 2 never mapped, 3 exited early.
+check_window='
+    timeout=$1; shift
+    "$@" DISPLAY="$DISPLAY" XAUTHORITY="${XAUTHORITY:-}" "$exe" &
+    app=$!
+    for ((i = 0; i < timeout; i++)); do
+        kill -0 $app 2>/dev/null || { wait $app; echo "smoke: the app exited with status $?"; exit 3; }
+        for id in $(xwininfo -root -tree | awk "/\"[^\"]*Hearth[^\"]*\":/ {print \$1}"); do
+            if xwininfo -id "$id" | grep -q "Map State: IsViewable"; then
+                echo "smoke: window $id mapped after $i s: $(xwininfo -id "$id" | grep -E "xwininfo:|Width|Height" | tr -s " \n" " ")"
+                sleep 10
+                kill -0 $app 2>/dev/null || { wait $app; echo "smoke: the app exited after mapping"; exit 3; }
+                kill -TERM $app
+                wait $app || true
+                exit 0
+            fi
+        done
+        sleep 1
+    done
+    kill -TERM $app; wait $app || true
+    exit 2
+'
+exe=$exe xvfb-run --auto-servernum --server-args="-screen 0 1600x1000x24" \
+    bash -c "$check_window" check_window "${WINDOW_TIMEOUT:-90}" "${offline[@]}" "${window_env[@]}" \
+    >"$out" 2>&1 || status=$?
+if [[ $status != 0 ]] || grep -q "Traceback" "$out"; then
     cat "$out" >&2
-    echo "smoke: FAIL (the window did not keep running: exit status $status)" >&2
+    case $status in
+        2) why="no window named Hearth mapped within ${WINDOW_TIMEOUT:-90} s" ;;
+        3) why="the app exited while its window should be open" ;;
+        *) why="exit status $status, or a traceback" ;;
+    esac
+    echo "smoke: FAIL (the window under Xvfb: $why)" >&2
     exit 1
 fi
-echo "smoke: window ran for $((SECONDS - t0)) s without errors"
+grep "smoke: window" "$out"
+echo "smoke: window opened on X11 (Xvfb), stayed up and was closed; $((SECONDS - t0)) s"
 echo "smoke: PASS in $((SECONDS - started)) s"

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from pathlib import Path
 from typing import cast
 
 from PySide6.QtWidgets import QApplication
 
 from app import create_window, log
 from app.icon import app_icon
+
+#: The engine's data dir (``engine.system.paths.DATA_DIR_ENV``): conversations, settings and the model cache.
+DATA_DIR_ENV = "HEARTH_DATA_DIR"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
         "--self-test", metavar="PROMPT", help="answer PROMPT with the default model, print the reply, exit"
     )
     args, qt_args = parser.parse_known_args(argv[1:])
+    if args.data_dir:  # before the engine is imported: its model cache lives in the data dir too
+        os.environ[DATA_DIR_ENV] = str(Path(args.data_dir).expanduser().resolve())
 
     log.init_log(logging.DEBUG if args.debug else logging.INFO)
     if args.self_test is not None:  # headless: no QApplication, no window

@@ -23,8 +23,8 @@ A prompt's path: ``Composer.send_requested`` -> ``ChatPane._on_send_requested`` 
 ``LLMEngine.step()`` -> ``EngineLoop._on_step`` -> ``EngineSignals.token_delta`` ->
 ``ReplyController._on_token_delta`` -> ``ReplyController.reply_changed`` -> ``ChatPane`` -> ``MessageView``.
 
-This module is longer than most (about 530 lines): ``EngineBridge`` is the app's whole engine API (a local model,
-a remote server, serving on localhost), and the generation/lock protocol that keeps at most one model alive reads
+Long because ``EngineBridge`` is the app's whole engine API (a local model, a remote server, serving on
+localhost, the models on disk), and the generation/lock protocol that keeps at most one model alive reads
 best in one class. The loop, the signals, the data types and the pool helpers live beside it.
 """
 
@@ -40,7 +40,17 @@ from typing import Any
 from PySide6.QtCore import QObject, QThreadPool, QTimer, Slot
 
 from app import log
-from app.bridge.jobs import Job, Superseded, Threads, import_engine, quantization_advice, start_local_server
+from app.bridge.jobs import (
+    Job,
+    Superseded,
+    Threads,
+    find_models,
+    import_engine,
+    kv_cache_size,
+    precheck_model,
+    quantization_advice,
+    start_local_server,
+)
 from app.bridge.loop import Cancel, Command, EngineLoop, Submit
 from app.bridge.remote_backend import RemoteBackend, RemoteError, RemoteEvents, api_root, fetch_models
 from app.bridge.signals import EngineSignals
@@ -52,6 +62,7 @@ from app.bridge.types import (
     RequestInfo,
     ServerState,
 )
+from engine.core.context import ContextOverflowError, approximate_tokens, fit_messages
 from engine.core.loop import METRICS_INTERVAL_S
 
 MAX_THREADS = 3
@@ -105,6 +116,9 @@ class EngineBridge(QObject):
         # GUI-thread state, updated by our own slots.
         self._model_info: ModelInfo | None = None
         self._is_loading = False
+        #: What to drop from a chat longer than the context (``LoadSettings.overflow``), and that context.
+        self._overflow = LoadSettings().overflow
+        self._context_length = LoadSettings().max_model_len
         self._last_metrics: dict[str, Any] = {}
         self._connect_engine()
 
@@ -144,7 +158,10 @@ class EngineBridge(QObject):
 
     @Slot(str)
     def _on_model_load_failed(self, message: str) -> None:
-        self._model_info = None
+        with self._lock:
+            kept = self._llm is not None or self._remote is not None
+        if not kept:  # a failure before the old model was freed keeps it
+            self._model_info = None
         self._is_loading = False
         log.bridge.warning("model load failed: %s", message)
 
@@ -157,17 +174,22 @@ class EngineBridge(QObject):
 
     def load_model(self, spec: str, device: str = "auto", dtype: str = "auto",
                    settings: LoadSettings | None = None) -> None:
-        """Unload the current model (if any) and load ``spec`` in the background.
+        """Load ``spec`` in the background, in place of the current model (if any).
 
-        Emits ``model_load_progress`` and then ``model_loaded`` or ``model_load_failed``. Requests
-        submitted while loading wait for the new model.
+        Emits ``model_load_progress`` and then ``model_loaded`` or ``model_load_failed``. The model's files are
+        checked first: one that cannot load (a mistyped path) fails at once and the current model stays in use,
+        served as before. Otherwise the current model is freed; requests submitted from then on wait for the new
+        one.
         """
         if self._shutdown.is_set():
             return
         spec = spec.strip() or DEFAULT_MODEL_SPEC
         settings = settings or LoadSettings()
-        generation = self._retire_current_model()
-        self._model_info = None
+        self._overflow = settings.overflow
+        self._context_length = settings.max_model_len
+        with self._lock:
+            self._generation += 1
+            generation = self._generation
         self._is_loading = True
         log.bridge.info("loading %s (device=%s, dtype=%s, %s)", spec, device, dtype, settings)
         self._start_job("load", lambda: self._load_worker(generation, spec, device, dtype, settings))
@@ -200,13 +222,36 @@ class EngineBridge(QObject):
                 self._fail_soon(request_id, f"The engine stopped ({loop.error}). Reload the model.")
                 return request_id
             if remote is None:
-                self._commands.put(Submit(request_id, conversation_id, messages, params))
+                self._commands.put(Submit(request_id, conversation_id, messages, params, self._overflow))
                 if loop is not None:
                     loop.wake()
         if remote is not None:
+            if isinstance(messages, list):
+                try:  # the server's tokenizer is not at hand: fit by an estimate of the length
+                    wanted = params.get("max_tokens", 512) if isinstance(params, Mapping) else 512
+                    budget = self._context_length - min(int(wanted or 512), self._context_length // 2)
+                    messages = fit_messages(messages, budget, approximate_tokens, self._overflow)
+                except ContextOverflowError as exc:
+                    self._fail_soon(request_id, str(exc))
+                    return request_id
             self._remote_conversations[request_id] = conversation_id
             remote.submit(request_id, messages, params)
         return request_id
+
+    def set_overflow_policy(self, policy: str) -> None:
+        """What to drop from chats longer than the context from now on (``LoadSettings.overflow``)."""
+        self._overflow = LoadSettings(overflow=policy).overflow
+
+    def discover_models(self, extra_dirs: list[str]) -> None:
+        """Look for the models on disk (and in ``extra_dirs``) in the background; emits ``models_discovered``."""
+        if not self._shutdown.is_set():
+            dirs = list(extra_dirs)
+            self._start_job("discover", lambda: self._emit_unless_shut(
+                self.signals.models_discovered, find_models(self._engine_api, dirs)))
+
+    def _emit_unless_shut(self, signal: Any, value: Any) -> None:
+        if not self._shutdown.is_set():
+            signal.emit(value)
 
     def cancel(self, request_id: str) -> None:
         """Ask the engine to stop a request; it finishes with finish_reason "abort"."""
@@ -228,14 +273,16 @@ class EngineBridge(QObject):
     def connect_remote(self, base_url: str, api_key: str = "", model: str = "") -> None:
         """Use a remote OpenAI-compatible server instead of the local engine.
 
-        Frees the local model, lists the server's models (``remote_models_listed``) and picks ``model``
-        (or the first one); then emits ``model_loaded`` with ``device == REMOTE_DEVICE``, or
-        ``model_load_failed`` with the reason in plain words. ``unload_model`` disconnects.
+        Lists the server's models (``remote_models_listed``) and picks ``model`` (or the first one); only then
+        frees the local model and emits ``model_loaded`` with ``device == REMOTE_DEVICE``. A server that cannot
+        be reached gives ``model_load_failed`` with the reason in plain words, and the model in use stays.
+        ``unload_model`` disconnects.
         """
         if self._shutdown.is_set():
             return
-        generation = self._retire_current_model()
-        self._model_info = None
+        with self._lock:
+            self._generation += 1
+            generation = self._generation
         self._is_loading = True
         log.bridge.info("connecting to %s (model %r)", base_url, model)
         self._start_job("connect", lambda: self._remote_worker(generation, base_url, api_key, model))
@@ -272,7 +319,6 @@ class EngineBridge(QObject):
         with self._load_lock:
             if not self._is_current(generation):
                 return
-            self._teardown()
             started = time.monotonic()
             try:
                 url = api_root(base_url)
@@ -284,6 +330,8 @@ class EngineBridge(QObject):
                                       + ", ".join(models) + ".")
             except RemoteError as exc:
                 self._load_failed(generation, str(exc))
+                return
+            if not self._replace_current(generation):
                 return
             self.signals.remote_models_listed.emit(models)
             backend = RemoteBackend(url, api_key, model or models[0], self._remote_events())
@@ -336,12 +384,14 @@ class EngineBridge(QObject):
         log.bridge.info("stopped serving on %s", server.url)
         self.signals.server_state_changed.emit(ServerState(False, message=message))
 
-    def recommend_quantization(self, spec: str, device: str = "auto") -> None:
+    def recommend_quantization(self, spec: str, device: str = "auto", settings: LoadSettings | None = None) -> None:
         """Estimate, in the background, which quantization ``spec`` should load at on ``device`` and what each
-        level needs; emits ``recommendation_ready`` with a :class:`QuantizationAdvice`."""
+        level needs, with the KV cache ``settings`` will give it (context length x concurrent chats); emits
+        ``recommendation_ready`` with a :class:`QuantizationAdvice`."""
         if not self._shutdown.is_set():
             spec = spec.strip() or DEFAULT_MODEL_SPEC
-            self._start_job("recommend", lambda: self._recommend_worker(spec, device))
+            settings = settings or LoadSettings()
+            self._start_job("recommend", lambda: self._recommend_worker(spec, device, settings))
 
     def detect_hardware(self) -> None:
         """Detect CPU/GPU/RAM in the background; emits ``hardware_detected``."""
@@ -376,18 +426,32 @@ class EngineBridge(QObject):
         self._jobs.append(job)
         self._pool.start(job)
 
+    def _replace_current(self, generation: int) -> bool:
+        """Retire the model in use for the load of ``generation`` and free it; False when that load is
+        superseded. Pool threads only."""
+        with self._lock:
+            if generation != self._generation or self._shutdown.is_set():
+                return False
+            self._retire_locked()
+        self._teardown()
+        return True
+
     def _retire_current_model(self) -> int:
         """Bump the generation and stop the running loop; returns the new generation."""
         with self._lock:
             self._generation += 1
-            if self._loop is not None:
-                self._loop.stop()
-                self._retired_loops.append(self._loop)
-                self._loop = None
-            if self._remote is not None:
-                self._retired_remotes.append(self._remote)
-                self._remote = None
+            self._retire_locked()
             return self._generation
+
+    def _retire_locked(self) -> None:
+        """Stop the running loop and drop the remote (``_lock`` held)."""
+        if self._loop is not None:
+            self._loop.stop()
+            self._retired_loops.append(self._loop)
+            self._loop = None
+        if self._remote is not None:
+            self._retired_remotes.append(self._remote)
+            self._remote = None
 
     def _is_current(self, generation: int) -> bool:
         with self._lock:
@@ -462,7 +526,16 @@ class EngineBridge(QObject):
         with self._load_lock:
             if not self._is_current(generation):
                 return
-            self._teardown()
+            try:
+                problem = precheck_model(self._engine_api, spec)
+            except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
+                log.bridge.exception("importing the engine failed")
+                problem = f"The inference engine could not be started: {exc}"
+            if problem:
+                self._load_failed(generation, problem)
+                return
+            if not self._replace_current(generation):
+                return
 
             def progress(fraction: float, stage: str) -> None:
                 if not self._is_current(generation):
@@ -479,7 +552,7 @@ class EngineBridge(QObject):
             self.signals.model_load_progress.emit(0.0, "Starting")
             try:
                 llm = api.LLM(spec, device=device, dtype=dtype, quantization=settings.quantization,
-                              max_batch_size=settings.max_batch_size,
+                              max_batch_size=settings.max_batch_size, max_model_len=settings.max_model_len,
                               max_wait_ms=settings.max_wait_ms, kv_cache_bytes=settings.kv_cache_bytes,
                               progress=progress, start_loop=False)
             except Superseded:
@@ -508,7 +581,9 @@ class EngineBridge(QObject):
                              device_reason=str(getattr(llm, "device_reason", "")),
                              weights_bytes=int(getattr(llm, "weights_bytes", 0) or 0),
                              load_s=time.monotonic() - started,
-                             quantization=str(getattr(llm, "quantization", "") or ""))
+                             quantization=str(getattr(llm, "quantization", "") or ""),
+                             sampling_defaults=dict(getattr(llm, "sampling_defaults", {}) or {}),
+                             kv_cache_bytes=kv_cache_size(llm), context_length=settings.max_model_len)
             self.signals.model_load_progress.emit(1.0, "Ready")
             self._pool.start(loop)
             self.signals.model_loaded.emit(info)
@@ -525,8 +600,9 @@ class EngineBridge(QObject):
                 self._fail_queued("The model was unloaded.")
                 self.signals.model_unloaded.emit()
 
-    def _recommend_worker(self, spec: str, device: str) -> None:
-        advice = quantization_advice(self._engine_api, spec, device)
+    def _recommend_worker(self, spec: str, device: str, settings: LoadSettings) -> None:
+        advice = quantization_advice(self._engine_api, spec, device, settings.max_model_len,
+                                     settings.max_batch_size)
         if not self._shutdown.is_set():
             self.signals.recommendation_ready.emit(advice)
 

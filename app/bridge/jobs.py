@@ -32,7 +32,7 @@ def import_engine() -> types.SimpleNamespace:
     a core, or painting stalls while a reply streams (measured on 2 cores: >100 ms gaps with 2 torch threads).
     """
     import engine
-    from engine.loading import recommend
+    from engine.loading import discovery, recommend, validate
     from engine.system import hardware, monitor
 
     hardware.configure_threads(reserve=UI_RESERVED_CORES)
@@ -45,6 +45,8 @@ def import_engine() -> types.SimpleNamespace:
         recommend=recommend.recommend,
         estimate=recommend.estimate,
         Sampler=monitor.Sampler,
+        inspect_model=validate.inspect_model,
+        discover_models=discovery.discover_models,
     )
 
 
@@ -87,14 +89,17 @@ class Threads:
             sampler.stop()
 
 
-def quantization_advice(engine_api: Callable[[], Any], spec: str, device: str) -> QuantizationAdvice:
-    """The recommended level for ``spec`` on ``device`` and the numbers for every level; an error in words."""
+def quantization_advice(engine_api: Callable[[], Any], spec: str, device: str, context_length: int | None = None,
+                        num_chats: int = 1) -> QuantizationAdvice:
+    """The recommended level for ``spec`` on ``device`` and the numbers for every level, with a KV cache of
+    ``context_length`` tokens for each of ``num_chats`` chats (as the engine will size it); an error in words."""
     advice = QuantizationAdvice(spec, device)
     try:
         # hardware=None: each call measures free memory itself (and knows whether torch can use a GPU)
         api = engine_api()
-        advice.recommendation = api.recommend(spec, device=device)
-        advice.estimates = {level: api.estimate(spec, level, device=device)
+        sizing = {"device": device, "context_length": context_length, "num_chats": num_chats}
+        advice.recommendation = api.recommend(spec, **sizing)
+        advice.estimates = {level: api.estimate(spec, level, **sizing)
                             for level in QUANTIZATION_LEVELS if level != "auto"}
     except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
         log.bridge.info("no quantization recommendation for %s: %s", spec, exc)
@@ -114,3 +119,37 @@ def start_local_server(llm: Any, host: str, port: int, api_key: str) -> tuple[An
         return None, ServerState(False, message=f"Could not listen on {host}:{port}: {exc.strerror or exc}.")
     log.bridge.info("serving on %s", server.url)
     return server, ServerState(True, url=server.url)
+
+
+def find_models(engine_api: Callable[[], Any], extra_dirs: list[str]) -> list[dict[str, Any]]:
+    """Every model on disk (``engine.loading.discovery.discover_models``) as JSON-ready dicts; [] on failure."""
+    from pathlib import Path
+
+    try:
+        found = engine_api().discover_models(extra_dirs=[Path(d) for d in extra_dirs])
+    except Exception:  # noqa: BLE001 (a worker thread must report, not die)
+        log.bridge.exception("looking for models failed")
+        return []
+    return [model.to_json() for model in found]
+
+
+def precheck_model(engine_api: Callable[[], Any], spec: str) -> str:
+    """Why ``spec`` cannot be loaded, from its files alone ("" when it looks loadable): checked before the
+    model in use is freed, so a mistyped path costs nothing."""
+    if spec == "default":
+        return ""
+    api = engine_api()
+    inspect = getattr(api, "inspect_model", None)
+    if inspect is None:
+        return ""
+    try:
+        inspect(spec)
+    except api.ModelLoadError as exc:
+        return str(exc) or f"Could not load {spec}."
+    return ""
+
+
+def kv_cache_size(llm: Any) -> int:
+    """The bytes ``llm``'s engine set aside for its KV cache (0 when it does not say)."""
+    kv = getattr(getattr(getattr(llm, "engine", None), "runner", None), "kv", None)
+    return int(getattr(kv, "nbytes", 0) or 0)

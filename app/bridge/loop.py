@@ -37,6 +37,8 @@ class Submit:
     conversation_id: str
     messages: list[dict[str, str]] | str
     params: Mapping[str, Any] | Any
+    #: What the engine drops from a chat longer than the context (``engine.core.context``); None rejects it.
+    overflow: str | None = None
 
 
 @dataclass(slots=True)
@@ -129,7 +131,10 @@ class EngineLoop(QRunnable):
             params = command.params
             if params is None or isinstance(params, Mapping):
                 params = SamplingParams(**dict(params or {}))
-            handle = self._engine.submit(command.messages, params)
+            if command.overflow is None:
+                handle = self._engine.submit(command.messages, params)
+            else:
+                handle = self._engine.submit(command.messages, params, overflow=command.overflow)
         # Bad sampling values, a full queue, a prompt that is too long, ...
         except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
             log.bridge.warning("request %s rejected: %s", rid, exc)

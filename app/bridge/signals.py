@@ -17,7 +17,9 @@ class EngineSignals(QObject):
         request_failed(request_id, message): a request could not run, failed while generating, or was dropped.
         model_load_progress(fraction, stage): loader progress, 0..1.
         model_loaded(ModelInfo): a model is ready for requests.
-        model_load_failed(message): loading failed; the message is meant for the user.
+        model_load_failed(message): loading (or connecting) failed; the message is meant for the user. When it
+            failed before anything changed (a mistyped path, an unreachable server), the model in use stays:
+            ``EngineBridge.model_info`` still names it, and "Serve on localhost" keeps serving it.
         model_unloaded(): the model was freed after ``unload_model``.
         metrics_updated(dict): about once a second each, the engine loop's metrics snapshot (``num_running``,
             ``throughput_tok_s``, ...) and the resource monitor's sample (memory, CPU, GPUs; with a remote
@@ -27,6 +29,8 @@ class EngineSignals(QObject):
         remote_models_listed(list[str]): the models a remote server offers, after ``connect_remote``.
         server_state_changed(ServerState): "Serve on localhost" started, stopped or failed.
         recommendation_ready(QuantizationAdvice): result of ``recommend_quantization``.
+        models_discovered(list[dict]): result of ``discover_models``: each model found on disk, as
+            ``engine.loading.describe.FoundModel.to_json()``.
     """
 
     token_delta = Signal(str, str)
@@ -42,3 +46,4 @@ class EngineSignals(QObject):
     remote_models_listed = Signal(object)
     server_state_changed = Signal(object)
     recommendation_ready = Signal(object)
+    models_discovered = Signal(object)

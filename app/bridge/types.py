@@ -12,21 +12,37 @@ REMOTE_DEVICE = "remote server"
 #: The model spec the engine resolves to its bundled default model.
 DEFAULT_MODEL_SPEC = "default"
 DEVICES = ("auto", "cpu", "cuda")
+#: The context length used when none is chosen (the engine clamps it to the model's own limit).
+DEFAULT_CONTEXT = 4096
+MIN_CONTEXT = 256
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: What to drop from a chat longer than the context (``engine.core.context.OVERFLOW_POLICIES``), in words.
+OVERFLOW_POLICIES = {"truncate_middle": "Drop turns from the middle (keep the system prompt and first turn)",
+                     "rolling_window": "Drop the oldest turns (keep the system prompt)",
+                     "stop": "Stop and say the chat is too long"}
 
 
 @dataclass(slots=True)
 class LoadSettings:
     """Engine settings that take effect on the next model load."""
 
-    max_batch_size: int = 16
+    #: Concurrent chats: the engine's max batch size. The KV cache holds this many full contexts.
+    max_batch_size: int = 4
     max_wait_ms: float = 5.0
     #: KV-cache budget in MiB; 0 lets the engine size it from free memory.
     kv_cache_mb: int = 0
     #: One of ``QUANTIZATION_LEVELS``; "auto" lets the engine pick from free memory.
     quantization: str = "auto"
+    #: Longest prompt plus reply, in tokens; 0 takes the model's own limit, at most :data:`DEFAULT_CONTEXT`.
+    context_length: int = 0
+    #: One of :data:`OVERFLOW_POLICIES`: what to drop when a chat outgrows the context.
+    overflow: str = "truncate_middle"
 
     def __post_init__(self) -> None:
+        if self.overflow not in OVERFLOW_POLICIES:
+            raise ValueError(f"overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {self.overflow!r}")
+        if self.context_length < 0 or 0 < self.context_length < MIN_CONTEXT:
+            raise ValueError(f"context_length must be 0 or at least {MIN_CONTEXT}, got {self.context_length}")
         if self.quantization not in QUANTIZATION_LEVELS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_LEVELS)}, "
                              f"got {self.quantization!r}")
@@ -40,6 +56,11 @@ class LoadSettings:
     @property
     def kv_cache_bytes(self) -> int | None:
         return self.kv_cache_mb * 1024 * 1024 if self.kv_cache_mb else None
+
+    @property
+    def max_model_len(self) -> int:
+        """The context the engine is given: the chosen length, or :data:`DEFAULT_CONTEXT`."""
+        return self.context_length or DEFAULT_CONTEXT
 
 
 @dataclass(slots=True)
@@ -55,6 +76,11 @@ class ModelInfo:
     load_s: float
     #: The quantization level the model was loaded at ("fp32", "bf16", "fp16", "int8", "int4"; "" if unknown).
     quantization: str = ""
+    #: ``SamplingParams`` keywords the model starts with (its generation_config.json or Hearth's preset).
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
+    #: The KV cache's size and the context it serves (0 when unknown or remote).
+    kv_cache_bytes: int = 0
+    context_length: int = 0
 
 
 @dataclass(slots=True)

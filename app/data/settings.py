@@ -6,6 +6,7 @@ portable install's temporary data dir also isolates its settings.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,10 @@ FILE_NAME = "settings.ini"
 #: Font sizes the user can pick, in points; 0 means the system's size.
 MIN_FONT_SIZE, MAX_FONT_SIZE = 0, 32
 #: Generation defaults, used by every conversation that does not set its own.
-DEFAULT_GENERATION: dict[str, Any] = {"temperature": 0.7, "top_p": 0.95, "max_tokens": 512}
+DEFAULT_GENERATION: dict[str, Any] = {"temperature": 0.7, "top_p": 0.95, "max_tokens": 512,
+                                      "repetition_penalty": 1.0}
+#: The "Serve on localhost" port until the user picks another.
+DEFAULT_SERVER_PORT = 8000
 
 
 class Settings:
@@ -88,6 +92,8 @@ class Settings:
             "temperature": self._float("generation/temperature", DEFAULT_GENERATION["temperature"]),
             "top_p": self._float("generation/top_p", DEFAULT_GENERATION["top_p"]),
             "max_tokens": self._int("generation/max_tokens", DEFAULT_GENERATION["max_tokens"]),
+            "repetition_penalty": self._float("generation/repetition_penalty",
+                                              DEFAULT_GENERATION["repetition_penalty"]),
         }
 
     @generation.setter
@@ -95,6 +101,73 @@ class Settings:
         for name in DEFAULT_GENERATION:
             if name in params:
                 self._qsettings.setValue(f"generation/{name}", params[name])
+
+    # -- models and serving -----------------------------------------------------------------------
+
+    @property
+    def last_model(self) -> str:
+        """The model loaded last ("default" for the bundled one; "" before any load)."""
+        return str(self._qsettings.value("models/last_model", ""))
+
+    @last_model.setter
+    def last_model(self, value: str) -> None:
+        self._qsettings.setValue("models/last_model", value.strip())
+
+    @property
+    def auto_load(self) -> bool:
+        """Whether the last model loads by itself when Hearth starts."""
+        return self._bool("models/auto_load", False)
+
+    @auto_load.setter
+    def auto_load(self, value: bool) -> None:
+        self._qsettings.setValue("models/auto_load", bool(value))
+
+    @property
+    def model_folders(self) -> list[str]:
+        """Folders the user added to the Models list."""
+        return [str(f) for f in self._json("models/folders", []) if isinstance(f, str)]
+
+    @model_folders.setter
+    def model_folders(self, folders: list[str]) -> None:
+        self._qsettings.setValue("models/folders", json.dumps(list(dict.fromkeys(folders))))
+
+    def context_length(self, spec: str) -> int:
+        """The context length chosen for model ``spec``; 0 for the default."""
+        value = self._json("models/context_lengths", {}).get(spec, 0)
+        return int(value) if isinstance(value, int) else 0
+
+    def set_context_length(self, spec: str, value: int) -> None:
+        lengths = self._json("models/context_lengths", {})
+        lengths = lengths if isinstance(lengths, dict) else {}
+        lengths[spec] = int(value)
+        self._qsettings.setValue("models/context_lengths", json.dumps(lengths))
+
+    @property
+    def overflow(self) -> str:
+        """What to drop from a chat longer than the context (``app.bridge.types.OVERFLOW_POLICIES``)."""
+        return str(self._qsettings.value("models/overflow", "truncate_middle"))
+
+    @overflow.setter
+    def overflow(self, value: str) -> None:
+        self._qsettings.setValue("models/overflow", value)
+
+    @property
+    def server_enabled(self) -> bool:
+        """Whether "Serve on localhost" is on."""
+        return self._bool("server/enabled", False)
+
+    @server_enabled.setter
+    def server_enabled(self, value: bool) -> None:
+        self._qsettings.setValue("server/enabled", bool(value))
+
+    @property
+    def server_port(self) -> int:
+        port = self._int("server/port", DEFAULT_SERVER_PORT)
+        return port if 1 <= port <= 65535 else DEFAULT_SERVER_PORT
+
+    @server_port.setter
+    def server_port(self, value: int) -> None:
+        self._qsettings.setValue("server/port", int(value))
 
     # -- window -----------------------------------------------------------------------------------
 
@@ -128,6 +201,17 @@ class Settings:
             return float(self._qsettings.value(key, default))  # type: ignore[arg-type]
         except (TypeError, ValueError):
             return default
+
+    def _bool(self, key: str, default: bool) -> bool:
+        value = self._qsettings.value(key, default)
+        return value.lower() == "true" if isinstance(value, str) else bool(value)
+
+    def _json(self, key: str, default: Any) -> Any:
+        try:
+            value = json.loads(str(self._qsettings.value(key, "")))
+        except ValueError:
+            return default
+        return value if isinstance(value, type(default)) else default
 
     def _bytes(self, key: str) -> QByteArray | None:
         value = self._qsettings.value(key)

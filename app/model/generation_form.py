@@ -1,11 +1,15 @@
-"""The model pane's generation defaults: temperature, top-p and the reply length limit."""
+"""The model pane's generation defaults: temperature, top-p, repetition penalty and the reply length limit.
+
+A loaded model brings its own (``ModelInfo.sampling_defaults``: its ``generation_config.json`` or Hearth's preset);
+:meth:`GenerationForm.apply_model_defaults` shows them and says where they came from.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from PySide6.QtCore import Signal, Slot
-from PySide6.QtWidgets import QDoubleSpinBox, QFormLayout, QGroupBox, QSpinBox, QWidget
+from PySide6.QtWidgets import QDoubleSpinBox, QFormLayout, QGroupBox, QLabel, QSpinBox, QWidget
 
 
 class GenerationForm(QGroupBox):
@@ -34,20 +38,34 @@ class GenerationForm(QGroupBox):
         self._max_tokens_spin.setObjectName("maxTokensSpin")
         self._max_tokens_spin.setRange(1, 32768)
         self._max_tokens_spin.setValue(512)
+        self._penalty_spin = QDoubleSpinBox()
+        self._penalty_spin.setObjectName("repetitionPenaltySpin")
+        self._penalty_spin.setRange(1.0, 2.0)
+        self._penalty_spin.setSingleStep(0.05)
+        self._penalty_spin.setValue(1.0)
+        self._penalty_spin.setToolTip("Above 1 makes words already used less likely: fewer loops")
+        self._source_label = QLabel("")
+        self._source_label.setObjectName("generationSourceLabel")
+        self._source_label.setWordWrap(True)
+        self._source_label.setEnabled(False)
         self._spins: dict[str, QDoubleSpinBox | QSpinBox] = {
-            "temperature": self._temperature_spin, "top_p": self._top_p_spin, "max_tokens": self._max_tokens_spin}
+            "temperature": self._temperature_spin, "top_p": self._top_p_spin, "max_tokens": self._max_tokens_spin,
+            "repetition_penalty": self._penalty_spin}
         for spin in self._spins.values():
             spin.valueChanged.connect(self._on_value_changed)
         form = QFormLayout(self)
         form.addRow("Temperature", self._temperature_spin)
         form.addRow("Top-p", self._top_p_spin)
+        form.addRow("Repetition penalty", self._penalty_spin)
         form.addRow("Max reply tokens", self._max_tokens_spin)
+        form.addRow(self._source_label)
 
     def sampling_params(self) -> dict[str, Any]:
         """``SamplingParams`` keyword arguments from the box."""
         return {"temperature": round(self._temperature_spin.value(), 3),
                 "top_p": round(self._top_p_spin.value(), 3),
-                "max_tokens": self._max_tokens_spin.value()}
+                "max_tokens": self._max_tokens_spin.value(),
+                "repetition_penalty": round(self._penalty_spin.value(), 3)}
 
     def set_sampling_params(self, params: dict[str, Any]) -> None:
         """Show the values in ``params`` (keys as in :meth:`sampling_params`; others are ignored)."""
@@ -55,6 +73,15 @@ class GenerationForm(QGroupBox):
             spin = self._spins.get(name)
             if spin is not None:
                 spin.setValue(value)
+
+    def apply_model_defaults(self, model_name: str, defaults: dict[str, Any]) -> None:
+        """Start from a just-loaded model's own sampling settings (temperature, top-p, repetition penalty);
+        the reply length stays the user's."""
+        if not defaults:
+            self._source_label.setText("")
+            return
+        self.set_sampling_params({"repetition_penalty": 1.0, "top_p": 1.0, **defaults})
+        self._source_label.setText(f"Set for {model_name}; change them at will.")
 
     @Slot()
     def _on_value_changed(self) -> None:

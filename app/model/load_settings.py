@@ -1,23 +1,53 @@
-"""The model pane's engine settings: batch size, batch timeout and KV-cache budget, used on the next load."""
+"""The model pane's engine settings, used on the next load: context length, what to do when a chat outgrows it,
+concurrent chats (the batch size), batch timeout and KV-cache budget.
+
+The KV cache holds the context length for each concurrent chat, so those two settings size its memory; the
+recommendation above them shows the figure.
+"""
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QDoubleSpinBox, QFormLayout, QGroupBox, QSpinBox, QWidget
+from PySide6.QtCore import Signal, Slot
+from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QSpinBox, QWidget
 
-from app.bridge.types import LoadSettings
+from app.bridge.types import DEFAULT_CONTEXT, MIN_CONTEXT, OVERFLOW_POLICIES, LoadSettings
 
 
 class LoadSettingsForm(QGroupBox):
-    """The "Engine settings" box; :meth:`load_settings` reads it."""
+    """The "Engine settings" box; :meth:`load_settings` reads it.
+
+    Signals:
+        sizing_changed(): the context length or the number of concurrent chats changed (the memory estimate
+            depends on them).
+        overflow_changed(str): the overflow policy changed (it applies at once, no reload needed).
+    """
+
+    sizing_changed = Signal()
+    overflow_changed = Signal(str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("Engine settings (used on the next load)", parent)
         defaults = LoadSettings()
+        self._context_spin = QSpinBox()
+        self._context_spin.setObjectName("contextLengthSpin")
+        self._context_spin.setRange(MIN_CONTEXT - 1, 1 << 20)
+        self._context_spin.setSingleStep(1024)
+        self._context_spin.setSuffix(" tokens")
+        self._context_spin.setSpecialValueText(f"Automatic ({DEFAULT_CONTEXT} tokens or the model's limit)")
+        self._context_spin.setValue(MIN_CONTEXT - 1)
+        self._context_spin.setToolTip("The longest chat (prompt plus reply) the model reads; kept per model")
+        self._overflow_combo = QComboBox()
+        self._overflow_combo.setObjectName("overflowCombo")
+        for key, label in OVERFLOW_POLICIES.items():
+            self._overflow_combo.addItem(label, key)
+        self._overflow_combo.setToolTip("What happens when a chat grows longer than the context; Regenerate "
+                                        "follows it too")
         self._batch_spin = QSpinBox()
         self._batch_spin.setObjectName("maxBatchSizeSpin")
         self._batch_spin.setRange(1, 256)
         self._batch_spin.setValue(defaults.max_batch_size)
-        self._batch_spin.setToolTip("How many requests the engine runs together")
+        self._batch_spin.setToolTip("How many replies the engine writes at once (chats here and API clients); "
+                                    "each holds a full context in the KV cache")
         self._wait_spin = QDoubleSpinBox()
         self._wait_spin.setObjectName("batchTimeoutSpin")
         self._wait_spin.setRange(0.0, 1000.0)
@@ -32,13 +62,39 @@ class LoadSettingsForm(QGroupBox):
         self._kv_spin.setSuffix(" MiB")
         self._kv_spin.setSpecialValueText("Automatic")
         self._kv_spin.setValue(defaults.kv_cache_mb)
-        self._kv_spin.setToolTip("Memory for the KV cache; Automatic sizes it from free memory")
+        self._kv_spin.setToolTip("Memory for the KV cache; Automatic gives every concurrent chat a full context")
         form = QFormLayout(self)
-        form.addRow("Max batch size", self._batch_spin)
+        form.addRow("Context length", self._context_spin)
+        form.addRow("When a chat is longer", self._overflow_combo)
+        form.addRow("Concurrent chats", self._batch_spin)
         form.addRow("Batch timeout", self._wait_spin)
         form.addRow("KV-cache budget", self._kv_spin)
+        self._context_spin.valueChanged.connect(lambda _value: self.sizing_changed.emit())
+        self._batch_spin.valueChanged.connect(lambda _value: self.sizing_changed.emit())
+        self._overflow_combo.currentIndexChanged.connect(self._on_overflow_changed)
 
     def load_settings(self, quantization: str) -> LoadSettings:
         """The settings in the box, with the quantization level chosen elsewhere in the pane."""
         return LoadSettings(max_batch_size=self._batch_spin.value(), max_wait_ms=self._wait_spin.value(),
-                            kv_cache_mb=self._kv_spin.value(), quantization=quantization)
+                            kv_cache_mb=self._kv_spin.value(), quantization=quantization,
+                            context_length=self.context_length(), overflow=self.overflow())
+
+    def context_length(self) -> int:
+        """The chosen context length; 0 for automatic."""
+        value = self._context_spin.value()
+        return 0 if value < MIN_CONTEXT else value
+
+    def set_context_length(self, value: int) -> None:
+        self._context_spin.setValue(value if value >= MIN_CONTEXT else MIN_CONTEXT - 1)
+
+    def overflow(self) -> str:
+        return str(self._overflow_combo.currentData())
+
+    def set_overflow(self, policy: str) -> None:
+        index = self._overflow_combo.findData(policy)
+        if index >= 0:
+            self._overflow_combo.setCurrentIndex(index)
+
+    @Slot(int)
+    def _on_overflow_changed(self, _index: int) -> None:
+        self.overflow_changed.emit(self.overflow())

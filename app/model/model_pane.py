@@ -1,5 +1,10 @@
 """The model pane: pick, load and unload a model; serving, engine and generation settings; hardware.
 
+A failed load keeps the model in use (the bridge checks the files before freeing it); the precision the user
+picked stays picked when the path or device changes; a device this machine lacks is refused with the reason.
+Long because it is the one form the user fills in to run a model (source, path, device, precision,
+loading, the model card), and its choices depend on each other.
+
 The boxes with a role of their own live beside it: :mod:`app.model.quantization_view` (the advice under
 the level choice), :mod:`app.model.server_box`, :mod:`app.model.load_settings`,
 :mod:`app.model.generation_form` and :mod:`app.model.hardware_box`.
@@ -14,6 +19,7 @@ from typing import Any
 from PySide6.QtCore import QSize, Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QFileDialog,
     QFormLayout,
@@ -31,7 +37,14 @@ from PySide6.QtWidgets import (
 
 from app import log
 from app.bridge.engine_bridge import EngineBridge
-from app.bridge.types import DEVICES, REMOTE_DEVICE, LoadSettings, ModelInfo, QuantizationAdvice
+from app.bridge.types import (
+    DEFAULT_MODEL_SPEC,
+    DEVICES,
+    REMOTE_DEVICE,
+    LoadSettings,
+    ModelInfo,
+    QuantizationAdvice,
+)
 from app.formatting import format_bytes
 from app.model.generation_form import GenerationForm
 from app.model.hardware_box import HardwareBox
@@ -40,8 +53,11 @@ from app.model.quantization_view import QuantizationView, level_name
 from app.model.server_box import ServerBox
 from engine.api import LEVEL_DTYPES, QUANTIZATION_LEVELS
 
-DEFAULT_MODEL_TEXT = ("Leave the path empty to use the default model, "
-                      "a small chat model that comes with Hearth.")
+DEFAULT_MODEL_TEXT = ("Leave the path empty to use the default model, a small demo model that comes with "
+                      "Hearth; the Models tab lists the models already on this computer.")
+#: The model card line's note on the bundled default model.
+DEMO_NOTE = ("A small demo model: quick, but often wrong on facts. For real use, load a larger model from the "
+             "Models tab, or give the path of a Hugging Face folder or a .gguf file above.")
 _DEVICE_LABELS = {"auto": "Automatic", "cpu": "CPU", "cuda": "NVIDIA GPU (CUDA)"}
 SOURCES = (("local", "This computer"), ("remote", "Remote server (OpenAI API)"))
 DEFAULT_REMOTE_URL = "http://localhost:8000/v1"
@@ -61,12 +77,15 @@ class ModelPane(QWidget):
     """
 
     sampling_params_changed = Signal(object)
+    model_spec_changed = Signal(str)
 
     def __init__(self, bridge: EngineBridge, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("modelPaneWidget")
         self._bridge = bridge
         self._shown_once = False  # the first show asks for a recommendation
+        self._is_precision_chosen = False  # the user picked a precision: recommendations no longer change it
+        self._hardware: Any = None
         self._build()
         self._set_state(loaded=False, loading=False)
         self._connect_bridge()
@@ -85,6 +104,10 @@ class ModelPane(QWidget):
     # -- layout -----------------------------------------------------------------------------------
 
     def _build(self) -> None:
+        self._recommend_timer = QTimer(self)
+        self._recommend_timer.setSingleShot(True)
+        self._recommend_timer.setInterval(RECOMMEND_DELAY_MS)
+        self._recommend_timer.timeout.connect(self.request_recommendation)
         content = QWidget()
         layout = QVBoxLayout(content)
         layout.setContentsMargins(8, 8, 8, 8)
@@ -92,6 +115,8 @@ class ModelPane(QWidget):
         layout.addWidget(self._build_model_group())
         self._server_box = ServerBox(self._bridge)
         self._load_settings_form = LoadSettingsForm()
+        self._load_settings_form.sizing_changed.connect(self._recommend_timer.start)
+        self._load_settings_form.overflow_changed.connect(self._bridge.set_overflow_policy)
         self._generation_form = GenerationForm()
         self._generation_form.sampling_params_changed.connect(self.sampling_params_changed)
         layout.addWidget(self._server_box)
@@ -153,13 +178,17 @@ class ModelPane(QWidget):
         for level in QUANTIZATION_LEVELS:
             self._quantization_combo.addItem(PRECISION_LABELS[level], level)
         self._quantization_combo.currentIndexChanged.connect(self._on_quantization_changed)
+        self._quantization_combo.activated.connect(self._on_quantization_activated)
         self._quantization_view = QuantizationView()
-        self._recommend_timer = QTimer(self)
-        self._recommend_timer.setSingleShot(True)
-        self._recommend_timer.setInterval(RECOMMEND_DELAY_MS)
-        self._recommend_timer.timeout.connect(self.request_recommendation)
         self._path_edit.textChanged.connect(lambda _text: self._recommend_timer.start())
         self._device_combo.currentIndexChanged.connect(lambda _index: self._recommend_timer.start())
+        self._device_combo.activated.connect(self._on_device_activated)
+        self._device_note = QLabel("")
+        self._device_note.setObjectName("deviceNoteLabel")
+        self._device_note.setWordWrap(True)
+        self._device_note.hide()
+        self._auto_load_check = QCheckBox("Load this model when Hearth starts")
+        self._auto_load_check.setObjectName("autoLoadCheck")
         form = QFormLayout()
         form.addRow("Device", self._device_combo)
         form.addRow("Precision", self._quantization_combo)
@@ -201,7 +230,9 @@ class ModelPane(QWidget):
         local_layout.addLayout(path_row)
         local_layout.addWidget(hint)
         local_layout.addLayout(form)
+        local_layout.addWidget(self._device_note)
         local_layout.addWidget(self._quantization_view)
+        local_layout.addWidget(self._auto_load_check)
 
         layout = QVBoxLayout(group)
         layout.addLayout(source_form)
@@ -270,7 +301,24 @@ class ModelPane(QWidget):
         if self.is_remote():
             return
         self._quantization_view.show_estimating()
-        self._bridge.recommend_quantization(self.model_spec(), self._device_combo.currentData())
+        self._bridge.recommend_quantization(self.model_spec(), self._device_combo.currentData(),
+                                            self.load_settings())
+        self.model_spec_changed.emit(self.model_spec())
+
+    @property
+    def load_settings_form(self) -> LoadSettingsForm:
+        return self._load_settings_form
+
+    @property
+    def server_box(self) -> ServerBox:
+        return self._server_box
+
+    def auto_load(self) -> bool:
+        """Whether "Load this model when Hearth starts" is ticked."""
+        return self._auto_load_check.isChecked()
+
+    def set_auto_load(self, value: bool) -> None:
+        self._auto_load_check.setChecked(value)
 
     def sampling_params(self) -> dict[str, Any]:
         """``SamplingParams`` keyword arguments from the Generation box."""
@@ -347,11 +395,30 @@ class ModelPane(QWidget):
             return  # an answer for a model or device no longer chosen
         self._quantization_view.show_advice(advice)
         rec = advice.recommendation
-        if rec is not None:
+        if rec is not None and not self._is_precision_chosen:
             index = self._quantization_combo.findData(rec.quantization)
             if index >= 0:
                 self._quantization_combo.setCurrentIndex(index)
         self._quantization_view.update_warning(self.quantization())
+
+    @Slot(int)
+    def _on_quantization_activated(self, _index: int) -> None:
+        self._is_precision_chosen = self.quantization() != "auto"
+
+    @Slot(int)
+    def _on_device_activated(self, _index: int) -> None:
+        """Refuse CUDA on a machine without a usable NVIDIA GPU, with the reason, and fall back to Automatic."""
+        info = self._hardware
+        if self._device_combo.currentData() != "cuda" or info is None or \
+                (info.gpus and info.torch_cuda_available):
+            self._device_note.hide()
+            return
+        reason = str(getattr(info, "gpu_reason", "") or "").rstrip(".")
+        self._device_note.setText(
+            "No NVIDIA GPU that Hearth can use was found" + (f" ({reason})" if reason else "")
+            + ", so the model runs on the CPU. Device is back on Automatic.")
+        self._device_note.show()
+        self._device_combo.setCurrentIndex(self._device_combo.findData("auto"))
 
     @Slot(int)
     def _on_quantization_changed(self, _index: int) -> None:
@@ -386,25 +453,19 @@ class ModelPane(QWidget):
             return
         self._stage_label.setText(f"Loaded in {info.load_s:.1f} s")
         self._server_box.start_if_on()
-        details = [f"<b>{html.escape(info.model_name)}</b>",
-                   f"runs on <b>{html.escape(info.device)}</b> in {html.escape(info.dtype)}"]
-        if info.quantization:
-            details.append(f"precision <b>{html.escape(level_name(info.quantization))}</b>")
-        if info.weights_bytes:
-            details.append(f"{format_bytes(info.weights_bytes)} of weights")
-        text = " · ".join(details)
-        if info.device_reason:
-            text += f"<br><span style='color: #8a8a8a'>{html.escape(info.device_reason)}</span>"
-        self._info_label.setText(text)
+        self._generation_form.apply_model_defaults(info.model_name, info.sampling_defaults)
+        self._info_label.setText(model_card(info))
 
     @Slot(str)
     def _on_model_load_failed(self, message: str) -> None:
-        self._set_state(loaded=False, loading=False)
-        self._progress.setValue(0)
+        kept = self._bridge.model_info
+        self._set_state(loaded=kept is not None, loading=False)
+        self._progress.setValue(1000 if kept is not None else 0)
         self._stage_label.setText("")
-        self._info_label.setText("No model loaded.")
+        self._info_label.setText(model_card(kept) if kept is not None else "No model loaded.")
         verb = "connect to the server" if self.is_remote() else "load the model"
-        self._error_label.setText(f"Could not {verb}. {message}")
+        still = f" {kept.model_name} stays in use." if kept is not None else ""
+        self._error_label.setText(f"Could not {verb}. {message}{still}")
         self._error_label.show()
         log.ui.info("showing load error: %s", message)
 
@@ -416,6 +477,7 @@ class ModelPane(QWidget):
 
     @Slot(object)
     def _on_hardware_detected(self, info: Any) -> None:
+        self._hardware = info
         self._hardware_box.show_hardware(info)
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -434,3 +496,24 @@ class ModelPane(QWidget):
         if self._path_edit.text().strip() and current.exists():
             return str(current if current.is_dir() else current.parent)
         return str(Path.home())
+
+
+def model_card(info: ModelInfo) -> str:
+    """The model card line: name, device, precision and memory (weights and KV cache), the device's reason, and
+    for the bundled default model a note that it is a small demo model."""
+    if info.device == REMOTE_DEVICE:
+        return f"<b>{html.escape(info.model_name)}</b> on <b>{html.escape(info.spec)}</b>"
+    details = [f"<b>{html.escape(info.model_name)}</b>",
+               f"runs on <b>{html.escape(info.device)}</b> in {html.escape(info.dtype)}"]
+    if info.quantization:
+        details.append(f"precision <b>{html.escape(level_name(info.quantization))}</b>")
+    if info.weights_bytes:
+        details.append(f"{format_bytes(info.weights_bytes)} of weights")
+    if info.kv_cache_bytes:
+        details.append(f"{format_bytes(info.kv_cache_bytes)} KV cache ({info.context_length} tokens per chat)")
+    text = " · ".join(details)
+    if info.device_reason:
+        text += f"<br><span style='color: #8a8a8a'>{html.escape(info.device_reason)}</span>"
+    if info.spec == DEFAULT_MODEL_SPEC:
+        text += f"<br><i>{html.escape(DEMO_NOTE)}</i>"
+    return text

@@ -43,6 +43,18 @@ class ServerBox(QGroupBox):
         form.addRow(self._status_label)
         self._bridge.signals.server_state_changed.connect(self._on_server_state_changed)
 
+    def is_on(self) -> bool:
+        """Whether serving is switched on (it runs while a local model is loaded)."""
+        return self._serve_check.isChecked()
+
+    def port(self) -> int:
+        return self._port_spin.value()
+
+    def restore(self, is_on: bool, port: int) -> None:
+        """Put back the switch and port of the last session (serving starts with the next local model)."""
+        self._port_spin.setValue(port)
+        self._serve_check.setChecked(is_on)
+
     def start_if_on(self) -> None:
         """Start serving a model just loaded on this computer, if the user asked for it."""
         if self._serve_check.isChecked():
@@ -65,5 +77,8 @@ class ServerBox(QGroupBox):
             key = " with the API key" if self._key_edit.text() else ""
             self._status_label.setText(f"Serving at <b>{html.escape(state.url)}</b>{key}; "
                                        "chats here and API clients share the model.")
+        elif self._serve_check.isChecked():
+            self._status_label.setText((state.message + " " if state.message else "")
+                                       + "Serving starts again when a model is loaded on this computer.")
         else:
             self._status_label.setText(state.message or "Off.")

@@ -1,4 +1,8 @@
-"""Hearth's main window: the chat in the middle, the model and monitor panes beside it, menus and shortcuts."""
+"""Hearth's main window: the chat in the middle, the model, models and monitor panes beside it, menus and shortcuts.
+
+Long because the window is where every pane meets: the wiring between them, the menus, and the settings that
+carry over between launches (layout, last model, serving, context) all live here, so no pane knows another.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from PySide6.QtWidgets import QDockWidget, QFileDialog, QLabel, QMainWindow, QMe
 
 from app import log
 from app.bridge.engine_bridge import EngineBridge
-from app.bridge.types import ModelInfo
+from app.bridge.types import REMOTE_DEVICE, ModelInfo
 from app.chat.chat_pane import ChatPane
 from app.chat.reply_controller import ReplyController
 from app.data import export
@@ -26,13 +30,14 @@ from app.data.settings import Settings
 from app.data.storage import Storage
 from app.icon import app_icon
 from app.model.model_pane import ModelPane
+from app.model.models_view import ModelsView
 from app.monitor.monitor_pane import MonitorPane
 from app.window.settings_dialog import SettingsDialog
 from app.window.theme import apply_theme
 
 DATA_DIR_ENV = "HEARTH_DATA_DIR"
 #: ``saveState`` version of the pane layout; a layout saved under another version is not restored.
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 #: The window's size on first start, shrunk to fit a smaller screen.
 DEFAULT_SIZE = (1280, 820)
 #: Width of the side panel (model and monitor tabs) in the default layout.
@@ -101,8 +106,10 @@ class MainWindow(QMainWindow):
         self.chat_pane.default_preset_id = self.settings.default_preset_id
         self.model_pane = ModelPane(self.bridge)
         self.monitor_pane = MonitorPane()
+        self.models_view = ModelsView()
         self.setCentralWidget(self.chat_pane)
         self.model_dock = self._make_dock("Model", "modelPane", self.model_pane)
+        self.models_dock = self._make_dock("Models", "modelsPane", self.models_view)
         self.monitor_dock = self._make_dock("Monitor", "monitorPane", self.monitor_pane)
         self._place_docks()
         self._default_state = QByteArray(self.saveState())
@@ -122,6 +129,9 @@ class MainWindow(QMainWindow):
         self.chat_pane.set_sampling_params(self.model_pane.sampling_params())
         self._connect_engine()
         self.bridge.detect_hardware()
+        self.models_view.refresh()
+        if self.settings.auto_load and self.settings.last_model:
+            self.model_pane.load()
         self.chat_pane.setFocus()
 
     def _open_storage(self) -> Storage:
@@ -137,8 +147,15 @@ class MainWindow(QMainWindow):
     def _restore_settings(self) -> None:
         """Apply the stored font, defaults, window geometry and pane layout (the theme is applied first)."""
         self.chat_pane.set_font_size(self.settings.font_size)
-        self.model_pane.set_model_spec(self.settings.default_model)
+        last = self.settings.last_model  # the one chosen in Settings, else the model loaded last
+        self.model_pane.set_model_spec(self.settings.default_model or ("" if last == "default" else last))
         self.model_pane.set_sampling_params(self.settings.generation)
+        self.model_pane.set_auto_load(self.settings.auto_load)
+        self.model_pane.server_box.restore(self.settings.server_enabled, self.settings.server_port)
+        form = self.model_pane.load_settings_form
+        form.set_overflow(self.settings.overflow)
+        form.set_context_length(self.settings.context_length(self.model_pane.model_spec()))
+        self.models_view.set_folders(self.settings.model_folders)
         geometry, state = self.settings.geometry, self.settings.window_state
         if geometry is not None:
             self.restoreGeometry(geometry)
@@ -149,6 +166,11 @@ class MainWindow(QMainWindow):
         self.settings.geometry = self.saveGeometry()
         self.settings.window_state = self.saveState(LAYOUT_VERSION)
         self.settings.generation = self.model_pane.sampling_params()
+        self.settings.auto_load = self.model_pane.auto_load()
+        self.settings.server_enabled = self.model_pane.server_box.is_on()
+        self.settings.server_port = self.model_pane.server_box.port()
+        self.settings.overflow = self.model_pane.load_settings_form.overflow()
+        self.settings.model_folders = self.models_view.folders
         self.settings.sync()
 
     # -- layout -----------------------------------------------------------------------------------
@@ -172,10 +194,12 @@ class MainWindow(QMainWindow):
         self.resize(width, height)
 
     def _place_docks(self) -> None:
-        """Model and monitor as tabs of one side panel on the right, the model tab in front."""
+        """Model, models list and monitor as tabs of one side panel on the right, the model tab in front."""
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.model_dock)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.models_dock)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.monitor_dock)
-        self.tabifyDockWidget(self.model_dock, self.monitor_dock)
+        self.tabifyDockWidget(self.model_dock, self.models_dock)
+        self.tabifyDockWidget(self.models_dock, self.monitor_dock)
         self.model_dock.raise_()
 
     def _add_action(self, menu: QMenu, text: str, name: str, slot: Callable[[], object],
@@ -223,7 +247,7 @@ class MainWindow(QMainWindow):
                          self.chat_pane.open_presets_dialog)
 
         view_menu = self.menuBar().addMenu("&View")
-        for dock in (self.model_dock, self.monitor_dock):
+        for dock in (self.model_dock, self.models_dock, self.monitor_dock):
             view_menu.addAction(dock.toggleViewAction())
         view_menu.addSeparator()
         self._add_action(view_menu, "&Reset layout", "resetLayoutAction", self.reset_layout)
@@ -256,6 +280,11 @@ class MainWindow(QMainWindow):
         signals.hardware_detected.connect(self.model_pane._on_hardware_detected)
         signals.hardware_detected.connect(self.monitor_pane._on_hardware_detected)
         signals.error.connect(self._on_engine_error)
+        signals.models_discovered.connect(self.models_view.show_models)
+        self.models_view.refresh_requested.connect(self.bridge.discover_models)
+        self.models_view.load_requested.connect(self._on_found_model_load_requested)
+        self.models_view.folders_changed.connect(self._on_model_folders_changed)
+        self.model_pane.model_spec_changed.connect(self._on_model_spec_changed)
         # Pane to pane, and the chat's replies to the status bar.
         self.model_pane.sampling_params_changed.connect(self._on_sampling_params_changed)
         self.replies.streaming_changed.connect(self._on_streaming_changed)
@@ -269,17 +298,42 @@ class MainWindow(QMainWindow):
             self._model_status.setText(f"Loading… {fraction * 100:.0f} %")
             self.chat_pane.set_model_ready(True)
 
+    @Slot(str)
+    def _on_found_model_load_requested(self, path: str) -> None:
+        self.model_pane.set_model_spec(path)
+        self.model_pane.load()
+        self.model_dock.show()
+        self.model_dock.raise_()
+
+    @Slot(object)
+    def _on_model_folders_changed(self, folders: list[str]) -> None:
+        self.settings.model_folders = folders
+        self.settings.sync()
+
+    @Slot(str)
+    def _on_model_spec_changed(self, spec: str) -> None:
+        """Show the context length chosen for this model before."""
+        stored = self.settings.context_length(spec)
+        if stored:
+            self.model_pane.load_settings_form.set_context_length(stored)
+
     @Slot(object)
     def _on_model_loaded(self, info: ModelInfo) -> None:
+        if info.device != REMOTE_DEVICE:
+            self.settings.last_model = info.spec
+            self.settings.set_context_length(info.spec, self.model_pane.load_settings_form.context_length())
+            self.settings.sync()
         self._model_status.setText(f"{info.model_name} · {info.device} · {info.dtype}")
         self.statusBar().showMessage(f"{info.model_name} is ready.", 4000)
         self.chat_pane.set_model_ready(True)
 
     @Slot(str)
     def _on_model_load_failed(self, message: str) -> None:
-        self._model_status.setText("No model loaded")
+        kept = self.bridge.model_info
         self.statusBar().showMessage("The model could not be loaded; see the Model pane.", 6000)
-        self.chat_pane.set_model_ready(False)
+        if kept is None:
+            self._model_status.setText("No model loaded")
+            self.chat_pane.set_model_ready(False)
         self.model_dock.show()
         self.model_dock.raise_()
 
@@ -407,7 +461,7 @@ class MainWindow(QMainWindow):
 
     def reset_layout(self) -> None:
         """Put the model and monitor panes back as tabs on the right, shown, the model tab in front."""
-        for dock in (self.model_dock, self.monitor_dock):
+        for dock in (self.model_dock, self.models_dock, self.monitor_dock):
             dock.setFloating(False)
             dock.show()
         self.restoreState(self._default_state)

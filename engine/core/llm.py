@@ -21,6 +21,7 @@ from engine.api import (
     check_level,
 )
 from engine.core.llm_engine import LLMEngine, Prompt, RequestHandle
+from engine.loading.default_model import sampling_defaults
 from engine.loading.loader import LoadedModel, load_model
 from engine.loading.recommend import recommend
 from engine.model.kv_cache import kv_bytes_per_token, resolve_kv_dtype
@@ -29,7 +30,7 @@ from engine.system import hardware
 log = logging.getLogger("engine")
 
 ProgressFn = Any
-_CPU_KV_DEFAULT_CAP = 1 << 30  # 1 GiB: a CPU model rarely runs enough streams to use more
+_CPU_KV_SHARE = 0.5  # at most half the free RAM goes to the KV cache by default
 
 
 class LLM:
@@ -90,6 +91,8 @@ class LLM:
         self.weights_bytes = self.engine.runner.weights_bytes
         self.num_parameters = loaded.num_parameters
         self.tokenizer = loaded.tokenizer
+        #: ``SamplingParams`` keywords this model should start with (its generation_config.json, or a preset)
+        self.sampling_defaults = sampling_defaults("default" if str(model) == "default" else loaded.path)
         if progress is not None:
             progress(1.0, "ready")
         if start_loop:
@@ -110,24 +113,26 @@ class LLM:
         per_token = kv_bytes_per_token(loaded.config, kv_dtype)
         model_len = int(getattr(loaded.config, "max_position_embeddings", 0) or 4096)
         max_model_len = min(model_len, cfg.max_model_len or model_len)
-        budget = cfg.kv_cache_bytes or self._default_kv_budget(loaded.device)
-        num_blocks = budget // (per_token * cfg.block_size)
-        # more than every stream at full length is never needed
+        # every concurrent chat at the full context length: more is never needed
         cap = cfg.max_batch_size * -(-max_model_len // cfg.block_size) + 1
-        num_blocks = int(min(num_blocks, cap))
+        budget = cfg.kv_cache_bytes or self._default_kv_budget(loaded.device, cap * per_token * cfg.block_size)
+        num_blocks = int(min(budget // (per_token * cfg.block_size), cap))
         if num_blocks < 2:
             raise ModelLoadError(
                 f"the KV-cache budget of {budget / 1e6:.1f} MB holds less than one block "
                 f"({per_token * cfg.block_size / 1e6:.2f} MB); raise the KV-cache budget"
             )
+        log.info("KV cache: %d blocks (%.0f MiB) for %d tokens x %d sequences", num_blocks,
+                 num_blocks * per_token * cfg.block_size / 2**20, max_model_len, cfg.max_batch_size)
         return LLMEngine(loaded.model, loaded.tokenizer, cfg, num_blocks, kv_dtype, max_model_len, level, quant_backend)
 
     @staticmethod
-    def _default_kv_budget(device: torch.device) -> int:
+    def _default_kv_budget(device: torch.device, needed: int) -> int:
+        """``needed`` (the context length x the concurrent sequences), or less where memory is short."""
         if device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(device)
-            return int(free * 0.8)
-        return int(min(_CPU_KV_DEFAULT_CAP, psutil.virtual_memory().available * 0.2))
+            return int(min(needed, free * 0.8))
+        return int(min(needed, psutil.virtual_memory().available * _CPU_KV_SHARE))
 
     def _warm_up(self) -> None:
         """One short request through prefill and decode, so the first user request does not pay for it."""

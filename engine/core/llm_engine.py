@@ -168,7 +168,7 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         self.runner = ModelRunner(
-            model, num_blocks, config.block_size, kv_dtype, quantization, quant_backend
+            model, num_blocks, config.block_size, kv_dtype, quantization, quant_backend, config.deterministic
         )
         self.sampler = Sampler()
         self.stats = EngineMetrics(max_batch_size=config.max_batch_size)

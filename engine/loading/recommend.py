@@ -61,11 +61,19 @@ def _config_dict(model: Any) -> dict[str, Any]:
     if path.is_dir():
         return _read_config(path)
     if path.suffix == ".gguf":
-        from engine.loading.validate import inspect_model
-
-        info = inspect_model(path)
-        return {"num_parameters": info.num_parameters or 0}
+        return _gguf_config(path)
     raise ValueError(f"model: {model!r} is not a config, a model folder, a .gguf file or 'default'")
+
+
+def _gguf_config(path: Path) -> dict[str, Any]:
+    """A config built from the GGUF header (layers, heads, context), so the KV cache can be estimated too."""
+    from engine.loading.describe import gguf_config  # describe builds on this module: imported when needed
+    from engine.loading.gguf_reader import read_gguf_header
+    from engine.loading.validate import inspect_model
+
+    inspect_model(path)  # a file the loader refuses raises ModelLoadError, as for folders
+    metadata, tensors = read_gguf_header(path)
+    return gguf_config(metadata, tensors)
 
 
 def _read_config(folder: Path) -> dict[str, Any]:
@@ -128,6 +136,12 @@ class _Budget:
     overhead: int
 
     @property
+    def cache_words(self) -> str:
+        """The cache in words: "a 4096-token KV cache", with " for 4 chats" when the pool holds several."""
+        chats = self.kv_budget // max(self.per_token * self.context, 1)
+        return f"a {self.context}-token KV cache" + (f" for {chats} chats" if chats > 1 else "")
+
+    @property
     def usable(self) -> float:
         return self.free * MARGIN - self.overhead
 
@@ -138,13 +152,14 @@ class _Budget:
         return "tight" if need > self.free * TIGHT - self.overhead else "yes"
 
 
-def _budget(model: Any, hardware: Any, context_length: int | None, device: str) -> _Budget:
+def _budget(model: Any, hardware: Any, context_length: int | None, device: str, num_chats: int = 1) -> _Budget:
     from engine.system import hardware as hw
 
     info = hardware if hardware is not None else hw.detect()
     cfg = _config_dict(model)
     num_params = count_parameters(cfg)
-    context = int(context_length or min(int(cfg.get("max_position_embeddings") or 4096), 4096))
+    model_len = int(cfg.get("max_position_embeddings") or 4096)
+    context = min(int(context_length or 4096), model_len)  # the engine clamps the context to the model's own
     per_token = kv_bytes_per_token(cfg)
     use_gpu = device in ("auto", "cuda") and bool(info.gpus) and (info.torch_cuda_available or hardware is not None)
     if use_gpu:
@@ -154,12 +169,13 @@ def _budget(model: Any, hardware: Any, context_length: int | None, device: str) 
         free = int(info.ram_available_bytes)
         where = f"{free / _GIB:.1f} GiB of free RAM"
     overhead = GPU_OVERHEAD_BYTES if use_gpu else RUNTIME_OVERHEAD_BYTES
-    return _Budget(info, cfg, num_params, context, per_token, per_token * context, "cuda" if use_gpu else "cpu",
-                   free, where, overhead)
+    return _Budget(info, cfg, num_params, context, per_token, per_token * context * max(num_chats, 1),
+                   "cuda" if use_gpu else "cpu", free, where, overhead)
 
 
 def estimate(
-    model: Any, level: str, hardware: Any = None, context_length: int | None = None, device: str = "auto"
+    model: Any, level: str, hardware: Any = None, context_length: int | None = None, device: str = "auto",
+    num_chats: int = 1,
 ) -> Recommendation:
     """The numbers for loading ``model`` at one given ``level`` ("fp32", "bf16", "fp16", "int8", "int4"), with the
     same estimates as :func:`recommend`; ``fits`` says whether that level fits, ``reason`` in one sentence.
@@ -168,27 +184,31 @@ def estimate(
 
     level = check_level(level)
     if level == "auto":
-        return recommend(model, hardware, context_length, device)
-    b = _budget(model, hardware, context_length, device)
+        return recommend(model, hardware, context_length, device, num_chats)
+    b = _budget(model, hardware, context_length, device, num_chats)
     weights = _weights_bytes(b.num_params, level, b.cfg)
     fits = b.fits(weights)
     name = level
     need = weights + b.kv_budget
     if fits == "no":
-        why = (f"{name} needs {need / _GIB:.1f} GiB (weights {weights / _GIB:.1f} GiB + a {b.context}-token KV cache "
+        why = (f"{name} needs {need / _GIB:.1f} GiB (weights {weights / _GIB:.1f} GiB + {b.cache_words} "
                f"{b.kv_budget / _GIB:.2f} GiB) but only {b.where}; it will not fit.")
     else:
-        why = (f"{name} weights ({weights / _GIB:.1f} GiB) plus a {b.context}-token KV cache "
+        why = (f"{name} weights ({weights / _GIB:.1f} GiB) plus {b.cache_words} "
                f"({b.kv_budget / _GIB:.2f} GiB) fit in {b.where}.")
     return Recommendation(b.target, level, fits, weights, b.per_token, b.kv_budget, b.free, why, b.num_params,
                           b.context)
 
 
 def recommend(
-    model: Any, hardware: Any = None, context_length: int | None = None, device: str = "auto"
+    model: Any, hardware: Any = None, context_length: int | None = None, device: str = "auto",
+    num_chats: int = 1,
 ) -> Recommendation:
-    """Recommend a device and quantization level for ``model`` (a path, "default", a config or a dict)."""
-    b = _budget(model, hardware, context_length, device)
+    """Recommend a device and quantization level for ``model`` (a path, "default", a config or a dict).
+
+    The KV cache is sized as the engine sizes it: ``context_length`` tokens for each of ``num_chats`` concurrent
+    chats (the engine's ``max_batch_size``)."""
+    b = _budget(model, hardware, context_length, device, num_chats)
     info, cfg, num_params, context = b.info, b.cfg, b.num_params, b.context
     per_token, kv_budget, target, free, where = b.per_token, b.kv_budget, b.target, b.free, b.where
     overhead, usable = b.overhead, b.usable
@@ -200,7 +220,7 @@ def recommend(
             fits = "tight" if need > free * TIGHT - overhead else "yes"
             name = level
             why = (
-                f"{name} weights ({weights / _GIB:.1f} GiB) plus a {context}-token KV cache ({kv_budget / _GIB:.2f} GiB) "
+                f"{name} weights ({weights / _GIB:.1f} GiB) plus {b.cache_words} ({kv_budget / _GIB:.2f} GiB) "
                 f"fit in {where}"
             )
             if level != order[0]:

@@ -30,6 +30,7 @@ from engine.api import (
     StepOutput,
     check_level,
 )
+from engine.core.context import fit_messages
 
 FRANCE_REPLY = "The capital of France is **Paris**. It is also the largest city in France."
 LONG_REPLY = (
@@ -123,10 +124,12 @@ class FakeEngine:
         self.submitted: list[list[dict[str, str]] | str] = []
 
     def submit(self, messages: list[dict[str, str]] | str, params: SamplingParams,
-               priority: int = 0) -> FakeHandle:
+               priority: int = 0, overflow: str | None = None) -> FakeHandle:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, not {type(params).__name__}")
         words = _WORDS.findall(reply_for(messages))
+        if overflow is not None and not isinstance(messages, str):  # the fake's context: 200 words
+            messages = fit_messages(messages, 200, lambda ms: sum(len(m["content"].split()) for m in ms), overflow)
         with self._lock:
             self.submitted.append(messages if isinstance(messages, str) else [dict(m) for m in messages])
             request = _Request(f"eng-{next(self._ids)}", words, params)
@@ -227,7 +230,7 @@ class FakeLLM:
 
     def __init__(self, model: str, device: str = "auto", dtype: str = "auto", quantization: str = "auto",
                  max_batch_size: int = 16, max_wait_ms: float = 5.0, kv_cache_bytes: int | None = None,
-                 progress: Any = None, start_loop: bool = True, *, load_delay_s: float = 0.0,
+                 max_model_len: int | None = None, progress: Any = None, start_loop: bool = True, *, load_delay_s: float = 0.0,
                  step_delay_s: float = 0.01) -> None:
         quantization = check_level(quantization)
         if start_loop:
@@ -250,6 +253,9 @@ class FakeLLM:
         self.weights_bytes = estimate(model, self.quantization).weights_bytes
         self.max_batch_size = max_batch_size
         self.kv_cache_bytes = kv_cache_bytes
+        self.max_model_len = max_model_len
+        self.sampling_defaults = {"temperature": 0.3, "top_p": 0.3, "repetition_penalty": 1.1} \
+            if model == "default" else {}
         self.engine = FakeEngine(max_batch_size, step_delay_s)
         self.is_closed = False
         FakeLLM.instances.append(self)
@@ -268,7 +274,7 @@ _CONTEXT = 4096
 
 
 def estimate(model: Any, level: str, hardware: Any = None, context_length: int | None = None,
-             device: str = "auto") -> Recommendation:
+             device: str = "auto", num_chats: int = 1) -> Recommendation:
     """Same role as ``engine.loading.recommend.estimate``: the numbers for loading ``model`` at ``level``."""
     if model != "default" and not Path(str(model)).exists():
         raise ValueError(f"model: {model!r} is not a config, a model folder, a .gguf file or 'default'")
@@ -285,7 +291,7 @@ def estimate(model: Any, level: str, hardware: Any = None, context_length: int |
 
 
 def recommend(model: Any, hardware: Any = None, context_length: int | None = None,
-              device: str = "auto") -> Recommendation:
+              device: str = "auto", num_chats: int = 1) -> Recommendation:
     """Same role as ``engine.loading.recommend.recommend``: the best level that fits (int8 for the fake model)."""
     for level in ("bf16", "int8", "int4"):
         rec = estimate(model, level, hardware, context_length, device)
@@ -336,4 +342,41 @@ def make_fake_api(load_delay_s: float = 0.0, step_delay_s: float = 0.01) -> type
         recommend=recommend,
         estimate=estimate,
         Sampler=FakeSampler,
+        inspect_model=inspect_model,
+        discover_models=discover_models,
     )
+
+
+def inspect_model(model: str) -> None:
+    """Same role as ``engine.loading.validate.inspect_model``: a missing path raises ``ModelLoadError``."""
+    if model != "default" and not Path(model).exists():
+        raise ModelLoadError(f"No model found at {model}. Pick a Hugging Face folder or a .gguf file.")
+
+
+#: What the fake ``discover_models`` finds: one model Hearth runs and one it cannot.
+FOUND_MODELS = [
+    {"name": "SmolLM2-135M-Instruct", "path": "default", "source": "huggingface", "format": "safetensors",
+     "architecture": "LlamaForCausalLM", "model_type": "llama", "num_parameters": 134_515_008,
+     "quantization": "BF16", "size_bytes": 269_060_000, "context_length": 8192, "runnable": True, "reason": "",
+     "fits": "yes", "recommended_level": "bf16", "fit_reason": "bf16 fits."},
+    {"name": "whisper-tiny", "path": "/models/whisper-tiny", "source": "lmstudio", "format": "safetensors",
+     "architecture": "WhisperForConditionalGeneration", "model_type": "whisper", "num_parameters": 37_000_000,
+     "quantization": "F32", "size_bytes": 151_000_000, "context_length": None, "runnable": False,
+     "reason": "Hearth runs text models; whisper is a speech model.", "fits": None, "recommended_level": None,
+     "fit_reason": ""},
+]
+
+
+class _Found:
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._data = data
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+def discover_models(home: Any = None, extra_dirs: Any = (), hardware: Any = None) -> list[_Found]:
+    """Same role as ``engine.loading.discovery.discover_models``: :data:`FOUND_MODELS`, plus one "user" model
+    per added folder."""
+    extra = [{**FOUND_MODELS[0], "name": Path(d).name, "path": str(d), "source": "user"} for d in extra_dirs]
+    return [_Found(m) for m in FOUND_MODELS + extra]

@@ -230,14 +230,15 @@ def test_presets_and_sampling_per_conversation(qtbot: Any, window: MainWindow,
     ask(qtbot, window, ui_flows.FRANCE_QUESTION)
     history, params = submitted[-1]
     assert history[0] == {"role": "system", "content": "Talk like a pirate, always."}
-    assert params == {"temperature": 0.0, "top_p": 0.95, "max_tokens": 7}
+    assert params == {"temperature": 0.0, "top_p": 0.3, "max_tokens": 7, "repetition_penalty": 1.1}
     pirate_chat = pane.current_conversation
     # A new conversation uses the defaults and no system prompt.
     pane.new_conversation()
     assert combo.currentData() == 0 and not ui_flows.child(window, QCheckBox, "customSamplingCheck").isChecked()
     ask(qtbot, window, ui_flows.FRANCE_QUESTION)
     history, params = submitted[-1]
-    assert history[0]["role"] == "user" and params == {"temperature": 0.7, "top_p": 0.95, "max_tokens": 512}
+    assert history[0]["role"] == "user" and params == {"temperature": 0.3, "top_p": 0.3, "max_tokens": 512,
+                                                       "repetition_penalty": 1.1}  # the model's own defaults
     pane.select_conversation(pirate_chat.id)
     assert combo.currentData() == pirate.id
     assert ui_flows.child(window, QSpinBox, "chatMaxTokensSpin").value() == 7

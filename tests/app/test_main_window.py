@@ -22,7 +22,7 @@ def test_window_has_title_icon_chat_and_side_panes(window: MainWindow) -> None:
         dock = window.findChild(QDockWidget, name)
         assert dock is not None and not dock.isHidden()
         assert dock.features() & QDockWidget.DockWidgetFeature.DockWidgetMovable
-    assert window.tabifiedDockWidgets(window.model_dock) == [window.monitor_dock]
+    assert window.tabifiedDockWidgets(window.model_dock) == [window.models_dock, window.monitor_dock]
     assert window.model_dock.isVisible()  # the model tab is in front
 
 

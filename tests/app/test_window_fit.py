@@ -166,7 +166,7 @@ def test_reset_layout_brings_closed_panes_back(qtbot: Any, window: MainWindow) -
     window.findChild(type(window.menuBar().actions()[0]), "resetLayoutAction").trigger()
     for dock in (window.model_dock, window.monitor_dock):
         assert not dock.isHidden() and not dock.isFloating()
-    assert window.tabifiedDockWidgets(window.model_dock) == [window.monitor_dock]
+    assert window.tabifiedDockWidgets(window.model_dock) == [window.models_dock, window.monitor_dock]
     assert window.model_dock.isVisible()
 
 

@@ -1,0 +1,197 @@
+"""The Models view: every model already on this computer, described, with one click to load it.
+
+The list comes from ``engine.loading.discovery.discover_models`` through the bridge
+(:meth:`~app.bridge.engine_bridge.EngineBridge.discover_models`, run on its pool): the Hugging Face cache, LM
+Studio, Ollama, GPT4All and Jan, and the folders the user adds here. Each row shows the name, where it was
+found, architecture, parameters, the file's quantization, its size in GiB and whether it fits this machine; a
+model Hearth cannot run is greyed out and says why.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+COLUMNS = ("Name", "Architecture", "Parameters", "Quantization", "Size", "Fits")
+SOURCE_NAMES = {"huggingface": "Hugging Face", "lmstudio": "LM Studio", "ollama": "Ollama", "gpt4all": "GPT4All",
+                "jan": "Jan", "user": "Added folder"}
+FIT_WORDS = {"yes": "Yes", "tight": "Only just", "no": "No"}
+_PATH_ROLE = Qt.ItemDataRole.UserRole
+
+
+def parameters_text(count: int | None) -> str:
+    """135M, 1.5B, ... ("" when unknown)."""
+    if not count:
+        return ""
+    if count >= 1e9:
+        return f"{count / 1e9:.1f}B"
+    return f"{count / 1e6:.0f}M"
+
+
+class ModelsView(QWidget):
+    """The list of models on disk.
+
+    Signals:
+        load_requested(str): the user asked to load the model at this path.
+        refresh_requested(list): the list should be looked up again, with these added folders.
+        folders_changed(list): the user added or removed a folder (the list of them, to keep).
+    """
+
+    load_requested = Signal(str)
+    refresh_requested = Signal(object)
+    folders_changed = Signal(object)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("modelsView")
+        self._folders: list[str] = []
+        self._models: list[dict[str, Any]] = []
+        self._status = QLabel("Looking for models…")
+        self._status.setObjectName("modelsStatusLabel")
+        self._status.setWordWrap(True)
+        self._tree = QTreeWidget()
+        self._tree.setObjectName("modelsTree")
+        self._tree.setColumnCount(len(COLUMNS))
+        self._tree.setHeaderLabels(list(COLUMNS))
+        self._tree.setRootIsDecorated(False)
+        self._tree.setAlternatingRowColors(True)
+        self._tree.setUniformRowHeights(True)
+        header = self._tree.header()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        for column, width in ((0, 170), (1, 90)):  # long names and architectures elide; the user may widen them
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.Interactive)
+            header.resizeSection(column, width)
+        header.setStretchLastSection(False)
+        self._tree.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+        self._tree.itemDoubleClicked.connect(self._on_item_double_clicked)
+        self._tree.currentItemChanged.connect(self._on_current_changed)
+        self._detail = QLabel("")
+        self._detail.setObjectName("modelDetailLabel")
+        self._detail.setWordWrap(True)
+        self._detail.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self._load_button = QPushButton("Load")
+        self._load_button.setObjectName("loadFoundModelButton")
+        self._load_button.setEnabled(False)
+        self._load_button.clicked.connect(self._on_load_clicked)
+        add_button = QPushButton("Add folder…")
+        add_button.setObjectName("addModelFolderButton")
+        add_button.setToolTip("Look for models in a folder of your own too")
+        add_button.clicked.connect(self._on_add_folder_clicked)
+        refresh_button = QPushButton("Refresh")
+        refresh_button.setObjectName("refreshModelsButton")
+        refresh_button.clicked.connect(self.refresh)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self._load_button, 1)
+        buttons.addWidget(add_button)
+        buttons.addWidget(refresh_button)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 8, 8, 8)
+        layout.addWidget(self._status)
+        layout.addWidget(self._tree, 1)
+        layout.addWidget(self._detail)
+        layout.addLayout(buttons)
+
+    # -- public API -------------------------------------------------------------------------------
+
+    @property
+    def folders(self) -> list[str]:
+        """The folders the user added."""
+        return list(self._folders)
+
+    def set_folders(self, folders: list[str]) -> None:
+        self._folders = list(dict.fromkeys(folders))
+
+    def refresh(self) -> None:
+        """Ask for the list again (``refresh_requested``)."""
+        self._status.setText("Looking for models…")
+        self.refresh_requested.emit(self.folders)
+
+    def show_models(self, models: list[dict[str, Any]]) -> None:
+        """Fill the list with ``FoundModel.to_json()`` dicts."""
+        self._models = list(models)
+        self._tree.clear()
+        for model in self._models:
+            self._tree.addTopLevelItem(self._item(model))
+        runnable = sum(1 for m in self._models if m.get("runnable"))
+        if not self._models:
+            self._status.setText("No models found in the Hugging Face cache, LM Studio, Ollama, GPT4All or Jan. "
+                                 "Add a folder that holds some, or give a path in the Model tab.")
+        else:
+            found = f"{len(self._models)} model{'s' if len(self._models) != 1 else ''} found"
+            self._status.setText(f"{found}, {runnable} of them Hearth can run. Double-click one to load it.")
+        self._on_current_changed(self._tree.currentItem(), None)
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _item(self, model: dict[str, Any]) -> QTreeWidgetItem:
+        fits = FIT_WORDS.get(str(model.get("fits")), "")
+        values = (str(model.get("name", "")), str(model.get("architecture", "")), parameters_text(model.get("num_parameters")),
+                  str(model.get("quantization", "")), f"{int(model.get('size_bytes') or 0) / 2**30:.2f} GiB",
+                  fits if model.get("runnable") else "Can't run")
+        item = QTreeWidgetItem(list(values))
+        item.setData(0, _PATH_ROLE, model)
+        item.setToolTip(0, f"{self._source(model)}: {model.get('path', '')}")
+        if not model.get("runnable"):
+            for column in range(len(COLUMNS)):
+                item.setForeground(column, self.palette().placeholderText())
+                item.setToolTip(column, str(model.get("reason", "")))
+        elif model.get("fit_reason"):
+            item.setToolTip(len(COLUMNS) - 1, str(model["fit_reason"]))
+        return item
+
+    @staticmethod
+    def _source(model: dict[str, Any]) -> str:
+        return SOURCE_NAMES.get(str(model.get("source")), str(model.get("source")))
+
+    def _selected(self) -> dict[str, Any] | None:
+        item = self._tree.currentItem()
+        return item.data(0, _PATH_ROLE) if item is not None else None
+
+    @Slot(QTreeWidgetItem, QTreeWidgetItem)
+    def _on_current_changed(self, current: QTreeWidgetItem | None, _previous: QTreeWidgetItem | None) -> None:
+        model = current.data(0, _PATH_ROLE) if current is not None else None
+        self._load_button.setEnabled(bool(model and model.get("runnable")))
+        if not model:
+            self._detail.setText("")
+            return
+        why = model.get("fit_reason") if model.get("runnable") else f"Hearth can't run it: {model.get('reason')}"
+        self._detail.setText(f"<b>{html.escape(str(model.get('name')))}</b> · {self._source(model)} · "
+                             f"{html.escape(str(model.get('path')))}<br>{html.escape(str(why or ''), quote=False)}")
+
+    @Slot(QTreeWidgetItem, int)
+    def _on_item_double_clicked(self, item: QTreeWidgetItem, _column: int) -> None:
+        model = item.data(0, _PATH_ROLE)
+        if model and model.get("runnable"):
+            self.load_requested.emit(str(model["path"]))
+
+    @Slot()
+    def _on_load_clicked(self) -> None:
+        model = self._selected()
+        if model and model.get("runnable"):
+            self.load_requested.emit(str(model["path"]))
+
+    @Slot()
+    def _on_add_folder_clicked(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Add a folder with models")
+        if folder:
+            self.add_folder(folder)
+
+    def add_folder(self, folder: str) -> None:
+        """Look for models in ``folder`` too, from now on (``folders_changed``), and refresh the list."""
+        if folder not in self._folders:
+            self._folders.append(folder)
+            self.folders_changed.emit(self.folders)
+        self.refresh()

@@ -37,6 +37,8 @@ class LoadSettings:
     context_length: int = 0
     #: One of :data:`OVERFLOW_POLICIES`: what to drop when a chat outgrows the context.
     overflow: str = "truncate_middle"
+    #: Greedy replies repeat bitwise whatever else runs (``EngineConfig.deterministic``); about half the speed.
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if self.overflow not in OVERFLOW_POLICIES:

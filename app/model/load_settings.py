@@ -8,7 +8,7 @@ recommendation above them shows the figure.
 from __future__ import annotations
 
 from PySide6.QtCore import Signal, Slot
-from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QSpinBox, QWidget
+from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QSpinBox, QWidget
 
 from app.bridge.types import DEFAULT_CONTEXT, MIN_CONTEXT, OVERFLOW_POLICIES, LoadSettings
 
@@ -63,12 +63,18 @@ class LoadSettingsForm(QGroupBox):
         self._kv_spin.setSpecialValueText("Automatic")
         self._kv_spin.setValue(defaults.kv_cache_mb)
         self._kv_spin.setToolTip("Memory for the KV cache; Automatic gives every concurrent chat a full context")
+        self._repeatable_check = QCheckBox("Repeatable replies (about half the speed)")
+        self._repeatable_check.setObjectName("repeatableCheck")
+        self._repeatable_check.setChecked(defaults.deterministic)
+        self._repeatable_check.setToolTip("At temperature 0, the same question gives the same answer whatever "
+                                          "else is running or cached; the engine then uses slower kernels")
         form = QFormLayout(self)
         form.addRow("Context length", self._context_spin)
         form.addRow("When a chat is longer", self._overflow_combo)
         form.addRow("Concurrent chats", self._batch_spin)
         form.addRow("Batch timeout", self._wait_spin)
         form.addRow("KV-cache budget", self._kv_spin)
+        form.addRow("", self._repeatable_check)
         self._context_spin.valueChanged.connect(lambda _value: self.sizing_changed.emit())
         self._batch_spin.valueChanged.connect(lambda _value: self.sizing_changed.emit())
         self._overflow_combo.currentIndexChanged.connect(self._on_overflow_changed)
@@ -77,7 +83,8 @@ class LoadSettingsForm(QGroupBox):
         """The settings in the box, with the quantization level chosen elsewhere in the pane."""
         return LoadSettings(max_batch_size=self._batch_spin.value(), max_wait_ms=self._wait_spin.value(),
                             kv_cache_mb=self._kv_spin.value(), quantization=quantization,
-                            context_length=self.context_length(), overflow=self.overflow())
+                            context_length=self.context_length(), overflow=self.overflow(),
+                            deterministic=self._repeatable_check.isChecked())
 
     def context_length(self) -> int:
         """The chosen context length; 0 for automatic."""

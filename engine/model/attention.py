@@ -4,6 +4,14 @@ Sequences are packed into one token dimension (no padding): decode tokens first,
 runner describes where each token reads and writes in an :class:`AttentionContext`, built once per step and
 shared by every layer. The fused decoder calls :func:`paged_attention` directly; HF modules reach it through
 the attention function registered as ``hearth_paged``.
+
+**Row-invariant attention** (``AttentionContext.invariant``, deterministic mode): a query's output is bitwise the
+same whether it is computed in a long prefill, a short chunk after a prefix-cache hit, or a decode step beside
+any other sequences. Torch's SDPA is not: its blocking, and the GEMM panels beneath it, follow the number of
+queries and the padded key length. :func:`invariant_attention` computes every query the same way in fp32: keys in
+fixed blocks of :data:`KEY_BLOCK` (padding only ever adds exact zeros), query rows padded to a multiple of
+:data:`ROW_MULTIPLE` (BLAS kernels handle a partial row block differently), the softmax denominator as an extra
+ones column of V, and the blocks summed in sequence order (``cumsum``), so trailing padding changes nothing.
 """
 
 from __future__ import annotations
@@ -40,6 +48,14 @@ class AttentionContext:
     decode_slots: torch.Tensor | None  # [num_decode, max_context] slots read, padded with the null block
     decode_mask: torch.Tensor | None  # additive [num_decode, 1, 1, max_context], or None when unpadded
     prefills: list[PrefillChunk]
+    decode_lens: list[int] | None = None  # context length of each decode (read by the invariant routine)
+    invariant: bool = False  # compute every query with :func:`invariant_attention`
+
+
+#: Keys are processed in blocks of this many (one fixed GEMM shape per block, whatever the context length).
+KEY_BLOCK = 64
+#: Query rows per (sequence, KV head) are padded to a multiple of this (full row blocks of the fp32 GEMM).
+ROW_MULTIPLE = 4
 
 
 def paged_attention(
@@ -54,6 +70,8 @@ def paged_attention(
     k_pool, v_pool = kv.k[layer], kv.v[layer]
     k_pool.index_copy_(0, ctx.slot_mapping, k.to(kv.dtype))
     v_pool.index_copy_(0, ctx.slot_mapping, v.to(kv.dtype))
+    if ctx.invariant:
+        return invariant_attention(q, k, v, k_pool, v_pool, ctx, scale)
     out = torch.empty_like(q)
     nd = ctx.num_decode
     if nd:
@@ -84,6 +102,80 @@ def paged_attention(
         )
         out[s : s + n] = o[0].transpose(0, 1)
     return out
+
+
+def invariant_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    ctx: AttentionContext,
+    scale: float,
+) -> torch.Tensor:
+    """:func:`paged_attention` with each query's result independent of the step around it (see the module doc).
+
+    Keys and values are read as stored in the pool (in the KV dtype), also for a chunk that wrote them this step.
+    """
+    out = torch.empty_like(q)
+    nd = ctx.num_decode
+    if nd:
+        assert ctx.decode_slots is not None and ctx.decode_lens is not None
+        qpos = torch.tensor(ctx.decode_lens, device=q.device)[:, None] - 1
+        keys, values = k_pool[ctx.decode_slots], v_pool[ctx.decode_slots]
+        out[:nd] = blocked_attention(q[:nd, None], keys, values, qpos, scale)[:, 0]
+    for chunk in ctx.prefills:
+        s, n = chunk.start, chunk.num_tokens
+        if chunk.slots is None:
+            keys, values = k[s : s + n].to(k_pool.dtype), v[s : s + n].to(v_pool.dtype)
+        else:
+            keys, values = k_pool[chunk.slots], v_pool[chunk.slots]
+        qpos = torch.arange(chunk.context_len - n, chunk.context_len, device=q.device)[None]
+        out[s : s + n] = blocked_attention(q[None, s : s + n], keys[None], values[None], qpos, scale)[0]
+    return out
+
+
+def blocked_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qpos: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Causal attention of G sequences, each query bitwise independent of the others and of padding.
+
+    Args:
+        q: [G, n, H, D] queries; k, v: [G, L, KVH, D] keys and values of each sequence (padding past a
+            sequence's length must be finite: it is masked).
+        qpos: [G, n] the position of each query; it sees keys 0 .. qpos.
+
+    Returns:
+        [G, n, H, D] in ``q``'s dtype.
+    """
+    g, n, h, d = q.shape
+    length, kvh = k.shape[1], k.shape[2]
+    rep = h // kvh
+    rows = n * rep
+    padded_rows = -(-rows // ROW_MULTIPLE) * ROW_MULTIPLE
+    nb = -(-length // KEY_BLOCK)
+    f32, dev = torch.float32, q.device
+    qg = torch.zeros(g, kvh, padded_rows, d, dtype=f32, device=dev)
+    qg[:, :, :rows] = q.to(f32).view(g, n, kvh, rep, d).permute(0, 2, 1, 3, 4).reshape(g, kvh, rows, d)
+    kb = torch.zeros(g, kvh, nb * KEY_BLOCK, d, dtype=f32, device=dev)
+    kb[:, :, :length] = k.to(f32).transpose(1, 2)
+    vb = torch.zeros(g, kvh, nb * KEY_BLOCK, d + 1, dtype=f32, device=dev)
+    vb[:, :, :length, :d] = v.to(f32).transpose(1, 2)
+    vb[:, :, :length, d] = 1.0  # the softmax denominator comes out of the same GEMM
+    kb = kb.view(g, kvh, nb, KEY_BLOCK, d)
+    vb = vb.view(g, kvh, nb, KEY_BLOCK, d + 1)
+    scores = torch.matmul(qg[:, :, None], kb.transpose(-1, -2)) * scale  # [G, KVH, nb, rows, KEY_BLOCK]
+    pos = torch.zeros(g, padded_rows, dtype=torch.long, device=dev)  # padding rows see key 0 (no NaN)
+    pos[:, :rows] = qpos.repeat_interleave(rep, dim=1)
+    key = torch.arange(nb * KEY_BLOCK, device=dev).view(nb, 1, KEY_BLOCK)
+    hidden = key[None] > pos[:, None, :, None]  # [G, nb, rows, KEY_BLOCK]
+    scores = scores.masked_fill(hidden[:, None], float("-inf"))
+    top = scores.amax(dim=(2, 4), keepdim=True)
+    weights = torch.exp(scores - top)
+    parts = torch.matmul(weights, vb)  # [G, KVH, nb, rows, D + 1], one fixed-shape GEMM per key block
+    total = parts.cumsum(dim=2)[:, :, -1]  # blocks summed in order: trailing zero blocks change nothing
+    o = (total[..., :d] / total[..., d:])[:, :, :rows]
+    return o.view(g, kvh, n, rep, d).permute(0, 2, 1, 3, 4).reshape(g, n, h, d).to(q.dtype)
 
 
 # --- HF modules ----------------------------------------------------------------------------------------------

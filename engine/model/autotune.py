@@ -12,6 +12,13 @@ kernel and a dense copy of the same dequantized weights. A plan keeps one kernel
 least :data:`MIN_GAIN` faster in some bucket and its memory is allowed; kernels that share memory already held
 (the lm_head reading the embedding) are free.
 
+**Deterministic mode** (``Tuner(deterministic=True)``): a greedy reply must not depend on what else shares a
+step, so a row's result must not depend on how many rows share its matmul, nor on the bucket. Each candidate is
+first checked for row invariance (:func:`row_multiple`: probe rows computed alone and inside calls of several
+sizes, bitwise equal), padding calls to a multiple of 2, 4, 8 or 16 rows where that makes it invariant (BLAS
+kernels often treat a partial block of rows differently); only invariant candidates are timed, and one kernel
+runs every bucket.
+
 Plans are cached in ``data_dir()/autotune.json`` per CPU model, torch version, thread count, shape and
 candidate set, so later loads measure nothing. Every plan records its timings and a reason;
 ``python -m engine info`` prints them.
@@ -46,6 +53,12 @@ CACHE_FILENAME = "autotune.json"
 #: Part of every cache key: bump it when the way plans are measured or chosen changes.
 PLAN_VERSION = "v4"
 _WARMUP, _REPEATS, _ROUNDS = 5, 5, 3
+#: Row paddings tried, in order, to make a kernel row-invariant: every call then runs a multiple of that many rows.
+ROW_MULTIPLES = (1, 2, 4, 8, 16)
+#: Call sizes (before padding) in which the invariance check computes its probe rows.
+_CHECK_ROWS = (1, 2, 3, 5, 7, 16, 33, 70)
+#: Rows the invariance check computes alone and in every call size.
+_PROBE_ROWS = 48
 
 
 def bucket_index(rows: int) -> int:
@@ -67,6 +80,7 @@ class Plan:
     timings_us: dict[str, list[float]]  # kernel -> time per bucket
     reason: str
     cached: bool = False
+    row_multiple: int = 1  # calls are padded to a multiple of this many rows (deterministic mode)
 
     @property
     def used(self) -> list[str]:
@@ -177,10 +191,64 @@ def time_kernel(kernel: Kernel, rows: int, in_features: int, dtype: torch.dtype)
     return best * 1e6
 
 
+class PaddedRows:
+    """Runs ``kernel`` on a multiple of ``multiple`` rows: zero rows are added and their outputs dropped."""
+
+    __slots__ = ("input_dtype", "kernel", "multiple")
+
+    def __init__(self, kernel: Kernel, multiple: int) -> None:
+        self.kernel, self.multiple = kernel, multiple
+        self.input_dtype: torch.dtype | None = getattr(kernel, "input_dtype", None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        extra = -rows % self.multiple
+        if not extra:
+            return self.kernel(x)
+        return self.kernel(torch.cat([x, x.new_zeros(extra, x.shape[1])]))[:rows]
+
+    @property
+    def nbytes(self) -> int:
+        return self.kernel.nbytes
+
+
+def is_row_invariant(kernel: Kernel, in_features: int, dtype: torch.dtype) -> bool:
+    """Whether each output row of ``kernel`` is bitwise the same whatever rows share the call, and however many.
+
+    :data:`_PROBE_ROWS` random rows are computed one per call, then packed into calls of each of
+    :data:`_CHECK_ROWS` rows (the last call topped up with other rows). Many probe rows are needed: a kernel
+    whose reduction order changes with the row count may still round most rows (in bf16) to the same values.
+    """
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(_PROBE_ROWS + max(_CHECK_ROWS), in_features, generator=gen).to(dtype)
+    cast = getattr(kernel, "input_dtype", None)
+
+    def call(a: torch.Tensor) -> torch.Tensor:
+        return kernel(a.to(cast)).to(dtype) if cast is not None and cast != dtype else kernel(a)
+
+    with torch.inference_mode():
+        alone = torch.cat([call(x[i : i + 1]) for i in range(_PROBE_ROWS)])
+        for rows in _CHECK_ROWS[1:]:
+            for start in range(0, _PROBE_ROWS, rows):
+                got = call(x[start : start + rows])[: _PROBE_ROWS - start]
+                if not torch.equal(got, alone[start : start + rows]):
+                    return False
+    return True
+
+
+def row_multiple(kernel: Kernel, in_features: int, dtype: torch.dtype) -> int | None:
+    """The least of :data:`ROW_MULTIPLES` whose padding makes ``kernel`` row-invariant; None if none does."""
+    for multiple in ROW_MULTIPLES:
+        if is_row_invariant(PaddedRows(kernel, multiple), in_features, dtype):
+            return multiple
+    return None
+
+
 class TunedLinear:
     """A linear layer that runs, for each bucket of row counts, the kernel its plan chose.
 
     A kernel with an ``input_dtype`` (packed fp16 takes fp32) gets its input cast, and its output cast back.
+    A plan with a ``row_multiple`` pads every call to a multiple of that many rows.
     """
 
     __slots__ = ("_by_bucket", "_casts", "kernels", "plan", "shared")
@@ -189,7 +257,10 @@ class TunedLinear:
         self.kernels = {name: kernels[name] for name in plan.used}
         self.plan = plan
         self.shared = shared
-        self._by_bucket = tuple(kernels[name] for name in plan.kernels)
+        pad = plan.row_multiple
+        self._by_bucket = tuple(
+            kernels[name] if pad == 1 else PaddedRows(kernels[name], pad) for name in plan.kernels
+        )
         self._casts = tuple(getattr(kernels[name], "input_dtype", None) for name in plan.kernels)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -216,9 +287,11 @@ class PlanCache:
         self._data: dict[str, Any] | None = None
 
     @staticmethod
-    def key(role: str, shape: tuple[int, int], dtype: torch.dtype, candidates: list[str]) -> str:
+    def key(
+        role: str, shape: tuple[int, int], dtype: torch.dtype, candidates: list[str], deterministic: bool = False
+    ) -> str:
         machine = f"{hardware.detect().cpu_model}|torch {torch.__version__}|{torch.get_num_threads()} threads"
-        machine = f"{PLAN_VERSION}|{machine}"
+        machine = f"{PLAN_VERSION}{'|invariant-v2' if deterministic else ''}|{machine}"
         return f"{machine}|{role}|{shape[0]}x{shape[1]}|{str(dtype).removeprefix('torch.')}|{','.join(candidates)}"
 
     def _load(self) -> dict[str, Any]:
@@ -232,17 +305,18 @@ class PlanCache:
     def get(self, key: str) -> Plan | None:
         entry = self._load().get(key)
         try:
-            return (
-                Plan(tuple(entry["kernels"]), entry["timings_us"], entry["reason"], cached=True)
-                if entry
-                else None
-            )
+            if not entry:
+                return None
+            multiple = int(entry.get("row_multiple", 1))
+            return Plan(tuple(entry["kernels"]), entry["timings_us"], entry["reason"], True, multiple)
         except (KeyError, TypeError):
             return None
 
     def put(self, key: str, plan: Plan) -> None:
         data = self._load()
         data[key] = {"kernels": list(plan.kernels), "timings_us": plan.timings_us, "reason": plan.reason}
+        if plan.row_multiple != 1:
+            data[key]["row_multiple"] = plan.row_multiple
         with self._lock:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -271,10 +345,22 @@ class Tuner:
         cache: Where plans persist; None measures every load.
         extra_budget: Bytes of second kernels the model may hold in all.
         layers: How many layers share each decoder shape (a second kernel costs that many copies).
+        deterministic: Choose only row-invariant kernels, one per shape for every bucket (see the module doc).
+        timed: Measure the candidates; otherwise the preferred one runs (the first invariant one, if it is not).
     """
 
-    def __init__(self, dtype: torch.dtype, cache: PlanCache | None, extra_budget: int, layers: int) -> None:
+    def __init__(
+        self,
+        dtype: torch.dtype,
+        cache: PlanCache | None,
+        extra_budget: int,
+        layers: int,
+        deterministic: bool = False,
+        timed: bool = True,
+    ) -> None:
         self.dtype = dtype
+        self.deterministic = deterministic
+        self.timed = timed
         self.cache = cache
         self.budget = extra_budget
         self.layers = layers
@@ -295,10 +381,14 @@ class Tuner:
             return known
         names = sorted(kernels)
         plan = None
-        key = PlanCache.key(role, shape, self.dtype, names) if self.cache is not None else ""
+        key = PlanCache.key(role, shape, self.dtype, names, self.deterministic) if self.cache is not None else ""
         if self.cache is not None:
             plan = self.cache.get(key)
-        if plan is None or any(name not in kernels for name in plan.kernels):
+        if self.deterministic and (plan is None or any(name not in kernels for name in plan.kernels)):
+            plan = self._invariant_plan(shape, kernels, preferred)
+            if self.cache is not None:
+                self.cache.put(key, plan)
+        elif plan is None or any(name not in kernels for name in plan.kernels):
             # rounds interleave the candidates, so a passing disturbance does not decide the plan alone
             timings = {name: [float("inf")] * len(BUCKETS) for name in names}
             for _ in range(_ROUNDS):
@@ -322,3 +412,29 @@ class Tuner:
         self.choices.append(Choice(role, shape, plan))
         log.info("kernels for %s %dx%d: %s", role, shape[0], shape[1], plan.reason)
         return plan
+
+    def _invariant_plan(self, shape: tuple[int, int], kernels: dict[str, Kernel], preferred: str) -> Plan:
+        """One row-invariant kernel for every bucket: the fastest overall of those that are (padded if need be)."""
+        multiples = {name: row_multiple(kernels[name], shape[1], self.dtype) for name in sorted(kernels)}
+        ok = {name: m for name, m in multiples.items() if m is not None}
+        if not ok:
+            log.warning("no row-invariant kernel for %dx%d: greedy replies may vary with batching", *shape)
+            return Plan((preferred,) * len(BUCKETS), {}, f"{preferred}; no candidate is row-invariant")
+        first = preferred if preferred in ok else min(ok)
+        timings: dict[str, list[float]] = {}
+        if self.timed and len(ok) > 1:
+            padded = {name: PaddedRows(kernels[name], m) for name, m in ok.items()}
+            timings = {name: [float("inf")] * len(BUCKETS) for name in ok}
+            for _ in range(_ROUNDS):
+                for name, kernel in padded.items():
+                    for b, rows in enumerate(BUCKETS):
+                        timings[name][b] = min(timings[name][b], time_kernel(kernel, rows, shape[1], self.dtype))
+            _release_flush_buffer()
+            first = choose(timings, first, lambda name: False).kernels[0]
+        pad = ok[first]
+        left_out = sorted(set(kernels) - set(ok))
+        why = f"{first} for every bucket (row-invariant{f' on multiples of {pad} rows' if pad > 1 else ''})"
+        if left_out:
+            why += f"; {', '.join(left_out)} not row-invariant"
+        timings = {n: [round(t, 1) for t in ts] for n, ts in timings.items()}
+        return Plan((first,) * len(BUCKETS), timings, why, row_multiple=pad)

@@ -11,8 +11,10 @@ For the fused decoder on a CPU with torch's kernels (``KernelBuilder``):
 
 Where the model came from a GGUF file, Q4_0/Q4_1/Q4_K tensors become int4 kernels and Q8_0 tensors int8 kernels
 straight from the file's blocks, when their dequantized values match the loaded weights (checked per tensor).
-Which candidate runs each batch bucket is measured (``engine/model/autotune.py``). Elsewhere (CUDA, forced
-backends) layers are built by :func:`engine.model.quantization.make_linear` as before.
+Which candidate runs each batch bucket is measured (``engine/model/autotune.py``). In deterministic mode every
+CPU layer, fp32 ones included, goes through the tuner, which keeps only row-invariant kernels (padding rows where
+that makes one invariant). Elsewhere (CUDA, forced backends) layers are built by
+:func:`engine.model.quantization.make_linear` as before.
 """
 
 from __future__ import annotations
@@ -64,7 +66,9 @@ class KernelBuilder:
         self.gguf = gguf
         self.tuner = tuner
         self.from_file = 0  # weights taken straight from the GGUF blocks
-        self.tunable = device.type == "cpu" and backend in ("auto", "torch") and dtype != torch.float32
+        self.deterministic = tuner is not None and tuner.deterministic
+        on_cpu = device.type == "cpu" and backend in ("auto", "torch")
+        self.tunable = on_cpu and (dtype != torch.float32 or self.deterministic)
 
     def __call__(
         self, role: str, names: list[str], weight: torch.Tensor, bias: torch.Tensor | None
@@ -74,7 +78,7 @@ class KernelBuilder:
                 return DenseLinear(weight, bias)
             return make_linear(weight, bias, self.level, self.device, self.backend)
         builds, preferred, free = self._candidates(role, names, weight, bias)
-        if self.tuner is None or len(builds) == 1:
+        if self.tuner is None or (len(builds) == 1 and not self.deterministic):
             return builds[preferred]()
         shape = (int(weight.shape[0]), int(weight.shape[1]))
         known = self.tuner.plans.get((role, shape))
@@ -96,7 +100,7 @@ class KernelBuilder:
 
         if self.level is None:
             builds: dict[str, Build] = {"dense": dense()}
-            if fbgemm_fp16_available():
+            if fbgemm_fp16_available() and dtype != torch.float32:  # fp16 weights would round fp32 ones
                 builds["fp16_packed"] = lambda: PackedFp16Linear(weight, bias)
             return builds, "dense", frozenset({"dense"})
         if role == "lm_head":

@@ -7,6 +7,10 @@ registry (``architectures.py``) says which one a config takes:
 * **HF**: the model's own HF modules over the packed batch, with ``hearth_paged`` attention registered in.
 
 Sequences are packed into one token dimension (no padding): decode tokens first, then prefill chunks.
+
+With ``deterministic`` (on a CPU) a greedy reply does not depend on what else shares a step or on prefix-cache
+hits: the fused layers run row-invariant kernels only (``autotune.py``) and attention runs its row-invariant
+routine (``attention.invariant_attention``). The HF-module path gets the attention only.
 """
 
 from __future__ import annotations
@@ -91,6 +95,7 @@ class ModelRunner:
         kv_dtype: torch.dtype,
         quantization: str = "fp32",
         quant_backend: str = "auto",
+        deterministic: bool = False,
     ):
         self.model = model
         self.config: Any = model.config
@@ -104,6 +109,10 @@ class ModelRunner:
         #: "int8" or "int4"; None when the weights stay dense
         self.weight_quantization: str | None = quantization if quantization in WEIGHT_LEVELS else None
         self._quant_backend = quant_backend
+        #: row-invariant kernels and attention, so greedy replies repeat whatever shares the step (CPU only)
+        self.deterministic = deterministic and self.device.type == "cpu"
+        if deterministic and not self.deterministic:
+            log.warning("deterministic mode is implemented for the CPU only; %s replies may vary", self.device)
         self._decoder: FusedDecoder | None = None
         #: the kernel plans measured (or read from the cache) for this model, for ``python -m engine info``
         self.kernel_choices: list[Choice] = []
@@ -133,9 +142,12 @@ class ModelRunner:
     def _kernel_builder(self, model: torch.nn.Module) -> KernelBuilder:
         """The fused layers' kernel builder: GGUF blocks where the file has them, plans measured per shape."""
         tuner = None
-        if os.environ.get(AUTOTUNE_ENV, "").strip().lower() not in ("0", "off", "no", "false"):
+        timed = os.environ.get(AUTOTUNE_ENV, "").strip().lower() not in ("0", "off", "no", "false")
+        if timed or self.deterministic:  # deterministic mode checks row invariance even when nothing is timed
             budget = int(psutil.virtual_memory().available * EXTRA_KERNEL_RAM_FRACTION)
-            tuner = Tuner(self.dtype, PlanCache(), budget, int(self.config.num_hidden_layers))
+            layers = int(self.config.num_hidden_layers)
+            cache = PlanCache() if timed else None
+            tuner = Tuner(self.dtype, cache, budget, layers, deterministic=self.deterministic, timed=timed)
         gguf = source_of(model) if self.weight_quantization is not None and self.device.type == "cpu" else None
         return KernelBuilder(self.weight_quantization, self.dtype, self.device, self._quant_backend, gguf, tuner)
 
@@ -214,6 +226,8 @@ class ModelRunner:
             decode_slots=decode_slots,
             decode_mask=decode_mask,
             prefills=prefills,
+            decode_lens=decode_lens,
+            invariant=self.deterministic,
         )
         ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)

@@ -230,7 +230,8 @@ class FakeLLM:
 
     def __init__(self, model: str, device: str = "auto", dtype: str = "auto", quantization: str = "auto",
                  max_batch_size: int = 16, max_wait_ms: float = 5.0, kv_cache_bytes: int | None = None,
-                 max_model_len: int | None = None, progress: Any = None, start_loop: bool = True, *, load_delay_s: float = 0.0,
+                 max_model_len: int | None = None, progress: Any = None, start_loop: bool = True,
+                 deterministic: bool = False, *, load_delay_s: float = 0.0,
                  step_delay_s: float = 0.01) -> None:
         quantization = check_level(quantization)
         if start_loop:

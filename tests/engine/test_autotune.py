@@ -103,3 +103,25 @@ def test_plans_are_cached_per_machine_and_shape(tmp_path: Path, monkeypatch: pyt
     # too little memory for 30 dense copies: one kernel
     poor = Tuner(torch.bfloat16, None, extra_budget=100, layers=30)
     assert len(poor.plan_for("qkv", (8, 4), kernels, "int4", frozenset()).used) == 1
+
+
+class _CountsRows(_Fake):
+    """Each row's output depends on how many rows share the call (not row-invariant)."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return super().__call__(x) + x.shape[0]
+
+
+def test_deterministic_plans_run_one_row_invariant_kernel_everywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(autotune, "time_kernel", lambda kernel, rows, in_features, dtype: 1.0)
+    kernels = {"fast": _CountsRows(1.0), "steady": _Fake(2.0)}
+    tuner = Tuner(torch.bfloat16, PlanCache(tmp_path / "autotune.json"), 10_000, 30, deterministic=True)
+    plan = tuner.plan_for("qkv", (8, 4), kernels, "fast", frozenset())
+    assert plan.kernels == ("steady",) * 4 and "fast not row-invariant" in plan.reason
+    again = Tuner(torch.bfloat16, PlanCache(tmp_path / "autotune.json"), 10_000, 30, deterministic=True)
+    assert again.plan_for("qkv", (8, 4), kernels, "fast", frozenset()).cached
+    # the usual plans are cached apart: they may keep the faster kernel
+    usual = Tuner(torch.bfloat16, PlanCache(tmp_path / "autotune.json"), 10_000, 30)
+    assert not usual.plan_for("qkv", (8, 4), kernels, "fast", frozenset()).cached

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
         StepOutput,
     )
     from engine.core.llm import LLM
-    from engine.core.llm_engine import LLMEngine, RequestHandle
+    from engine.core.llm_engine import LLMEngine
+    from engine.core.request import RequestHandle
 
 _EXPORTS = {
     "LLM": "engine.core.llm",
@@ -32,7 +33,7 @@ _EXPORTS = {
     "ModelLoadError": "engine.api",
     "EngineConfig": "engine.api",
     "LLMEngine": "engine.core.llm_engine",
-    "RequestHandle": "engine.core.llm_engine",
+    "RequestHandle": "engine.core.request",
     "RequestOutput": "engine.api",
     "StepOutput": "engine.api",
     "SamplingParams": "engine.api",

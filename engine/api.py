@@ -3,6 +3,9 @@
 Everything a caller hands the engine or gets back is defined here once: sampling parameters, the engine
 configuration, errors, step and request outputs, hardware facts, the quantization recommendation, model facts and
 the names of quantization levels. ``engine/__init__.py`` re-exports the public ones.
+
+Long because it is every contract in one place: the app, the server and the fakes import one module, and no type
+is defined twice.
 """
 
 from __future__ import annotations

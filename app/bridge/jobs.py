@@ -108,12 +108,17 @@ def quantization_advice(engine_api: Callable[[], Any], spec: str, device: str, c
     return advice
 
 
+#: Scheduling priority of "Serve on localhost" requests: API clients queue behind the user's own chats (0).
+SERVER_PRIORITY = 5
+
+
 def start_local_server(llm: Any, host: str, port: int, api_key: str) -> tuple[Any, ServerState]:
     """Serve ``llm``'s engine over the OpenAI API: the running ``ServerThread`` (or None) and its state."""
     from engine.serving.openai_app import ServerThread
 
     try:
-        server = ServerThread(llm.engine, str(getattr(llm, "model_name", "default")), host, port, api_key or None)
+        server = ServerThread(llm.engine, str(getattr(llm, "model_name", "default")), host, port, api_key or None,
+                              priority=SERVER_PRIORITY)
         server.start()
     except OSError as exc:
         return None, ServerState(False, message=f"Could not listen on {host}:{port}: {exc.strerror or exc}.")

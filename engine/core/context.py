@@ -30,7 +30,7 @@ def check_policy(policy: str) -> OverflowPolicy:
     """``policy`` if it is one of :data:`OVERFLOW_POLICIES`; ``ValueError`` otherwise."""
     if policy not in OVERFLOW_POLICIES:
         raise ValueError(f"overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {policy!r}")
-    return policy  # type: ignore[return-value]
+    return policy
 
 
 def fit_messages(

@@ -9,7 +9,7 @@ tokens within ``target_ratio`` × its solo figure (measured whenever it runs alo
 
 It backs off fast (halves) when the target is missed or memory is short (few free KV blocks, or process RSS
 high against available RAM) and grows slowly (one step of each knob per ``grow_interval_s`` while the target is
-met and the batch is full). Each decision is logged at debug level and counted (``controller_adjustments_total``).
+met and the batch is full), and starts afresh at full size once the engine is idle. Each decision is logged at debug level and counted (``controller_adjustments_total``).
 No torch in here.
 """
 
@@ -94,6 +94,9 @@ class ConcurrencyController:
                 self.solo_itl_s = report.top_itl_s if solo is None else 0.9 * solo + 0.1 * report.top_itl_s
             else:
                 self._itls.append(report.top_itl_s)
+        if report.num_running == 0 and report.num_waiting == 0:
+            self._reset(report.now)  # idle: nothing left to protect, the next burst starts at full size
+            return
         if report.now - self._last_decision < self.decide_interval_s:
             return
         self._last_decision = report.now
@@ -144,6 +147,12 @@ class ConcurrencyController:
                   budget)
         self.limit, self.token_budget, self.window_scale = limit, budget, scale
         self._changed(report.now)
+
+    def _reset(self, now: float) -> None:
+        if (self.limit, self.token_budget, self.window_scale) != (self.max_limit, self.max_token_budget, 1.0):
+            log.debug("controller resets: the engine is idle")
+            self.limit, self.token_budget, self.window_scale = self.max_limit, self.max_token_budget, 1.0
+            self._changed(now)
 
     def _changed(self, now: float) -> None:
         self.adjustments_total += 1

@@ -20,7 +20,8 @@ from engine.api import (
     SamplingParams,
     check_level,
 )
-from engine.core.llm_engine import LLMEngine, Prompt, RequestHandle
+from engine.core.llm_engine import LLMEngine
+from engine.core.request import Prompt, RequestHandle
 from engine.loading.default_model import sampling_defaults
 from engine.loading.loader import LoadedModel, load_model
 from engine.loading.recommend import recommend

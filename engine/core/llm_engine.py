@@ -5,6 +5,11 @@ sampled tokens are detokenized and handed to each request's handle. A step that 
 batch with ``finish_reason="error"``; the others go on. ``submit``, ``cancel`` and ``wake`` are thread-safe;
 ``step`` runs on one thread at a time, driven by :func:`engine.core.loop.run_loop` on the engine's own thread
 (``start_loop``) or on the app's bridge, or called directly (tests, benchmarks).
+
+Long because ``LLMEngine`` is the request lifecycle in one class: submission (``n``, grammars, context fitting),
+the step with its failure handling, deadlines, the concurrency controller's hook, sampling and finishing. The
+caller's handle (``request.py``), the loop (``loop.py``), context fitting (``context.py``), chat templating
+(``chat_template.py``) and the controller (``controller.py``) already live beside it.
 """
 
 from __future__ import annotations
@@ -13,12 +18,10 @@ import contextlib
 import itertools
 import logging
 import math
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, cast
 
 import psutil
@@ -29,7 +32,6 @@ from engine.api import (
     CapacityError,
     EngineConfig,
     RequestMetrics,
-    RequestOutput,
     SamplingParams,
     StepOutput,
     TokenLogprob,
@@ -41,112 +43,14 @@ from engine.core.controller import ConcurrencyController, StepReport
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.loop import run_loop
 from engine.core.metrics import EngineMetrics
+from engine.core.request import EngineRequest, OutputCallback, Prompt, RequestHandle
 from engine.core.scheduler import ScheduledBatch, Scheduler
 from engine.core.sequence import Sequence
-from engine.model.grammar import GrammarCompiler, Matcher
+from engine.model.grammar import GrammarCompiler
 from engine.model.runner import ModelRunner
 from engine.model.sampler import Sampler
 
 log = logging.getLogger("engine")
-
-Prompt = str | list[int] | list[dict[str, Any]]
-
-
-@dataclass(slots=True)
-class _Request:
-    seq: Sequence
-    detok: IncrementalDetokenizer
-    metrics: RequestMetrics
-    handle: RequestHandle
-    max_tokens: int
-    eos_ids: frozenset[int]
-    finish_reason: str | None = None
-    deadline: float | None = None  # time.monotonic() after which the request ends with "timeout"
-    matcher: Matcher | None = None  # the grammar of a constrained request
-    #: The first of ``n`` parallel requests, while it has not yet produced a token: this one waits, so that it
-    #: finds the prompt's KV blocks in the prefix cache instead of computing them again.
-    held_for: _Request | None = None
-
-
-OutputCallback = Callable[[StepOutput], None]
-
-
-class RequestHandle:
-    """The caller's end of a request: iterate it for text deltas, ``cancel()`` it, or wait for ``result()``.
-
-    ``on_output``, if given, is called with every ``StepOutput`` on the thread that steps the engine, right
-    after it is queued; it must be quick and must not raise (``AsyncLLMEngine`` uses it to wake an event loop).
-    """
-
-    def __init__(
-        self,
-        engine: LLMEngine,
-        request_id: str,
-        prompt_token_ids: list[int],
-        on_output: OutputCallback | None = None,
-    ) -> None:
-        self.request_id = request_id
-        self.prompt_token_ids = prompt_token_ids
-        self._engine = engine
-        self._on_output = on_output
-        self._queue: queue.Queue[StepOutput] = queue.Queue()
-        self._done = threading.Event()
-        self._text: list[str] = []
-        self._token_ids: list[int] = []
-        self._logprobs: list[TokenLogprob] = []
-        self._final: StepOutput | None = None
-        self._metrics: RequestMetrics | None = None
-
-    def cancel(self) -> None:
-        """Stop generating; the request finishes with reason "abort" and keeps its partial text."""
-        self._engine.cancel(self.request_id)
-
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def _deliver(self, out: StepOutput, metrics: RequestMetrics) -> None:
-        self._text.append(out.delta_text)
-        self._token_ids.extend(out.new_token_ids)
-        if out.logprobs:
-            self._logprobs.extend(out.logprobs)
-        self._metrics = metrics
-        self._queue.put(out)
-        if out.finished:
-            self._final = out
-            self._done.set()
-        if self._on_output is not None:
-            try:
-                self._on_output(out)
-            except Exception:
-                log.exception("on_output callback of %s failed", self.request_id)
-
-    def __iter__(self) -> Iterator[str]:
-        """Yield text deltas as they arrive, until the request finishes."""
-        while True:
-            out = self._queue.get()
-            if out.delta_text:
-                yield out.delta_text
-            if out.finished:
-                if out.error:
-                    raise RuntimeError(out.error)
-                return
-
-    def result(self, timeout: float | None = None) -> RequestOutput:
-        """Block until the request finishes and return its output."""
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"request {self.request_id} did not finish within {timeout} s")
-        assert self._final is not None and self._metrics is not None
-        return RequestOutput(
-            request_id=self.request_id,
-            prompt_token_ids=self.prompt_token_ids,
-            text="".join(self._text),
-            token_ids=list(self._token_ids),
-            finish_reason=self._final.finish_reason,
-            metrics=self._metrics,
-            error=self._final.error,
-            logprobs=list(self._logprobs) or None,
-        )
-
 
 class LLMEngine:
     """Continuous-batching engine over one loaded model."""
@@ -181,9 +85,9 @@ class LLMEngine:
         self.eos_ids = _eos_ids(model, tokenizer)
         self.grammars = GrammarCompiler(tokenizer, self.runner.config.vocab_size, self.eos_ids)
         self._mask_pool: ThreadPoolExecutor | None = None  # fills grammar masks while the model runs
-        self._requests: dict[str, _Request] = {}
-        self._inbox: list[_Request] = []
-        self._held: list[_Request] = []  # parallel requests waiting for their first one's prompt KV
+        self._requests: dict[str, EngineRequest] = {}
+        self._inbox: list[EngineRequest] = []
+        self._held: list[EngineRequest] = []  # parallel requests waiting for their first one's prompt KV
         self._cancels: list[str] = []
         self._cv = threading.Condition()
         self._step_lock = threading.Lock()
@@ -296,7 +200,7 @@ class LLMEngine:
                     f"{self.config.max_waiting} requests are already waiting; retry when some have finished"
                 )
             handles = []
-            first: _Request | None = None
+            first: EngineRequest | None = None
             for params, request_id, on_output, matcher in zip(
                 params_list, request_ids, on_outputs, matchers, strict=True
             ):
@@ -316,11 +220,11 @@ class LLMEngine:
         request_id: str | None,
         on_output: OutputCallback | None,
         room: int,
-    ) -> _Request:
+    ) -> EngineRequest:
         rid = request_id or f"req-{next(self._ids)}"
         handle = RequestHandle(self, rid, token_ids, on_output)
         seq = Sequence(rid, list(token_ids), params, priority=priority)
-        req = _Request(
+        req = EngineRequest(
             seq=seq,
             detok=IncrementalDetokenizer(self.tokenizer, params.stop),
             metrics=RequestMetrics(arrival_time=seq.arrival_time, num_prompt_tokens=len(token_ids)),
@@ -496,7 +400,7 @@ class LLMEngine:
                 outputs.append(self._on_token(req, token, now, logprob))
         self.stats.record_step(len(batch.seqs), len(rows), itls, now)
 
-    def _on_token(self, req: _Request, token: int, now: float, logprob: TokenLogprob | None = None) -> StepOutput:
+    def _on_token(self, req: EngineRequest, token: int, now: float, logprob: TokenLogprob | None = None) -> StepOutput:
         seq, m = req.seq, req.metrics
         seq.token_ids.append(token)
         if m.first_token_time is None:
@@ -521,7 +425,7 @@ class LLMEngine:
         return self._finish(req, delta, [token], logprobs=logprobs)
 
     def _finish(
-        self, req: _Request, delta: str, new_token_ids: list[int] | None = None, error: str | None = None,
+        self, req: EngineRequest, delta: str, new_token_ids: list[int] | None = None, error: str | None = None,
         logprobs: list[TokenLogprob] | None = None,
     ) -> StepOutput:
         now = time.monotonic()
@@ -551,7 +455,7 @@ class LLMEngine:
             outputs.append(self._fail(req, message))
         return outputs
 
-    def _fail(self, req: _Request, message: str) -> StepOutput:
+    def _fail(self, req: EngineRequest, message: str) -> StepOutput:
         req.finish_reason = "error"
         return self._finish(req, "", error=message)
 
@@ -635,4 +539,4 @@ def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-__all__ = ["LLMEngine", "RequestHandle", "RequestOutput", "StepOutput"]
+__all__ = ["LLMEngine"]

@@ -23,7 +23,7 @@ from engine.api import SamplingParams
 
 #: The JSON grammar's whitespace is compact, so a sampler cannot pad a document with spaces until it runs out of
 #: tokens; ``json_object`` is any object.
-_JSON_OPTIONS = {"whitespace_flexible": False}
+_JSON_OPTIONS: Any = {"whitespace_flexible": False}
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 _CACHED_GRAMMARS = 32
 

@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from engine.api import SamplingParams, StepOutput
-from engine.core.llm_engine import LLMEngine, Prompt, RequestHandle
+from engine.core.llm_engine import LLMEngine
+from engine.core.request import Prompt, RequestHandle
 
 
 class AsyncRequest:
@@ -89,9 +90,25 @@ class AsyncLLMEngine:
     ) -> AsyncRequest:
         """Like :meth:`submit`, but tokenizing (and chat templating) run on a worker thread, so a long prompt
         never holds up the event loop. Raises as :meth:`submit` does."""
+        return (await self.add_requests(prompt, params or SamplingParams(), priority))[0]
+
+    async def add_requests(
+        self, prompt: Prompt, params: SamplingParams, priority: int = 0, tools: list[dict[str, Any]] | None = None
+    ) -> list[AsyncRequest]:
+        """``params.n`` requests over one prompt (rendered with ``tools``), tokenized and their grammar compiled
+        on a worker thread. Raises as :meth:`submit` does, and ``ValueError`` for a schema that cannot be used."""
         if not (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
-            prompt = await asyncio.to_thread(self.engine.tokenize, prompt)
-        return self.submit(prompt, params, priority)
+            prompt = await asyncio.to_thread(self.engine.tokenize, prompt, tools)
+        if params.is_constrained:
+            await asyncio.to_thread(self.engine.prepare, params)
+        if params.n == 1:
+            return [self.submit(prompt, params, priority)]
+        loop = asyncio.get_running_loop()
+        requests = [AsyncRequest(loop) for _ in range(params.n)]
+        handles = self.engine.submit_n(prompt, params, priority, on_outputs=[r._on_output for r in requests])
+        for request, handle in zip(requests, handles, strict=True):
+            request._handle = handle
+        return requests
 
     async def stream(
         self, prompt: Prompt, params: SamplingParams | None = None, priority: int = 0

@@ -6,7 +6,7 @@ and disconnects). In order, it refuses:
 - a ``Host`` that is not a loopback name while the server listens on loopback (DNS rebinding), 403;
 - a cross-site ``Origin`` not in the allow list (a web page the user happens to visit), 403; allowed origins
   get CORS headers, and their preflight ``OPTIONS`` is answered here, without a key;
-- a missing or wrong API key on ``/v1/*`` (and on ``/metrics`` with ``metrics_auth``), 401;
+- a missing or wrong API key on ``/v1/*`` and Ollama's ``/api/*`` (and on ``/metrics`` with ``metrics_auth``), 401;
 - a POST whose Content-Type is not ``application/json`` (a browser's "simple" cross-site request), 415;
 - a body larger than ``max_body_bytes``, 413 as soon as ``Content-Length`` says so (then the connection closes,
   so the rest is never read), or as soon as the bytes received pass the limit; and a body that does not arrive
@@ -131,7 +131,7 @@ class Guard:
 
     def _check_auth(self, path: str, headers: Headers) -> None:
         key = self.rules.api_key
-        guarded = path.startswith("/v1") or (self.rules.metrics_auth and path.startswith("/metrics"))
+        guarded = path.startswith(("/v1", "/api/")) or (self.rules.metrics_auth and path.startswith("/metrics"))
         if key is None or not guarded:
             return
         header = headers.get("authorization", "")

@@ -1,7 +1,8 @@
 """An OpenAI-compatible HTTP server over the engine: ``python -m engine.serve --model default --port 8000``.
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` and ``POST /v1/completions`` (both streamed as
-server-sent events when ``stream`` is true), ``GET /health`` (503 once the engine's loop has died) and
+server-sent events when ``stream`` is true; logprobs, ``n``, structured output and tools as OpenAI has them),
+Ollama's ``/api/*`` (:mod:`engine.serving.ollama_api`), ``GET /health`` (503 once the engine's loop has died) and
 ``GET /metrics`` (Prometheus text, vLLM-style names under ``hearth:``). Starlette + uvicorn over
 :class:`~engine.serving.async_engine.AsyncLLMEngine`; requests batch with every other user of the same engine (the
 app's chats when the app serves its loaded model).
@@ -9,6 +10,9 @@ app's chats when the app serves its loaded model).
 The wire format lives in :mod:`engine.serving.protocol`, who may call and with what in
 :mod:`engine.serving.guards`, sockets and connection limits in :mod:`engine.serving.transport`, and the command
 line in :mod:`engine.serving.cli`. Every error is an OpenAI-style error object.
+
+Long because chat and completions share one streamed and one non-streamed path here, with ``n``, logprobs and
+tool calls; splitting them would scatter one request's way through the server over several modules.
 """
 
 from __future__ import annotations
@@ -29,10 +33,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from engine.api import CapacityError, StepOutput
+from engine.api import CapacityError, SamplingParams, StepOutput, TokenLogprob
+from engine.serving import tools as tools_mod
 from engine.serving.async_engine import AsyncLLMEngine, AsyncRequest
+from engine.serving.choices import Choice, Plan
 from engine.serving.guards import Guard, GuardRules, is_loopback
 from engine.serving.metrics import METRICS_CONTENT_TYPE, ServerMetrics
+from engine.serving.ollama_api import ollama_routes
 from engine.serving.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -81,6 +88,7 @@ class OpenAIServer:
         self._names = {model_name, *aliases}
         self._created = int(time.time())
         self.metrics = ServerMetrics(engine.metrics, model_name)
+        self._token_texts: dict[int, str] = {}
 
     # -- helpers ---------------------------------------------------------------------------------------------------
     def _check_model(self, model: str | None) -> None:
@@ -101,22 +109,21 @@ class OpenAIServer:
             raise APIError(400, f"The prompt has {chars} characters, far more than the context of {max_len} "
                            "tokens holds; shorten the prompt.", param=param, code="context_length_exceeded")
 
-    async def _submit(self, prompt: Any, body: GenerationRequest, max_tokens: int | None) -> AsyncRequest:
+    async def _submit(self, prompt: Any, params: SamplingParams, plan: Plan) -> list[AsyncRequest]:
         max_len = self.engine.engine.max_model_len
-        param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
-        try:
-            params = body.sampling_params(max_tokens, default_max_tokens=max_len)
-        except ValueError as exc:
-            raise APIError(400, str(exc), param=str(exc).split(" ", 1)[0]) from exc
+        param = "messages" if plan.chat else "prompt"
         self._check_length(prompt, max_len, param)
         try:
-            return await self.engine.add_request(prompt, params, priority=self.priority)
+            return await self.engine.add_requests(prompt, params, self.priority, plan.template_tools)
         except CapacityError as exc:
             raise APIError(429, str(exc), type_="rate_limit_error", code="queue_full",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from exc
         except ValueError as exc:
-            code = "context_length_exceeded" if "context" in str(exc) else None
-            raise APIError(400, str(exc), param=param, code=code) from exc
+            text = str(exc)
+            code = "context_length_exceeded" if "context" in text else None
+            if "json_schema" in text or "grammar" in text or "structured output" in text:
+                param = "response_format"
+            raise APIError(400, text, param=param, code=code) from exc
 
     async def _observe(self, request: AsyncRequest) -> AsyncIterator[StepOutput]:
         """The request's outputs, recording its latencies; an abandoned request is cancelled and counted."""
@@ -136,98 +143,220 @@ class OpenAIServer:
             request.cancel()
             self.metrics.observe_finish(final, request.num_prompt_tokens)
 
-    async def _collect(self, request: AsyncRequest, http: Request) -> tuple[str, StepOutput]:
-        """Run a non-streamed request to the end; a client that hangs up cancels it."""
+    async def _merged(self, requests: list[AsyncRequest]) -> AsyncIterator[tuple[int, StepOutput]]:
+        """The outputs of ``n`` parallel requests as they come, each with its choice index."""
+        queue: asyncio.Queue[tuple[int, StepOutput | None]] = asyncio.Queue()
+
+        async def pump(index: int, request: AsyncRequest) -> None:
+            try:
+                async for out in self._observe(request):
+                    queue.put_nowait((index, out))
+            finally:
+                queue.put_nowait((index, None))
+
+        tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
+        try:
+            live = len(tasks)
+            while live:
+                index, out = await queue.get()
+                if out is None:
+                    live -= 1
+                else:
+                    yield index, out
+        finally:
+            for task in tasks:
+                task.cancel()
+            for request in requests:
+                request.cancel()
+
+    async def _collect(self, requests: list[AsyncRequest], http: Request) -> list[Choice]:
+        """Run non-streamed requests to the end; a client that hangs up cancels them."""
 
         async def watch() -> None:
             while not await http.is_disconnected():
                 await asyncio.sleep(_DISCONNECT_POLL_S)
-            request.cancel()
+            for request in requests:
+                request.cancel()
 
         watcher = asyncio.create_task(watch())
-        parts: list[str] = []
-        final: StepOutput | None = None
+        choices = [Choice() for _ in requests]
         try:
-            async for out in self._observe(request):
-                parts.append(out.delta_text)
-                final = out
+            async for index, out in self._merged(requests):
+                choices[index].add(out)
         finally:
             watcher.cancel()
-        assert final is not None and final.finished
-        if final.finish_reason == "error":
-            raise APIError(500, final.error or "generation failed", type_="server_error")
-        return "".join(parts), final
+        for choice in choices:
+            assert choice.final is not None and choice.final.finished
+            if choice.final.finish_reason == "error":
+                raise APIError(500, choice.final.error or "generation failed", type_="server_error")
+        return choices
+
+    # -- logprobs --------------------------------------------------------------------------------------------------
+    def _token(self, token_id: int) -> str:
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.engine.engine.tokenizer.decode([token_id])
+        return text
+
+    def _chat_logprobs(self, logprobs: list[TokenLogprob]) -> dict[str, Any]:
+        def entry(token_id: int, value: float) -> dict[str, Any]:
+            text = self._token(token_id)
+            return {"token": text, "logprob": value, "bytes": list(text.encode())}
+
+        return {"content": [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+                            for lp in logprobs], "refusal": None}
+
+    def _text_logprobs(self, logprobs: list[TokenLogprob], offset: int) -> dict[str, Any]:
+        tokens = [self._token(lp.token_id) for lp in logprobs]
+        offsets = []
+        for text in tokens:
+            offsets.append(offset)
+            offset += len(text)
+        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
+                "top_logprobs": [{self._token(t): v for t, v in lp.top} for lp in logprobs],
+                "text_offset": offsets}
+
+    def _logprobs(self, plan: Plan, logprobs: list[TokenLogprob] | None, offset: int = 0) -> Any:
+        if not plan.logprobs or logprobs is None:
+            return None
+        return self._chat_logprobs(logprobs) if plan.chat else self._text_logprobs(logprobs, offset)
 
     # -- routes ----------------------------------------------------------------------------------------------------
     def list_models(self) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": self._created,
                                             "owned_by": "hearth"}]}
 
+    def _plan_chat(self, body: ChatCompletionRequest) -> tuple[Any, Plan, dict[str, Any]]:
+        """The prompt, the plan and the extra sampling fields of a chat request (tools and response format)."""
+        messages = body.engine_messages()
+        tools, choice = body.tool_list(), body.choice()
+        plan = Plan(chat=True, logprobs=bool(body.logprobs), choice=choice)
+        extra: dict[str, Any] = {"logprobs": bool(body.logprobs), "top_logprobs": body.top_logprobs or 0}
+        if choice == "none" or not tools:
+            return [{"role": m["role"], "content": m["content"]} for m in tools_mod.plain_history(messages)], \
+                plan, {**extra, **body.format_params()}
+        plan.names = tools_mod.function_names(tools)
+        if tools_mod.template_knows_tools(self.engine.engine.tokenizer):
+            prompt: Any = [tools_mod.history_message(m) for m in messages]
+            plan.template_tools = tools
+        else:
+            prompt = tools_mod.with_tool_instructions(tools_mod.plain_history(messages), tools)
+        schema = tools_mod.choice_schema(tools, choice, body.parallel_tool_calls is not False)
+        extra.update({"json_schema": schema} if schema is not None else body.format_params())
+        return prompt, plan, extra
+
     async def generate(self, body: GenerationRequest, http: Request) -> Response:
         """Answer a chat or a completion request, streamed or whole."""
         self._check_model(body.model)
-        chat = isinstance(body, ChatCompletionRequest)
         if isinstance(body, ChatCompletionRequest):
-            prompt: Any = body.engine_messages()
+            prompt, plan, extra = self._plan_chat(body)
             max_tokens = body.max_completion_tokens or body.max_tokens
         else:
             assert isinstance(body, CompletionRequest)
             prompt, max_tokens = body.engine_prompt(), body.max_tokens or 16
-        request = await self._submit(prompt, body, max_tokens)
-        rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
+            plan = Plan(chat=False, logprobs=body.logprobs is not None)
+            extra = {"logprobs": body.logprobs is not None, "top_logprobs": body.logprobs or 0}
+            if body.echo:
+                if body.logprobs is not None:
+                    raise APIError(400, "echo with logprobs is not supported (no prompt logprobs).",
+                                   param="echo", code="unsupported_parameter")
+                plan.echo = prompt if isinstance(prompt, str) else self.engine.engine.tokenizer.decode(prompt)
+        try:
+            params = body.sampling_params(max_tokens, self.engine.engine.max_model_len, **extra)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param=str(exc).split(" ", 1)[0]) from exc
+        requests = await self._submit(prompt, params, plan)
+        rid, created = f"{'chatcmpl' if plan.chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
+        prompt_tokens = requests[0].num_prompt_tokens
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(self._chunks(request, chat, rid, created, include_usage),
+            return StreamingResponse(self._chunks(requests, plan, rid, created, include_usage),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        text, final = await self._collect(request, http)
-        if chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
-        else:
-            choice = {"index": 0, "text": text}
-        choice.update(finish_reason=final.finish_reason, logprobs=None)
+        choices = await self._collect(requests, http)
+        out = [self._choice_body(plan, i, c) for i, c in enumerate(choices)]
+        generated = sum(_num_generated(c.final) for c in choices if c.final is not None)
         return JSONResponse({
-            "id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-            "model": self.model_name, "choices": [choice],
-            "usage": _usage(request.num_prompt_tokens, _num_generated(final)),
+            "id": rid, "object": "chat.completion" if plan.chat else "text_completion", "created": created,
+            "model": self.model_name, "choices": out, "usage": _usage(prompt_tokens, generated),
         })
 
-    async def _chunks(self, request: AsyncRequest, chat: bool, rid: str, created: int,
+    def _choice_body(self, plan: Plan, index: int, choice: Choice) -> dict[str, Any]:
+        assert choice.final is not None
+        text, finish = "".join(choice.parts), choice.final.finish_reason
+        logprobs = self._logprobs(plan, choice.logprobs, len(plan.echo))
+        if not plan.chat:
+            return {"index": index, "text": plan.echo + text, "finish_reason": finish, "logprobs": logprobs}
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        content, calls = plan.calls(text)
+        if calls:
+            message.update(content=content or None, tool_calls=[c.as_openai() for c in calls])
+            finish = "tool_calls"
+        return {"index": index, "message": message, "finish_reason": finish, "logprobs": logprobs}
+
+    async def _chunks(self, requests: list[AsyncRequest], plan: Plan, rid: str, created: int,
                       include_usage: bool) -> AsyncIterator[str]:
-        """Server-sent events: text deltas, then a chunk with the finish reason and usage, then ``[DONE]``."""
+        """Server-sent events: text deltas, then a chunk with the finish reason and usage, then ``[DONE]``.
+
+        With tools, text that may turn out to be a call is held back; at the end its calls go out as one
+        ``tool_calls`` delta, or the held text as content."""
+        chat = plan.chat
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
                 "model": self.model_name}
 
-        def chunk(text: str, finish: str | None = None, **extra: Any) -> str:
+        def chunk(index: int, text: str, finish: str | None = None, logprobs: Any = None,
+                  delta: dict[str, Any] | None = None, **extra: Any) -> str:
             if chat:
-                choice: dict[str, Any] = {"index": 0, "delta": {"content": text} if text else {}}
+                choice: dict[str, Any] = {"index": index, "delta": delta or ({"content": text} if text else {})}
             else:
-                choice = {"index": 0, "text": text}
-            choice.update(finish_reason=finish, logprobs=None)
+                choice = {"index": index, "text": text}
+            choice.update(finish_reason=finish, logprobs=logprobs)
             return _sse({**head, "choices": [choice], **extra})
 
+        n = len(requests)
+        states = [Choice() for _ in requests]
         if chat:
-            yield _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                             "finish_reason": None, "logprobs": None}]})
-        async for out in self._observe(request):
-            if out.delta_text:
-                yield chunk(out.delta_text)
+            for i in range(n):
+                yield _sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                 "finish_reason": None, "logprobs": None}]})
+        elif plan.echo:
+            for i in range(n):
+                yield chunk(i, plan.echo)
+        offsets = [len(plan.echo)] * n
+        generated = 0
+        async for i, out in self._merged(requests):
+            state = states[i]
+            state.add(out)
+            logprobs = self._logprobs(plan, out.logprobs, offsets[i])
+            offsets[i] += len(out.delta_text)
+            text = state.release(plan, out.finished)
+            if text or logprobs is not None:
+                yield chunk(i, text, logprobs=logprobs)
             if not out.finished:
                 continue
             if out.finish_reason == "error":
                 yield _sse(APIError(500, out.error or "generation failed", "server_error").body())
                 break
-            usage = _usage(request.num_prompt_tokens, _num_generated(out))
-            yield chunk("", out.finish_reason, usage=usage)
+            finish = out.finish_reason
+            calls = plan.calls("".join(state.parts))[1] if state.held else []
+            if calls:
+                yield chunk(i, "", delta={"tool_calls": [c.as_openai(k) for k, c in enumerate(calls)]})
+                finish = "tool_calls"
+            elif state.held:
+                yield chunk(i, "".join(state.parts)[state.sent:])
+            generated += _num_generated(out)
+            usage = _usage(requests[0].num_prompt_tokens, _num_generated(out) if n == 1 else generated)
+            yield chunk(i, "", finish, **({"usage": usage} if n == 1 else {}))
+        else:
             if include_usage:
-                yield _sse({**head, "choices": [], "usage": usage})
+                yield _sse({**head, "choices": [], "usage": _usage(requests[0].num_prompt_tokens, generated)})
         yield _sse("[DONE]")
 
 
 def create_app(engine: AsyncLLMEngine, model_name: str, rules: GuardRules | None = None,
-               aliases: tuple[str, ...] = ("default",)) -> Starlette:
+               aliases: tuple[str, ...] = ("default",), priority: int = 0) -> Starlette:
     """The ASGI app serving ``engine`` under the OpenAI API, behind a :class:`Guard` with ``rules``."""
-    server = OpenAIServer(engine, model_name, aliases)
+    server = OpenAIServer(engine, model_name, aliases, priority)
 
     async def health(_: Request) -> Response:
         if not engine.is_alive():
@@ -270,6 +399,7 @@ def create_app(engine: AsyncLLMEngine, model_name: str, rules: GuardRules | None
             Route("/v1/models", models),
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
+            *ollama_routes(server),
         ],
         exception_handlers={APIError: api_error, HTTPException: http_error, ClientDisconnect: client_gone,
                             Exception: server_error},
@@ -284,15 +414,16 @@ class ServerThread:
 
     ``start()`` binds at once (``OSError`` when the port is taken) and returns; ``stop()`` waits for uvicorn.
     ``rules``, when given, replaces the default ones (``api_key``, and the ``Host`` check when ``host`` is
-    loopback).
+    loopback). ``priority`` is the scheduling priority of the server's requests: the app passes a value above its
+    own chats' 0, so the adaptive concurrency controller keeps the user's chat ahead of API clients.
     """
 
     def __init__(self, engine: Any, model_name: str, host: str = "127.0.0.1", port: int = 8000,
                  api_key: str | None = None, *, rules: GuardRules | None = None,
-                 limits: ConnectionLimits | None = None) -> None:
+                 limits: ConnectionLimits | None = None, priority: int = 0) -> None:
         self.host, self.port = host, port
         rules = rules or GuardRules(api_key=api_key or None, check_host=is_loopback(host))
-        app = create_app(AsyncLLMEngine(engine), model_name, rules)
+        app = create_app(AsyncLLMEngine(engine), model_name, rules, priority=priority)
         self._server = uvicorn_server(app, limits)
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None

@@ -1,7 +1,9 @@
 """The OpenAI API's wire format: request bodies, and errors as OpenAI-style error objects.
 
-Bodies are strict pydantic models with unknown fields forbidden, so a parameter the engine cannot honour is a 400
-naming it, never ignored. ``parse_body`` turns raw bytes into one of them; every way that can fail (bad JSON, lone
+Bodies are strict pydantic models with unknown fields forbidden. Every field of OpenAI's current chat-completions and
+completions requests is declared: those that change the output are honoured, bookkeeping ones (``store``,
+``metadata``, ``user``, ``service_tier``...) are accepted and ignored, and a field is a 400 naming it only when
+it asks for something Hearth cannot do (audio output, web search, ``suffix``), never at its neutral value. ``parse_body`` turns raw bytes into one of them; every way that can fail (bad JSON, lone
 surrogates, nesting deeper than any real request, a wrong type) is an :class:`APIError`, never a 500.
 """
 
@@ -14,7 +16,7 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.responses import JSONResponse
 
-from engine.api import SamplingParams
+from engine.api import MAX_N, MAX_TOP_LOGPROBS, SamplingParams
 
 #: The largest seed: the engine's generators take an unsigned 64-bit value.
 MAX_SEED = 2**64 - 1
@@ -75,6 +77,7 @@ BodyT = TypeVar("BodyT", bound=_Body)
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # padding against length side channels; nothing to pad locally
 
 
 class TextPart(_Body):
@@ -82,17 +85,77 @@ class TextPart(_Body):
     text: str
 
 
+class RefusalPart(_Body):
+    type: Literal["refusal"]
+    refusal: str
+
+
+class FunctionCall(_Body):
+    name: str
+    arguments: str
+
+
+class ToolCallBody(_Body):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDef(_Body):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    """A history message of any role. Images, audio and files in content are refused (text-only models)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[TextPart | RefusalPart] | None = None
     name: str | None = None
+    refusal: str | None = None
+    tool_calls: list[ToolCallBody] | None = None
+    tool_call_id: str | None = None
+    function_call: FunctionCall | None = None  # the deprecated single call
+    audio: dict[str, Any] | None = None  # a reference to an earlier audio reply; there are none here
 
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text if isinstance(p, TextPart) else p.refusal for p in self.content)
+
+
+class JSONSchemaFormat(_Body):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
 
 
 class GenerationRequest(_Body):
-    """Fields shared by both generation endpoints."""
+    """Fields shared by both generation endpoints. Bookkeeping fields are accepted and ignored."""
 
     model: str | None = None
     stream: bool = False
@@ -102,49 +165,44 @@ class GenerationRequest(_Body):
     max_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
-    n: int | None = 1
+    n: int | None = Field(default=None, ge=1, le=MAX_N)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
     user: str | None = None
     # vLLM's extensions the engine supports.
     top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
     ignore_eos: bool = False
-    # Accepted only at their "off" values.
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-
-    @field_validator("n")
-    @classmethod
-    def _only_one_choice(cls, n: int | None) -> int | None:
-        if n not in (None, 1):
-            raise ValueError("only n=1 is supported")
-        return n
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, value: float | None) -> float | None:
-        if value:
-            raise ValueError("presence and frequency penalties are not supported; use repetition_penalty")
-        return value
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
-            raise ValueError("logit_bias is not supported")
+    def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"keys must be token ids, got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"biases must lie in [-100, 100], got {bias!r}")
         return value
 
-    def sampling_params(self, max_tokens: int | None, default_max_tokens: int) -> SamplingParams:
+    def sampling_params(self, max_tokens: int | None, default_max_tokens: int, **extra: Any) -> SamplingParams:
         """The engine's parameters; ``ValueError`` names a bad field."""
         return SamplingParams(
             max_tokens=max_tokens or default_max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=self.top_k or 0,
+            min_p=self.min_p or 0.0,
             repetition_penalty=self.repetition_penalty or 1.0,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            logit_bias={int(k): v for k, v in (self.logit_bias or {}).items()},
             stop=[self.stop] if isinstance(self.stop, str) else list(self.stop or []),
             seed=self.seed,
             ignore_eos=self.ignore_eos,
+            n=self.n or 1,
+            **extra,
         )
 
 
@@ -162,30 +220,100 @@ def _refuse(what: str, allowed: tuple[Any, ...] = (None, False)) -> Callable[[An
 class ChatCompletionRequest(GenerationRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: Any = None
-    top_logprobs: Any = None
-    response_format: Any = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: ResponseFormat | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[FunctionDef] | None = None  # the deprecated form of tools
+    function_call: Literal["none", "auto"] | NamedFunction | None = None
+    # Accepted and ignored: bookkeeping, and hints that do not change what a local model can do.
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    prediction: dict[str, Any] | None = None  # a latency hint; the output is the same without it
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    # Refused when they ask for something: audio output, web search.
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
 
-    _check_logprobs = field_validator("logprobs", "top_logprobs")(_refuse("logprobs"))
-    _check_format = field_validator("response_format")(_refuse("a response_format other than text", (None, {"type": "text"})))
+    _check_audio = field_validator("audio")(_refuse("audio output"))
+    _check_search = field_validator("web_search_options")(_refuse("web search"))
 
-    def engine_messages(self) -> list[dict[str, str]]:
+    @field_validator("modalities")
+    @classmethod
+    def _text_only(cls, value: list[str] | None) -> list[str] | None:
+        if value and "audio" in value:
+            raise ValueError("audio output is not supported; ask for ['text']")
+        return value
+
+    def tool_list(self) -> list[dict[str, Any]]:
+        """The tools offered, as plain dicts (the deprecated ``functions`` become tools)."""
+        if self.tools:
+            return [t.model_dump(exclude_none=True) for t in self.tools]
+        return [{"type": "function", "function": f.model_dump(exclude_none=True)} for f in self.functions or []]
+
+    def choice(self) -> str | dict[str, Any]:
+        """``tool_choice`` as "none", "auto", "required" or ``{"type": "function", "function": {"name"}}``."""
+        tools = self.tool_list()
+        choice: Any = self.tool_choice if self.tool_choice is not None else self.function_call
+        if isinstance(choice, NamedFunction):
+            choice = {"type": "function", "function": {"name": choice.name}}
+        elif isinstance(choice, NamedToolChoice):
+            choice = choice.model_dump()
+        if not tools:
+            if choice not in (None, "none", "auto"):
+                raise APIError(400, "tool_choice asks for a tool call but no tools are given.",
+                               param="tool_choice", code="invalid_value")
+            return "none"
+        if isinstance(choice, dict) and choice["function"]["name"] not in [t["function"]["name"] for t in tools]:
+            raise APIError(400, f"tool_choice names the function '{choice['function']['name']}', which is not "
+                           "among the tools.", param="tool_choice", code="invalid_value")
+        return choice or "auto"
+
+    def format_params(self) -> dict[str, Any]:
+        """``response_format`` as SamplingParams fields."""
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return {}
+        if fmt.type == "json_object":
+            return {"response_format": "json"}
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise APIError(400, "response_format of type json_schema needs json_schema.schema.",
+                           param="response_format", code="invalid_value")
+        return {"json_schema": fmt.json_schema.schema_}
+
+    def engine_messages(self) -> list[dict[str, Any]]:
         """The conversation as the engine's chat template takes it ("developer" is OpenAI's newer "system")."""
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                for m in self.messages]
+        out = []
+        for m in self.messages:
+            role = {"developer": "system", "function": "tool"}.get(m.role, m.role)
+            message: dict[str, Any] = {"role": role, "content": m.text()}
+            calls = [c.model_dump() for c in m.tool_calls or []]
+            if m.function_call is not None:
+                calls.append({"id": "call_0", "type": "function", "function": m.function_call.model_dump()})
+            if calls:
+                message["tool_calls"] = calls
+            if m.tool_call_id or (m.role == "function" and m.name):
+                message["tool_call_id"] = m.tool_call_id or m.name
+            out.append(message)
+        return out
 
 
 class CompletionRequest(GenerationRequest):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | Annotated[list[int], Field(min_length=1)]
-    echo: Any = None
-    best_of: Any = None
-    logprobs: Any = None
-    suffix: Any = None
+    echo: bool | None = None
+    best_of: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    suffix: str | None = None
 
-    _check_echo = field_validator("echo")(_refuse("echo"))
     _check_best_of = field_validator("best_of")(_refuse("best_of > 1", (None, 1)))
-    _check_logprobs = field_validator("logprobs")(_refuse("logprobs"))
-    _check_suffix = field_validator("suffix")(_refuse("suffix"))
+    _check_suffix = field_validator("suffix")(_refuse("suffix (text insertion)", (None, "")))
 
     def engine_prompt(self) -> str | list[int]:
         """The prompt as text or token ids (a batch of one string is that string)."""

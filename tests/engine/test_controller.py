@@ -41,6 +41,8 @@ def test_it_backs_off_by_half_when_the_chat_slows_and_grows_back_one_at_a_time()
     assert 4 < c.limit <= 16
     assert c.limit - 4 <= int(200 * 0.03 / 1.0) + 1, "one step of growth per grow interval at most"
     assert c.metrics()["concurrency_limit"] == c.limit
+    c.observe(_report(t + 1, None, running=0, waiting=0))  # idle: back to full size
+    assert (c.limit, c.token_budget, c.window_scale) == (16, 512, 1.0)
 
 
 def test_memory_pressure_backs_off_even_when_latency_is_fine() -> None:

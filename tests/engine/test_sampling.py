@@ -31,6 +31,15 @@ from engine.model.sampler import Sampler, filtered_probs
         ("seed", -1),
         ("seed", 2**64),  # overflowed the generator's seed, once
         ("seed", True),
+        ("presence_penalty", 2.5),
+        ("frequency_penalty", -2.1),
+        ("logit_bias", {5: 101.0}),
+        ("logit_bias", {-1: 1.0}),
+        ("min_p", 1.5),
+        ("n", 0),
+        ("n", 9),
+        ("top_logprobs", 21),
+        ("json_schema", "not a schema"),
     ],
 )
 def test_invalid_sampling_values_name_the_field(field: str, value: object) -> None:
@@ -45,20 +54,20 @@ def test_tiny_temperatures_mean_greedy() -> None:
     assert not SamplingParams(temperature=0.01).is_greedy
     logits = torch.randn(2, 100)
     tokens = Sampler().sample(logits, [SamplingParams(temperature=1e-40, seed=2**64 - 1)] * 2, ["a", "b"], [[], []])
-    assert tokens == logits.argmax(dim=-1).tolist()
+    assert tokens.tokens == logits.argmax(dim=-1).tolist()
 
 
 def test_the_largest_seed_samples() -> None:
     params = SamplingParams(temperature=0.9, seed=2**64 - 1)
-    tokens = Sampler().sample(torch.randn(1, 100), [params], ["a"], [[]])
+    tokens = Sampler().sample(torch.randn(1, 100), [params], ["a"], [[]]).tokens
     assert 0 <= tokens[0] < 100
 
 
 def test_seeded_sampling_is_reproducible_whatever_it_is_batched_with() -> None:
     logits = torch.randn(3, 100)
     params = [SamplingParams(temperature=0.8, seed=42), SamplingParams(temperature=1.0), SamplingParams()]
-    a = [Sampler().sample(logits, params, ["x", "y", "z"], [[], [], []])[0] for _ in range(3)]
-    b = Sampler().sample(logits[:1], params[:1], ["x"], [[]])[0]
+    a = [Sampler().sample(logits, params, ["x", "y", "z"], [[], [], []]).tokens[0] for _ in range(3)]
+    b = Sampler().sample(logits[:1], params[:1], ["x"], [[]]).tokens[0]
     assert a == [b, b, b]
 
 
@@ -73,7 +82,7 @@ def test_top_k_one_is_greedy_and_top_p_keeps_the_nucleus() -> None:
 def test_repetition_penalty_discourages_seen_tokens() -> None:
     logits = torch.tensor([[2.0, 1.9, 0.0]])
     greedy = SamplingParams(temperature=0.0, repetition_penalty=1.5)
-    assert Sampler().sample(logits, [greedy], ["r"], [[0]]) == [1]
+    assert Sampler().sample(logits, [greedy], ["r"], [[0]]).tokens == [1]
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +107,41 @@ def test_detokenizer_cuts_stop_strings_split_across_tokens(tokenizer) -> None:  
     out = "".join(detok.add([t]) for t in ids) + detok.finish()
     assert out == "alpha beta "
     assert detok.stopped
+
+
+def test_presence_and_frequency_penalties_count_only_the_reply() -> None:
+    logits = torch.tensor([[2.0, 1.9, 0.0]])
+    params = SamplingParams(temperature=0.0, frequency_penalty=0.2, presence_penalty=0.0)
+    # token 0 is in the prompt only: no penalty, it still wins
+    assert Sampler().sample(logits, [params], ["p"], [[0, 0]], [2]).tokens == [0]
+    # generated once: 2.0 - 0.2 = 1.8 < 1.9
+    assert Sampler().sample(logits, [params], ["p"], [[0, 0]], [1]).tokens == [1]
+    presence = SamplingParams(temperature=0.0, presence_penalty=0.15)
+    assert Sampler().sample(logits, [presence], ["p"], [[0]], [0]).tokens == [1]
+
+
+def test_logit_bias_and_min_p() -> None:
+    logits = torch.tensor([[5.0, 0.0, 0.0]])
+    assert Sampler().sample(logits, [SamplingParams(temperature=0.0, logit_bias={2: 100.0})], ["b"], [[]]).tokens == [2]
+    probs = filtered_probs(torch.tensor([3.0, 2.0, -3.0]), 1.0, 0, 1.0, min_p=0.1)
+    assert probs[2] == 0 and probs[1] > 0
+
+
+def test_logprobs_come_from_the_sampling_distribution_before_truncation() -> None:
+    logits = torch.randn(1, 50)
+    params = SamplingParams(temperature=0.5, top_k=2, logprobs=True, top_logprobs=5, seed=3)
+    result = Sampler().sample(logits, [params], ["l"], [[]])
+    lp = result.logprobs[0]
+    assert lp is not None and lp.token_id == result.tokens[0] and len(lp.top) == 5
+    expected = torch.log_softmax(logits[0] / 0.5, dim=-1)  # after temperature, before top-k
+    assert lp.logprob == pytest.approx(float(expected[lp.token_id]), abs=1e-5)
+    assert sum(float(torch.tensor(v).exp()) for _, v in lp.top) <= 1.0 + 1e-6
+
+
+def test_a_failing_row_fails_alone() -> None:
+    logits = torch.randn(3, 20)
+    logits[1] = float("nan")
+    params = [SamplingParams(temperature=0.8, seed=1), SamplingParams(temperature=0.8), SamplingParams()]
+    result = Sampler().sample(logits, params, ["a", "b", "c"], [[], [], []])
+    assert set(result.errors) == {1} and "NaN" in result.errors[1]
+    assert result.tokens[1] == -1 and all(0 <= result.tokens[i] < 20 for i in (0, 2))

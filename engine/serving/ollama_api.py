@@ -1,0 +1,241 @@
+"""Ollama's native API on the OpenAI server's port, so tools written for Ollama work unchanged.
+
+``GET /api/version``, ``GET /api/tags``, ``POST /api/show``, ``POST /api/chat`` and ``POST /api/generate``
+(streamed as NDJSON unless ``"stream": false``), plus ``GET /api/ps``. Ollama's ``options`` map onto
+``SamplingParams`` (``num_predict``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``repeat_penalty``,
+``presence_penalty``, ``frequency_penalty``, ``seed``, ``stop``); ``format`` is ``"json"`` or a JSON schema;
+``tools`` in a chat are rendered and parsed as on the OpenAI side. Options that only tune Ollama's own runtime
+(``num_ctx``, ``num_gpu``, ``num_thread``...) are accepted and ignored. Errors are ``{"error": "..."}``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from engine.api import CapacityError, SamplingParams, StepOutput
+from engine.serving import tools as tools_mod
+from engine.serving.protocol import APIError
+
+#: The Ollama API version reported; clients check it only for display.
+OLLAMA_VERSION = "0.6.3"
+_SAMPLING_OPTIONS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                     "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
+                     "frequency_penalty": "frequency_penalty", "seed": "seed", "stop": "stop"}
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+class OllamaAPI:
+    """The routes over an :class:`~engine.serving.openai_app.OpenAIServer` (its engine, name and metrics)."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self._modified = _now()
+
+    @property
+    def _engine(self) -> Any:
+        return self.server.engine.engine
+
+    def _details(self) -> dict[str, Any]:
+        cfg = getattr(self._engine.runner, "config", None)
+        family = str(getattr(cfg, "model_type", "") or "")
+        return {"parent_model": "", "format": "safetensors", "family": family, "families": [family],
+                "parameter_size": "", "quantization_level": ""}
+
+    def _check_model(self, name: Any) -> None:
+        if name is not None and name not in self.server._names and name.split(":")[0] not in self.server._names:
+            raise APIError(404, f"model '{name}' not found; this server serves '{self.server.model_name}'")
+
+    # -- routes ------------------------------------------------------------------------------------------------
+    async def version(self, _: Request) -> Response:
+        return JSONResponse({"version": OLLAMA_VERSION})
+
+    async def tags(self, _: Request) -> Response:
+        name = self.server.model_name
+        return JSONResponse({"models": [{"name": name, "model": name, "modified_at": self._modified, "size": 0,
+                                         "digest": "", "details": self._details()}]})
+
+    async def ps(self, _: Request) -> Response:
+        name = self.server.model_name
+        return JSONResponse({"models": [{"name": name, "model": name, "size": 0, "digest": "",
+                                         "details": self._details(), "expires_at": "2999-01-01T00:00:00Z",
+                                         "size_vram": 0}]})
+
+    async def show(self, request: Request) -> Response:
+        body = await _json(request)
+        self._check_model(body.get("model") or body.get("name"))
+        template = getattr(self._engine.tokenizer, "chat_template", "") or ""
+        caps = ["completion"] + (["tools"] if tools_mod.template_knows_tools(self._engine.tokenizer) else [])
+        return JSONResponse({"modelfile": "", "parameters": "", "template": str(template),
+                             "details": self._details(), "model_info": {}, "capabilities": caps,
+                             "modified_at": self._modified})
+
+    async def chat(self, request: Request) -> Response:
+        body = await _json(request)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+            raise APIError(400, "messages must be a list of {role, content} objects")
+        history = [{"role": m["role"], "content": str(m.get("content") or ""),
+                    **({"tool_calls": _openai_calls(m["tool_calls"])} if m.get("tool_calls") else {})}
+                   for m in messages]
+        tools = body.get("tools") or []
+        names = tools_mod.function_names(tools) if tools else []
+        template_tools = None
+        if tools and tools_mod.template_knows_tools(self._engine.tokenizer):
+            prompt: Any = [tools_mod.history_message(m) for m in history]
+            template_tools = tools
+        elif tools:
+            prompt = tools_mod.with_tool_instructions(tools_mod.plain_history(history), tools)
+        else:
+            prompt = tools_mod.plain_history(history)
+        if not prompt:  # Ollama answers an empty chat (a model preload) with an empty reply
+            return JSONResponse({"model": self.server.model_name, "created_at": _now(),
+                                 "message": {"role": "assistant", "content": ""}, "done": True,
+                                 "done_reason": "load"})
+        return await self._run(body, prompt, template_tools, names, chat=True)
+
+    async def generate(self, request: Request) -> Response:
+        body = await _json(request)
+        prompt = body.get("prompt") or ""
+        if not isinstance(prompt, str):
+            raise APIError(400, "prompt must be a string")
+        if not prompt:
+            return JSONResponse({"model": self.server.model_name, "created_at": _now(), "response": "",
+                                 "done": True, "done_reason": "load"})
+        if body.get("raw"):
+            engine_prompt: Any = prompt
+        else:
+            engine_prompt = [*([{"role": "system", "content": body["system"]}] if body.get("system") else []),
+                             {"role": "user", "content": prompt}]
+        return await self._run(body, engine_prompt, None, [], chat=False)
+
+    # -- generation --------------------------------------------------------------------------------------------
+    def _params(self, body: dict[str, Any]) -> SamplingParams:
+        self._check_model(body.get("model"))
+        options = body.get("options") or {}
+        if not isinstance(options, dict):
+            raise APIError(400, "options must be an object")
+        fields: dict[str, Any] = {ours: options[theirs] for theirs, ours in _SAMPLING_OPTIONS.items()
+                                  if options.get(theirs) is not None}
+        num_predict = options.get("num_predict")
+        max_len = self._engine.max_model_len
+        fields["max_tokens"] = num_predict if isinstance(num_predict, int) and num_predict > 0 else max_len
+        fmt = body.get("format")
+        if fmt == "json":
+            fields["response_format"] = "json"
+        elif isinstance(fmt, dict):
+            fields["json_schema"] = fmt
+        elif fmt not in (None, ""):
+            raise APIError(400, "format must be 'json' or a JSON schema")
+        try:
+            return SamplingParams(**fields)
+        except (ValueError, TypeError) as exc:
+            raise APIError(400, str(exc)) from exc
+
+    async def _run(self, body: dict[str, Any], prompt: Any, template_tools: list[dict[str, Any]] | None,
+                   names: list[str], chat: bool) -> Response:
+        params = self._params(body)
+        try:
+            request = (await self.server.engine.add_requests(prompt, params, self.server.priority,
+                                                             template_tools))[0]
+        except CapacityError as exc:
+            raise APIError(429, str(exc)) from exc
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from exc
+        start = time.monotonic()
+        stream = body.get("stream", True) is not False
+        outputs = self._ndjson(request, chat, names, start)
+        if stream:
+            return StreamingResponse(outputs, media_type="application/x-ndjson")
+        parts, last = [], None
+        async for line in outputs:
+            last = json.loads(line)
+            if last.get("error"):
+                return _error(500, last["error"])
+            parts.append(last["message"]["content"] if chat else last["response"])
+        assert last is not None
+        if chat:
+            last["message"]["content"] = "".join(parts)
+        else:
+            last["response"] = "".join(parts)
+        return JSONResponse(last)
+
+    async def _ndjson(self, request: Any, chat: bool, names: list[str], start: float) -> AsyncIterator[str]:
+        head = {"model": self.server.model_name}
+        text: list[str] = []
+        final: StepOutput | None = None
+        async for out in self.server._observe(request):
+            if out.finished:
+                final = out
+                if out.finish_reason == "error":
+                    yield json.dumps({"error": out.error or "generation failed"}) + "\n"
+                    return
+            text.append(out.delta_text)
+            if out.delta_text and not names:
+                piece = {"message": {"role": "assistant", "content": out.delta_text}} if chat else {
+                    "response": out.delta_text}
+                yield json.dumps({**head, "created_at": _now(), **piece, "done": False}) + "\n"
+        assert final is not None
+        content, calls = tools_mod.parse_tool_calls("".join(text), names) if names else ("", [])
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [{"function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+                                     for c in calls]
+        elapsed = int((time.monotonic() - start) * 1e9)
+        metrics = final.metrics or {}
+        tail = {"done": True, "done_reason": "stop" if final.finish_reason == "stop" else "length",
+                "total_duration": elapsed, "load_duration": 0,
+                "prompt_eval_count": request.num_prompt_tokens,
+                "prompt_eval_duration": int((metrics.get("ttft_s") or 0) * 1e9),
+                "eval_count": int(metrics.get("num_generated_tokens") or 0), "eval_duration": elapsed}
+        piece = {"message": message} if chat else {"response": "", "context": []}
+        yield json.dumps({**head, "created_at": _now(), **piece, **tail}) + "\n"
+
+
+def _openai_calls(calls: Any) -> list[dict[str, Any]]:
+    """Ollama's history calls (arguments as objects) in OpenAI's shape (arguments as JSON text)."""
+    out = []
+    for i, call in enumerate(calls if isinstance(calls, list) else []):
+        fn = call.get("function", {}) if isinstance(call, dict) else {}
+        args = fn.get("arguments", {})
+        out.append({"id": f"call_{i}", "type": "function",
+                    "function": {"name": str(fn.get("name", "")),
+                                 "arguments": args if isinstance(args, str) else json.dumps(args)}})
+    return out
+
+
+async def _json(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.body() or b"{}")
+    except ValueError as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    return body
+
+
+def ollama_routes(server: Any) -> list[Route]:
+    """The ``/api/*`` routes over ``server``."""
+    api = OllamaAPI(server)
+    return [
+        Route("/api/version", api.version),
+        Route("/api/tags", api.tags),
+        Route("/api/ps", api.ps),
+        Route("/api/show", api.show, methods=["POST"]),
+        Route("/api/chat", api.chat, methods=["POST"]),
+        Route("/api/generate", api.generate, methods=["POST"]),
+    ]

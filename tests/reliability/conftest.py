@@ -46,7 +46,7 @@ class FakeEngine:
         self._loop_thread: threading.Thread | None = None
         self._ids = itertools.count()
 
-    def tokenize(self, prompt: Any) -> list[int]:
+    def tokenize(self, prompt: Any, tools: Any = None) -> list[int]:
         self.num_tokenized += 1
         time.sleep(self.tokenize_delay_s)
         text = prompt if isinstance(prompt, str) else "".join(m["content"] for m in prompt)

@@ -1,7 +1,9 @@
 """The adaptive concurrency controller: how much runs at once, tuned from what each step measures.
 
 Goal: the most urgent running request (lowest priority value: the app's own chat) keeps a p90 time between
-tokens within ``target_ratio`` × its solo figure (measured whenever it runs alone). The controller sets
+tokens within ``target_ratio`` × its solo figure (measured whenever it runs alone), while it shares the engine with
+less urgent work (API clients). Among requests of equal priority only memory pressure backs off: batching them is
+the point. The controller sets
 
 * ``limit``: the most sequences in the running batch (at most ``EngineConfig.max_batch_size``);
 * ``token_budget``: the step's token budget, which bounds how long one prefill chunk can stall decodes;
@@ -48,6 +50,9 @@ class StepReport:
     kv_free_fraction: float
     #: Process RSS over (RSS + available RAM); None where unknown.
     memory_fraction: float | None = None
+    #: Whether the most urgent request outranks something else running or waiting. Only then is there a chat
+    #: to protect: among equals, latency is not traded for throughput.
+    top_outranks: bool = True
 
 
 class ConcurrencyController:
@@ -92,7 +97,7 @@ class ConcurrencyController:
             if report.top_alone:
                 solo = self.solo_itl_s
                 self.solo_itl_s = report.top_itl_s if solo is None else 0.9 * solo + 0.1 * report.top_itl_s
-            else:
+            elif report.top_outranks:
                 self._itls.append(report.top_itl_s)
         if report.num_running == 0 and report.num_waiting == 0:
             self._reset(report.now)  # idle: nothing left to protect, the next burst starts at full size

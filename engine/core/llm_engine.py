@@ -326,10 +326,13 @@ class LLMEngine:
             if self.controller is not None:
                 top_after = None if top_req is None else top_req.metrics.last_token_time
                 itl = None if top_before is None or top_after is None else top_after - top_before
-                self._control(itl or None, alone=len(batch.seqs) == 1)
+                outranks = top is not None and any(
+                    seq.priority > top.priority for seq in (*self.scheduler.running, *self.scheduler.waiting)
+                )
+                self._control(itl or None, alone=len(batch.seqs) == 1, outranks=outranks)
             return outputs
 
-    def _control(self, top_itl_s: float | None, alone: bool) -> None:
+    def _control(self, top_itl_s: float | None, alone: bool, outranks: bool) -> None:
         """Report this step to the concurrency controller and apply its knobs to the scheduler."""
         assert self.controller is not None
         now = time.monotonic()
@@ -346,6 +349,7 @@ class LLMEngine:
             top_alone=alone,
             kv_free_fraction=bm.num_free_blocks / max(1, bm.num_usable_blocks),
             memory_fraction=self._memory_fraction,
+            top_outranks=outranks,
         ))
         sched.max_running = self.controller.limit
         sched.token_budget = self.controller.token_budget

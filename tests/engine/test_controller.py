@@ -45,6 +45,17 @@ def test_it_backs_off_by_half_when_the_chat_slows_and_grows_back_one_at_a_time()
     assert (c.limit, c.token_budget, c.window_scale) == (16, 512, 1.0)
 
 
+def test_among_equals_only_memory_backs_off() -> None:
+    """Sixteen streams of one priority: batching them is the point, so slower tokens are no reason to shrink."""
+    c = ConcurrencyController(max_limit=16, max_token_budget=512, decide_interval_s=0.0)
+    c.observe(_report(0.0, 0.02, alone=True, running=1, waiting=0))
+    for i in range(10):
+        report = _report(0.1 * (i + 1), 0.08, running=16)
+        report.top_outranks = False
+        c.observe(report)
+    assert c.limit == 16 and c.adjustments_total == 0
+
+
 def test_memory_pressure_backs_off_even_when_latency_is_fine() -> None:
     c = ConcurrencyController(max_limit=16, max_token_budget=512, decide_interval_s=0.0)
     c.observe(_report(1.0, None, running=12, kv_free=0.01, waiting=3))

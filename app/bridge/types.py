@@ -37,8 +37,9 @@ class LoadSettings:
     context_length: int = 0
     #: One of :data:`OVERFLOW_POLICIES`: what to drop when a chat outgrows the context.
     overflow: str = "truncate_middle"
-    #: Greedy replies repeat bitwise whatever else runs (``EngineConfig.deterministic``); about half the speed.
-    deterministic: bool = False
+    #: Greedy replies repeat bitwise whatever else runs or is cached (``EngineConfig.deterministic``). On in the
+    #: app: "Regenerate at temperature 0" must give the same answer. It costs speed, so the engine's default is off.
+    deterministic: bool = True
 
     def __post_init__(self) -> None:
         if self.overflow not in OVERFLOW_POLICIES:

@@ -152,6 +152,15 @@ class Settings:
         self._qsettings.setValue("models/overflow", value)
 
     @property
+    def repeatable(self) -> bool:
+        """Whether the engine loads with repeatable (bitwise deterministic) replies; on unless turned off."""
+        return self._bool("models/repeatable", True)
+
+    @repeatable.setter
+    def repeatable(self, value: bool) -> None:
+        self._qsettings.setValue("models/repeatable", bool(value))
+
+    @property
     def server_enabled(self) -> bool:
         """Whether "Serve on localhost" is on."""
         return self._bool("server/enabled", False)

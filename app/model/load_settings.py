@@ -97,6 +97,13 @@ class LoadSettingsForm(QGroupBox):
     def overflow(self) -> str:
         return str(self._overflow_combo.currentData())
 
+    def is_repeatable(self) -> bool:
+        """Whether "Repeatable replies" (``LoadSettings.deterministic``) is on."""
+        return self._repeatable_check.isChecked()
+
+    def set_repeatable(self, on: bool) -> None:
+        self._repeatable_check.setChecked(on)
+
     def set_overflow(self, policy: str) -> None:
         index = self._overflow_combo.findData(policy)
         if index >= 0:

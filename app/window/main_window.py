@@ -154,6 +154,7 @@ class MainWindow(QMainWindow):
         self.model_pane.server_box.restore(self.settings.server_enabled, self.settings.server_port)
         form = self.model_pane.load_settings_form
         form.set_overflow(self.settings.overflow)
+        form.set_repeatable(self.settings.repeatable)
         form.set_context_length(self.settings.context_length(self.model_pane.model_spec()))
         self.models_view.set_folders(self.settings.model_folders)
         geometry, state = self.settings.geometry, self.settings.window_state
@@ -170,6 +171,7 @@ class MainWindow(QMainWindow):
         self.settings.server_enabled = self.model_pane.server_box.is_on()
         self.settings.server_port = self.model_pane.server_box.port()
         self.settings.overflow = self.model_pane.load_settings_form.overflow()
+        self.settings.repeatable = self.model_pane.load_settings_form.is_repeatable()
         self.settings.model_folders = self.models_view.folders
         self.settings.sync()
 

@@ -234,6 +234,7 @@ class FakeLLM:
                  deterministic: bool = False, *, load_delay_s: float = 0.0,
                  step_delay_s: float = 0.01) -> None:
         quantization = check_level(quantization)
+        self.deterministic = deterministic
         if start_loop:
             raise AssertionError("the bridge drives the loop itself; it must pass start_loop=False")
         stages = ["Reading config", "Loading weights", "Allocating KV cache"]

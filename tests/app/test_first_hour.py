@@ -126,6 +126,26 @@ def test_settings_persist_across_restarts(qtbot: Any, fake_api: Any, tmp_path: P
     again.close()
 
 
+def test_replies_are_repeatable_by_default_and_the_choice_is_kept(qtbot: Any, fake_api: Any, tmp_path: Path) -> None:
+    """The app's chat loads the engine deterministic unless the user turns it off; the choice survives a restart."""
+    from app import create_window
+
+    win = create_window(data_dir=tmp_path, bridge=EngineBridge(api=fake_api))
+    qtbot.add_widget(win)
+    repeatable = ui_flows.child(win, QCheckBox, "repeatableCheck")
+    assert repeatable.isChecked()
+    ui_flows.load_model(qtbot, win)
+    assert FakeLLM.instances[-1].deterministic is True
+    repeatable.setChecked(False)
+    ui_flows.load_model(qtbot, win)
+    assert FakeLLM.instances[-1].deterministic is False
+    win.close()
+    again = create_window(data_dir=tmp_path, bridge=EngineBridge(api=fake_api))
+    qtbot.add_widget(again)
+    assert not ui_flows.child(again, QCheckBox, "repeatableCheck").isChecked()
+    again.close()
+
+
 def test_overflow_policy_reaches_the_engine(qtbot: Any, loaded_bridge: EngineBridge) -> None:
     engine = FakeLLM.instances[-1].engine
     long_chat = [{"role": "system", "content": "be brief"}]

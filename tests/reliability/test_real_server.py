@@ -1,18 +1,20 @@
-"""Sampling values that once killed the engine thread, each sent once to the real server.
+"""The real server (the default model, in a subprocess) against hostile and careless clients.
 
-Before: ``seed`` 2**64 overflowed the generator, ``temperature`` 1e-40 and ``repetition_penalty`` 1e-300 put NaN
+Sampling values that once killed the engine thread are each sent once. Before: ``seed`` 2**64 overflowed the generator, ``temperature`` 1e-40 and ``repetition_penalty`` 1e-300 put NaN
 into ``torch.multinomial``; the engine thread died, ``/health`` still said 200 and every later request hung.
 Now out-of-range values are refused with a 400 naming the field, a tiny temperature is greedy, and the server
-answers the next request.
+answers the next request. A client that hangs up mid-stream gets its request cancelled and its KV blocks freed.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.engine.server_process import ServerProcess, run_server
 
@@ -24,6 +26,24 @@ def server(repo_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     log = tmp_path_factory.mktemp("hostile") / "server.log"
     with run_server(repo_root, log) as server:
         yield server
+
+
+def scrape(http: httpx.Client) -> dict[str, float]:
+    """``/metrics`` parsed by prometheus_client: sample name (plus finished_reason label) -> value."""
+    response = http.get("/metrics")
+    assert response.status_code == 200
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            reason = sample.labels.get("finished_reason")
+            values[f"{sample.name}{{{reason}}}" if reason else sample.name] = sample.value
+    return values
+
+
+@pytest.fixture
+def http(server: ServerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.base_url, headers=server.headers(), timeout=60.0) as http_client:
+        yield http_client
 
 
 def _chat(server: ServerProcess, **fields: object) -> httpx.Response:
@@ -64,3 +84,25 @@ def test_a_vanishing_temperature_is_greedy(server: ServerProcess) -> None:
     assert tiny.status_code == 200, tiny.text
     assert tiny.json()["choices"][0]["message"]["content"] == greedy.json()["choices"][0]["message"]["content"]
     assert httpx.get(f"{server.base_url}/health", timeout=5).status_code == 200
+
+
+def test_disconnect_mid_stream_cancels_and_frees_blocks(server: ServerProcess, http: httpx.Client) -> None:
+    aborted_before = scrape(http).get("hearth:request_success_total{abort}", 0.0)
+    body = {"model": "default", "max_tokens": 400, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": "Tell me a very long story about a dragon and a knight."}]}
+    with httpx.Client(base_url=server.base_url, headers=server.headers(), timeout=60.0) as streaming, \
+            streaming.stream("POST", "/v1/chat/completions", json=body) as response:
+        lines = (line for line in response.iter_lines() if line)
+        received = [next(lines) for _ in range(4)]
+        assert all(line.startswith("data: {") for line in received)
+        busy = scrape(http)
+        assert busy["hearth:num_requests_running"] == 1 and busy["hearth:kv_blocks_used"] > 0
+    # leaving the block closed the connection mid-stream
+    deadline = time.monotonic() + 15
+    while True:
+        metrics = scrape(http)
+        if metrics["hearth:kv_blocks_used"] == 0 and metrics["hearth:num_requests_running"] == 0:
+            break
+        assert time.monotonic() < deadline, f"blocks not freed after the disconnect: {metrics}"
+        time.sleep(0.1)
+    assert metrics["hearth:request_success_total{abort}"] == aborted_before + 1

@@ -1,6 +1,6 @@
 """Child process for the kill test: streams a reply into a Storage until it is killed.
 
-Usage: ``python tests/app/storage_writer.py DBPATH``. After each committed update it prints one JSON
+Usage: ``python tests/reliability/storage_writer.py DBPATH``. After each committed update it prints one JSON
 line, ``{"message_id": ..., "content": ...}``, so the parent knows what must survive a SIGKILL.
 """
 

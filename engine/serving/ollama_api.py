@@ -141,6 +141,7 @@ class OllamaAPI:
             fields["json_schema"] = fmt
         elif fmt not in (None, ""):
             raise APIError(400, "format must be 'json' or a JSON schema")
+        fields["timeout_s"] = self.server.request_timeout_s
         try:
             return SamplingParams(**fields)
         except (ValueError, TypeError) as exc:

@@ -55,6 +55,8 @@ _DISCONNECT_POLL_S = 0.25
 MAX_CHARS_PER_TOKEN = 32
 #: Seconds a client should wait after a 429 before trying again.
 RETRY_AFTER_S = 1
+#: The deadline of a request that sets no ``timeout_s``: it then ends with finish_reason "timeout", keeping its text.
+DEFAULT_REQUEST_TIMEOUT_S = 600.0
 
 
 def _usage(num_prompt: int, num_generated: int) -> dict[str, int]:
@@ -81,10 +83,11 @@ class OpenAIServer:
     """
 
     def __init__(self, engine: AsyncLLMEngine, model_name: str, aliases: tuple[str, ...] = ("default",),
-                 priority: int = 0) -> None:
+                 priority: int = 0, request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S) -> None:
         self.engine = engine
         self.model_name = model_name
         self.priority = priority
+        self.request_timeout_s = request_timeout_s
         self._names = {model_name, *aliases}
         self._created = int(time.time())
         self.metrics = ServerMetrics(engine.metrics, model_name)
@@ -189,6 +192,8 @@ class OpenAIServer:
             assert choice.final is not None and choice.final.finished
             if choice.final.finish_reason == "error":
                 raise APIError(500, choice.final.error or "generation failed", type_="server_error")
+            if choice.final.finish_reason == "timeout" and choice.final.error:
+                raise APIError(503, choice.final.error, type_="server_error", code="timeout")
         return choices
 
     # -- logprobs --------------------------------------------------------------------------------------------------
@@ -262,7 +267,8 @@ class OpenAIServer:
                                    param="echo", code="unsupported_parameter")
                 plan.echo = prompt if isinstance(prompt, str) else self.engine.engine.tokenizer.decode(prompt)
         try:
-            params = body.sampling_params(max_tokens, self.engine.engine.max_model_len, **extra)
+            timeout_s = body.timeout_s or self.request_timeout_s
+            params = body.sampling_params(max_tokens, self.engine.engine.max_model_len, timeout_s=timeout_s, **extra)
         except ValueError as exc:
             raise APIError(400, str(exc), param=str(exc).split(" ", 1)[0]) from exc
         requests = await self._submit(prompt, params, plan)
@@ -337,6 +343,9 @@ class OpenAIServer:
             if out.finish_reason == "error":
                 yield _sse(APIError(500, out.error or "generation failed", "server_error").body())
                 break
+            if out.finish_reason == "timeout" and out.error:
+                yield _sse(APIError(503, out.error, "server_error", code="timeout").body())
+                break
             finish = out.finish_reason
             calls = plan.calls("".join(state.parts))[1] if state.held else []
             if calls:
@@ -354,9 +363,13 @@ class OpenAIServer:
 
 
 def create_app(engine: AsyncLLMEngine, model_name: str, rules: GuardRules | None = None,
-               aliases: tuple[str, ...] = ("default",), priority: int = 0) -> Starlette:
-    """The ASGI app serving ``engine`` under the OpenAI API, behind a :class:`Guard` with ``rules``."""
-    server = OpenAIServer(engine, model_name, aliases, priority)
+               aliases: tuple[str, ...] = ("default",), priority: int = 0,
+               request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S) -> Starlette:
+    """The ASGI app serving ``engine`` under the OpenAI API, behind a :class:`Guard` with ``rules``.
+
+    ``request_timeout_s`` is the deadline of a request that names none (``timeout_s``); None: no deadline.
+    """
+    server = OpenAIServer(engine, model_name, aliases, priority, request_timeout_s)
 
     async def health(_: Request) -> Response:
         if not engine.is_alive():
@@ -420,10 +433,12 @@ class ServerThread:
 
     def __init__(self, engine: Any, model_name: str, host: str = "127.0.0.1", port: int = 8000,
                  api_key: str | None = None, *, rules: GuardRules | None = None,
-                 limits: ConnectionLimits | None = None, priority: int = 0) -> None:
+                 limits: ConnectionLimits | None = None, priority: int = 0,
+                 request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S) -> None:
         self.host, self.port = host, port
         rules = rules or GuardRules(api_key=api_key or None, check_host=is_loopback(host))
-        app = create_app(AsyncLLMEngine(engine), model_name, rules, priority=priority)
+        app = create_app(AsyncLLMEngine(engine), model_name, rules, priority=priority,
+                         request_timeout_s=request_timeout_s)
         self._server = uvicorn_server(app, limits)
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None

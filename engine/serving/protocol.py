@@ -175,6 +175,8 @@ class GenerationRequest(_Body):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
     ignore_eos: bool = False
+    # Hearth's extension: seconds until the request ends with finish_reason "timeout" (default: the server's).
+    timeout_s: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
 
     @field_validator("logit_bias")
     @classmethod

@@ -87,8 +87,9 @@ def serve_fake(fake_engine: FakeEngine) -> Serve:
 
     @contextlib.contextmanager
     def run(rules: GuardRules | None = None, limits: ConnectionLimits | None = None,
-            api_key: str | None = None) -> Iterator[str]:
-        server = ServerThread(fake_engine, "fake-model", "127.0.0.1", 0, api_key, rules=rules, limits=limits)
+            api_key: str | None = None, **options: Any) -> Iterator[str]:
+        server = ServerThread(fake_engine, "fake-model", "127.0.0.1", 0, api_key, rules=rules, limits=limits,
+                              **options)
         server.start()
         try:
             yield f"http://127.0.0.1:{server.port}"

@@ -106,3 +106,18 @@ def test_disconnect_mid_stream_cancels_and_frees_blocks(server: ServerProcess, h
         assert time.monotonic() < deadline, f"blocks not freed after the disconnect: {metrics}"
         time.sleep(0.1)
     assert metrics["hearth:request_success_total{abort}"] == aborted_before + 1
+
+
+def test_a_request_past_its_deadline_keeps_its_text(server: ServerProcess) -> None:
+    response = _chat(server, max_tokens=4000, ignore_eos=True, temperature=0.0, timeout_s=1.0)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["finish_reason"] == "timeout"
+    assert choice["message"]["content"]  # what was written before the deadline
+
+
+def test_a_request_whose_deadline_passes_before_it_starts_gets_a_clear_error(server: ServerProcess) -> None:
+    response = _chat(server, timeout_s=1e-9)
+    assert response.status_code == 503, response.text
+    assert "without starting" in response.json()["error"]["message"]
+    assert _chat(server).status_code == 200

@@ -15,7 +15,7 @@ from app.formatting import format_percent, format_seconds
 
 #: Engine keys dropped from the latest values when the model is unloaded.
 ENGINE_PREFIXES = ("num_", "kv_", "prefix_", "throughput", "requests_", "ttft_", "itl_", "e2e_", "batch_",
-                   "mean_batch")
+                   "mean_batch", "concurrency_", "controller_", "spec_")
 
 #: (label, metrics keys, formatter) rows of the "Engine" box.
 STAT_ROWS: tuple[tuple[str, tuple[str, ...], Callable[[float], str]], ...] = (
@@ -23,6 +23,9 @@ STAT_ROWS: tuple[tuple[str, tuple[str, ...], Callable[[float], str]], ...] = (
     ("Batch efficiency", ("batch_efficiency",), format_percent),
     ("Mean batch size", ("mean_batch_size",), lambda v: f"{v:.1f}"),
     ("Preemptions", ("num_preemptions",), lambda v: f"{v:.0f}"),
+    ("Concurrency limit / changes", ("concurrency_limit", "controller_adjustments_total"), lambda v: f"{v:.0f}"),
+    ("Speculation: drafts accepted", ("spec_acceptance_rate",), format_percent),
+    ("Speculation: tokens per step", ("spec_tokens_per_step",), lambda v: f"{v:.2f}"),
     ("KV blocks used / cached / total", ("kv_blocks_used", "kv_blocks_cached", "kv_blocks_total"),
      lambda v: f"{v:.0f}"),
     ("Prefix cache hits", ("prefix_cache_hit_rate",), format_percent),
@@ -41,6 +44,13 @@ STAT_TOOLTIPS = {
     "Mean batch size": "The mean number of requests the engine ran together per step, over the last 10 seconds.",
     "Preemptions": "Replies paused because the KV cache was full; they resume when memory frees up.",
     "Prefix cache hits": "The share of prompt tokens found already computed in the KV cache.",
+    "Concurrency limit / changes": "How many replies the engine lets run at once right now, and how often it has "
+                                   "changed that. It lowers the limit when your chat's time between tokens grows "
+                                   "past twice its solo figure or memory runs short, and raises it slowly again.",
+    "Speculation: drafts accepted": "With speculative decoding on (Engine settings), the share of drafted tokens "
+                                    "the model confirmed.",
+    "Speculation: tokens per step": "Tokens each reply gains per engine step: 1 without speculation, more when "
+                                    "drafts are accepted.",
 }
 
 #: Latency figures: the engine reports 0 for these until a request has been timed.

@@ -33,7 +33,8 @@ def engine_metrics(used: int = 30, cached: int = 10, tok_s: float = 42.0) -> dic
             "kv_blocks_cached": float(cached), "kv_blocks_total": 100.0, "prefix_cache_hit_rate": 0.25,
             "throughput_tok_s": tok_s, "requests_per_s": 0.5, "ttft_p50": 0.12, "ttft_p90": 0.2,
             "ttft_p99": 0.3, "itl_p50": 0.02, "itl_p99": 0.05, "e2e_p50": 1.0, "e2e_p99": 2.0,
-            "batch_efficiency": 0.1875, "mean_batch_size": 3.0, "num_preemptions": 2.0}
+            "batch_efficiency": 0.1875, "mean_batch_size": 3.0, "num_preemptions": 2.0, "concurrency_limit": 12.0,
+            "controller_adjustments_total": 5.0, "spec_acceptance_rate": 0.625, "spec_tokens_per_step": 2.5}
 
 
 @pytest.fixture
@@ -70,6 +71,9 @@ def test_graphs_and_headline_follow_the_metrics(pane: MonitorPane) -> None:
     assert "bfloat16" in pane.headline["quantization"].text()
     assert pane._stat_labels["Batch efficiency"].text() == "19 %"
     assert pane._stat_labels["Preemptions"].text() == "2"
+    assert pane._stat_labels["Concurrency limit / changes"].text() == "12 / 5"
+    assert pane._stat_labels["Speculation: drafts accepted"].text() == "62 %"
+    assert pane._stat_labels["Speculation: tokens per step"].text() == "2.50"
     assert "50 used · 10 cached · 40 free" in pane.kv_graph.value_label.text()
 
 

@@ -117,6 +117,11 @@ def sampling_body(params: Mapping[str, Any] | Any) -> dict[str, Any]:
         return {}
     get = params.get if isinstance(params, Mapping) else (lambda k: getattr(params, k, None))
     body = {key: get(key) for key in _OPENAI_PARAMS}
+    schema = get("json_schema")
+    if schema is not None:  # the chat's "Reply as JSON", in OpenAI's shape
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
+    elif get("response_format") == "json":
+        body["response_format"] = {"type": "json_object"}
     return {k: v for k, v in body.items() if v is not None and v != []}
 
 

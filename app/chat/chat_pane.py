@@ -81,6 +81,7 @@ class ChatPane(QWidget):
         self._settings_bar = ConversationSettings()
         self._settings_bar.preset_chosen.connect(self._on_preset_chosen)
         self._settings_bar.sampling_changed.connect(self._on_sampling_changed)
+        self._settings_bar.reply_format_changed.connect(self._on_reply_format_changed)
         self._settings_bar.manage_presets_requested.connect(self._on_manage_presets_requested)
         self._view = MessageView()
         self._view.action_requested.connect(self._on_action_requested)
@@ -209,8 +210,8 @@ class ChatPane(QWidget):
         self._settings_bar.set_defaults(self._defaults)
 
     def sampling_params(self, conversation: Conversation) -> dict[str, Any]:
-        """The parameters a reply in ``conversation`` is generated with."""
-        return {**self._defaults, **conversation.sampling_overrides()}
+        """The parameters a reply in ``conversation`` is generated with (its reply format included)."""
+        return {**self._defaults, **conversation.sampling_overrides(), **conversation.reply_format()}
 
     def set_model_ready(self, is_ready: bool) -> None:
         """Enable sending while a model is loaded or loading (requests wait for the load)."""
@@ -271,6 +272,10 @@ class ChatPane(QWidget):
         message = conversation.messages[index] if 0 <= index < len(conversation.messages) else None
         if message is None or index != last or not message.can_continue or not self._can_send(conversation):
             self.notice.emit("Only the last reply can be continued, once it stopped at its token limit.")
+            return None
+        if conversation.is_json_reply:  # the grammar starts a new document: it cannot finish a cut one
+            self.notice.emit("A JSON reply cut at its token limit cannot be continued. "
+                             "Raise Max tokens and regenerate it.")
             return None
         return self._replies.resume(conversation, message, self.sampling_params(conversation))
 
@@ -412,6 +417,12 @@ class ChatPane(QWidget):
         params = params or {}
         self._store.set_sampling(conversation, params.get("temperature"), params.get("top_p"),
                                  params.get("max_tokens"))
+
+    @Slot(bool, object)
+    def _on_reply_format_changed(self, is_json: bool, schema: dict[str, Any] | None) -> None:
+        conversation = self.current_conversation
+        if conversation is not None:
+            self._store.set_reply_format(conversation, is_json, schema)
 
     @Slot()
     def _on_manage_presets_requested(self) -> None:

@@ -1,4 +1,5 @@
-"""The bar above the transcript: the conversation's system prompt preset and its sampling parameters."""
+"""The bar above the transcript: the conversation's system prompt preset, its sampling parameters, and whether
+replies are JSON (with an optional schema)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.chat.schema_dialog import SchemaDialog
 from app.data.conversations import Conversation
 from app.data.records import Preset
 
@@ -31,14 +33,20 @@ class ConversationSettings(QWidget):
     Sampling starts at the app's defaults (the Model pane's Generation box); ticking "Own
     sampling" stores temperature, top-p and max tokens with the conversation.
 
+    "Reply as JSON" makes every reply of the conversation a JSON document; "Schema…" sets the JSON schema those
+    replies must follow (checked as it is typed, see :class:`~app.chat.schema_dialog.SchemaDialog`).
+
     Signals:
         preset_chosen(object): a preset id, or None for no system prompt.
         sampling_changed(object): ``{"temperature", "top_p", "max_tokens"}``, or None for the defaults.
+        reply_format_changed(bool, object): whether replies are JSON, and the schema (a dict, or None for any
+            JSON object).
         manage_presets_requested(): the user wants to add, edit or delete presets.
     """
 
     preset_chosen = Signal(object)
     sampling_changed = Signal(object)
+    reply_format_changed = Signal(bool, object)
     manage_presets_requested = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -59,12 +67,28 @@ class ConversationSettings(QWidget):
         self._sampling_toggle.setToolTip("Temperature, top-p and reply length for this conversation")
         self._sampling_toggle.setCheckable(True)
         self._sampling_toggle.toggled.connect(self._on_sampling_toggled)
+        self._schema: dict[str, Any] | None = None
+        self._schema_dialog: SchemaDialog | None = None
+        self._json_check = QCheckBox("Reply as JSON")
+        self._json_check.setObjectName("jsonReplyCheck")
+        self._json_check.setToolTip("Every reply in this chat is a JSON document (an object unless the schema "
+                                    "says otherwise)")
+        self._json_check.toggled.connect(self._on_json_toggled)
+        self._schema_button = QToolButton()
+        self._schema_button.setText("Schema…")
+        self._schema_button.setObjectName("jsonSchemaButton")
+        self._schema_button.clicked.connect(self.open_schema_dialog)
         top = QHBoxLayout()
         top.setContentsMargins(0, 0, 0, 0)
         top.addWidget(QLabel("System prompt"))
         top.addWidget(self._preset_combo, 1)
         top.addWidget(manage)
         top.addWidget(self._sampling_toggle)
+        reply_row = QHBoxLayout()  # a row of its own, so the bar stays narrow enough for a laptop screen
+        reply_row.setContentsMargins(0, 0, 0, 0)
+        reply_row.addWidget(self._json_check)
+        reply_row.addWidget(self._schema_button)
+        reply_row.addStretch(1)
 
         self._custom_check = QCheckBox("Own sampling for this chat")
         self._custom_check.setObjectName("customSamplingCheck")
@@ -95,6 +119,7 @@ class ConversationSettings(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 4)
         layout.addLayout(top)
+        layout.addLayout(reply_row)
         layout.addWidget(self._sampling_row)
         self._set_spins_enabled(False)
 
@@ -143,6 +168,31 @@ class ConversationSettings(QWidget):
         self._custom_check.blockSignals(False)
         self._set_spins_enabled(bool(overrides))
         self._show_values({**self._defaults, **overrides})
+        self._json_check.blockSignals(True)
+        self._json_check.setChecked(conversation is not None and conversation.is_json_reply)
+        self._json_check.blockSignals(False)
+        self._schema = conversation.json_schema if conversation is not None else None
+        self._show_schema()
+
+    @property
+    def is_json_reply(self) -> bool:
+        """Whether "Reply as JSON" is ticked."""
+        return self._json_check.isChecked()
+
+    @property
+    def schema(self) -> dict[str, Any] | None:
+        """The conversation's JSON schema, or None for any JSON object."""
+        return self._schema
+
+    @Slot()
+    def open_schema_dialog(self) -> SchemaDialog:
+        """Open the schema dialog (window-modal); saving it stores the schema and ticks "Reply as JSON"."""
+        dialog = SchemaDialog(self._schema, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.accepted.connect(self._on_schema_accepted)
+        self._schema_dialog = dialog
+        dialog.open()
+        return dialog
 
     def sampling(self) -> dict[str, Any] | None:
         """The conversation's own sampling, or None when it uses the defaults."""
@@ -177,7 +227,32 @@ class ConversationSettings(QWidget):
         if self._custom_check.isChecked():
             self.sampling_changed.emit(self.sampling())
 
+    @Slot(bool)
+    def _on_json_toggled(self, is_json: bool) -> None:
+        self._show_schema()
+        self.reply_format_changed.emit(is_json, self._schema)
+
+    @Slot()
+    def _on_schema_accepted(self) -> None:
+        if self._schema_dialog is None:
+            return
+        self._schema = self._schema_dialog.schema
+        self._json_check.blockSignals(True)
+        self._json_check.setChecked(True)
+        self._json_check.blockSignals(False)
+        self._show_schema()
+        self.reply_format_changed.emit(True, self._schema)
+
     # -- helpers ----------------------------------------------------------------------------------
+
+    def _show_schema(self) -> None:
+        self._schema_button.setText("Schema ✓" if self._schema is not None else "Schema…")
+        if self._schema is None:
+            self._schema_button.setToolTip("Set a JSON schema that replies must follow (none set: any JSON object)")
+        else:
+            properties = self._schema.get("properties")
+            keys = ", ".join(properties) if isinstance(properties, dict) and properties else "no named fields"
+            self._schema_button.setToolTip(f"Replies follow a JSON schema ({keys}). Click to change it.")
 
     def _set_spins_enabled(self, is_enabled: bool) -> None:
         for spin in (self._temperature_spin, self._top_p_spin, self._max_tokens_spin):

@@ -14,6 +14,7 @@ Branches: editing a user message or regenerating a reply adds a sibling in the m
 from __future__ import annotations
 
 import builtins  # ConversationStore.list hides the builtin in its annotations
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,6 +102,9 @@ class Conversation:
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None
+    #: Replies must be a JSON document ("Reply as JSON"), and validate against ``json_schema`` when it is set.
+    is_json_reply: bool = False
+    json_schema: dict[str, Any] | None = None
 
     @property
     def is_streaming(self) -> bool:
@@ -128,6 +132,12 @@ class Conversation:
         values = {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens}
         return {name: value for name, value in values.items() if value is not None}
 
+    def reply_format(self) -> dict[str, Any]:
+        """The ``SamplingParams`` fields of the conversation's reply format (empty for free text)."""
+        if not self.is_json_reply:
+            return {}
+        return {"response_format": "json", "json_schema": self.json_schema}
+
 
 def _status(row: db.Message) -> tuple[str, str | None, str]:
     """Map a stored message to (status, finish_reason, error) for the view."""
@@ -138,6 +148,17 @@ def _status(row: db.Message) -> tuple[str, str | None, str]:
     if row.finish_reason == "abort":
         return STATUS_STOPPED, "abort", ""
     return STATUS_DONE, row.finish_reason, ""
+
+
+def _reply_format(record: db.Conversation) -> tuple[bool, dict[str, Any] | None]:
+    """(is the reply JSON, its schema) from a stored conversation; a schema that no longer parses is dropped."""
+    schema = None
+    if record.json_schema is not None:
+        try:
+            schema = json.loads(record.json_schema)
+        except ValueError:
+            schema = None
+    return record.response_format == "json", schema if isinstance(schema, dict) else None
 
 
 def _message(row: db.Message, branch_index: int, branch_count: int) -> Message:
@@ -215,6 +236,14 @@ class ConversationStore:
         record = self.storage.set_sampling(conversation.id, temperature, top_p, max_tokens)
         conversation.temperature, conversation.top_p = record.temperature, record.top_p
         conversation.max_tokens = record.max_tokens
+
+    def set_reply_format(self, conversation: Conversation, is_json: bool,
+                         schema: dict[str, Any] | None = None) -> None:
+        """Store whether replies are JSON, and the schema they must follow (None: any JSON object); the schema
+        is kept while JSON is off."""
+        text = json.dumps(schema) if schema is not None else None
+        record = self.storage.set_reply_format(conversation.id, "json" if is_json else None, text)
+        conversation.is_json_reply, conversation.json_schema = _reply_format(record)
 
     def reload(self, conversation: Conversation) -> None:
         """Re-read the shown branch from the database (after a branch switch)."""
@@ -303,6 +332,7 @@ class ConversationStore:
             temperature=record.temperature, top_p=record.top_p, max_tokens=record.max_tokens,
             messages=self._branch(record),
         )
+        conversation.is_json_reply, conversation.json_schema = _reply_format(record)
         self._live[record.id] = conversation
         return conversation
 

@@ -8,6 +8,7 @@ only ``"messages"`` imports as a single-branch conversation.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -98,6 +99,10 @@ def to_json(storage: Storage, conversation_id: int) -> dict[str, Any]:
             "system_prompt": conversation.system_prompt,
             "created_at": conversation.created_at,
             "sampling": {name: getattr(conversation, name) for name, _ in _SAMPLING},
+            "reply_format": {
+                "response_format": conversation.response_format,
+                "json_schema": None if conversation.json_schema is None else json.loads(conversation.json_schema),
+            },
             "active_leaf_id": conversation.active_leaf_id,
             "tree": tree,
         },
@@ -233,6 +238,7 @@ def from_json(storage: Storage, data: object) -> Conversation:
     if hearth is None:
         system_prompt, nodes = _nodes_from_openai(messages)
         title, created_at, sampling, active_key = DEFAULT_TITLE, None, {}, (nodes[-1].key if nodes else None)
+        reply_format, schema = None, None
     else:
         version = _expect(hearth.get("format_version"), int, "hearth.format_version")
         if version > FORMAT_VERSION:
@@ -248,6 +254,10 @@ def from_json(storage: Storage, data: object) -> Conversation:
                           f"hearth.sampling.{name}", optional=True)
             for name, kind in _SAMPLING
         }  # fmt: skip
+        raw_format = _expect(hearth.get("reply_format", {}), dict, "hearth.reply_format")
+        reply_format = _expect(raw_format.get("response_format"), str, "hearth.reply_format.response_format",
+                               optional=True)
+        schema = _expect(raw_format.get("json_schema"), dict, "hearth.reply_format.json_schema", optional=True)
         nodes = _nodes_from_tree(hearth.get("tree", []))
         active_key = _expect(hearth.get("active_leaf_id"), (int, str), "hearth.active_leaf_id", optional=True)
         if active_key is not None and active_key not in {n.key for n in nodes}:
@@ -259,6 +269,8 @@ def from_json(storage: Storage, data: object) -> Conversation:
                 conversation.id, sampling["temperature"], sampling["top_p"], sampling["max_tokens"]
             )
             storage.set_model(conversation.id, sampling["model"])
+        if reply_format is not None or schema is not None:
+            storage.set_reply_format(conversation.id, reply_format, None if schema is None else json.dumps(schema))
         new_ids: dict[object, int] = {}
         for node in nodes:
             message = storage.add_message(

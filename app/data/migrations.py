@@ -115,9 +115,16 @@ def _migrate_2_message_search_index(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _migrate_3_reply_format(conn: sqlite3.Connection) -> None:
+    """Add the conversation's reply format ("json" or NULL for free text) and its optional JSON schema (text)."""
+    conn.execute("ALTER TABLE conversations ADD COLUMN response_format TEXT")
+    conn.execute("ALTER TABLE conversations ADD COLUMN json_schema TEXT")
+
+
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     _migrate_1_initial_schema,
     _migrate_2_message_search_index,
+    _migrate_3_reply_format,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -38,6 +38,10 @@ class Conversation:
     model: str | None
     deleted_at: float | None
     active_leaf_id: int | None
+    #: "json" when replies must be a JSON document; None for free text.
+    response_format: str | None = None
+    #: The JSON schema replies must validate against (JSON text), or None for any JSON object.
+    json_schema: str | None = None
 
     @property
     def is_deleted(self) -> bool:

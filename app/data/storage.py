@@ -15,6 +15,7 @@ transactions (:meth:`Storage.batch`) must wrap every one of them, so they stay i
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
@@ -303,6 +304,28 @@ class Storage:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         return self._update_conversation(
             conversation_id, temperature=temperature, top_p=top_p, max_tokens=max_tokens
+        )
+
+    def set_reply_format(
+        self, conversation_id: int, response_format: str | None, json_schema: str | None = None
+    ) -> Conversation:
+        """Store how replies are written: ``"json"`` (against ``json_schema``, JSON text, when set) or ``None``
+        for free text. The schema is kept while the format is free text, for when JSON is turned back on.
+
+        Raises:
+            ValueError: an unknown format, or a schema that is not the text of a JSON object.
+        """
+        if response_format not in (None, "json"):
+            raise ValueError(f"response_format must be 'json' or None, got {response_format!r}")
+        if json_schema is not None:
+            try:
+                is_object = isinstance(json.loads(json_schema), dict)
+            except ValueError:
+                is_object = False
+            if not is_object:
+                raise ValueError("json_schema must be the text of a JSON object")
+        return self._update_conversation(
+            conversation_id, response_format=response_format, json_schema=json_schema
         )
 
     def set_model(self, conversation_id: int, model: str | None) -> Conversation:

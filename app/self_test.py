@@ -12,10 +12,15 @@ import sys
 import time
 
 MAX_TOKENS = 32
+SEED = 0
 
 
 def run_self_test(prompt: str, *, max_tokens: int = MAX_TOKENS) -> int:
-    """Load the default model, print its greedy reply to ``prompt`` on stdout; return the exit code.
+    """Load the default model, print its reply to ``prompt`` on stdout; return the exit code.
+
+    The reply is sampled as the app's chat samples it: with the model's own sampling settings (its
+    ``generation_config.json`` or Hearth's preset), seeded so a run repeats. Plain greedy decoding is not used: the
+    default model's first token is a near tie that the kernels chosen on a given CPU may break either way.
 
     Timings and errors go to stderr, so stdout holds only the reply.
 
@@ -29,7 +34,7 @@ def run_self_test(prompt: str, *, max_tokens: int = MAX_TOKENS) -> int:
     try:
         with LLM("default", start_loop=False) as llm:
             loaded = time.monotonic()
-            params = SamplingParams(max_tokens=max_tokens, temperature=0)
+            params = SamplingParams(**{**llm.sampling_defaults, "max_tokens": max_tokens, "seed": SEED})
             out = llm.chat([{"role": "user", "content": prompt}], params)
     except Exception as exc:  # noqa: BLE001 (any failure is the result, reported in one line)
         print(f"self-test failed: {type(exc).__name__}: {exc}", file=sys.stderr)

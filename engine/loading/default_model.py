@@ -7,6 +7,9 @@ saves a bf16 safetensors folder (weights + tokenizer) under ``models_dir()``. La
 once.
 
 Run ``python -m engine.default_model`` to do the conversion ahead of time (``make install`` does).
+
+The offline bundle ships the GGUF itself instead (:func:`bundled_gguf`), beside the converted config and tokenizer;
+``engine/loading/native.py`` runs it without a conversion.
 """
 
 from __future__ import annotations
@@ -121,6 +124,19 @@ def bundled_dir() -> Path | None:
         if base is not None and is_converted(Path(base) / "models" / MODEL_NAME):
             return Path(base) / "models" / MODEL_NAME
     return None
+
+
+def bundled_gguf() -> Path | None:
+    """Return the default model's GGUF shipped inside a frozen app, if there is one.
+
+    ``packaging/hearth.spec`` ships the GGUF itself (loaded natively, ``engine/loading/native.py``) in the folder
+    :func:`bundled_dir` finds, beside its converted config.json and tokenizer; its marker names the file.
+    """
+    folder = bundled_dir()
+    if folder is None:
+        return None
+    gguf = folder / GGUF_FILENAME
+    return gguf if gguf.is_file() else None
 
 
 def target_dir() -> Path:

@@ -123,10 +123,13 @@ def unpack_q8(raw: torch.Tensor) -> Q8Parts:
     return Q8Parts(q, _f16(blocks[..., 0:2]))
 
 
-def _qk_order(rows: int, heads: int) -> torch.Tensor:
+def qk_order(rows: int, heads: int) -> torch.Tensor:
     """HF row i of a Q/K projection is GGUF row ``order[i]`` (transformers' reverse permutation)."""
     dim = rows // heads // 2
     return torch.arange(rows).view(heads, dim, 2).transpose(1, 2).reshape(rows)
+
+
+_qk_order = qk_order
 
 
 class GgufWeights:
@@ -139,11 +142,9 @@ class GgufWeights:
         self._reader = GGUFReader(path)
         self._tensors = {t.name: t for t in self._reader.tensors}
         arch_field = self._reader.fields.get("general.architecture")
-        name_field = self._reader.fields.get("general.name")
         self.architecture = bytes(arch_field.parts[-1]).decode() if arch_field is not None else ""
-        name = bytes(name_field.parts[-1]).decode().lower() if name_field is not None else ""
-        # transformers reads llama GGUFs named "mistral" as mistral, without undoing the Q/K permutation
-        self._permuted = _ARCHITECTURES.get(self.architecture, False) and "mistral" not in name
+        # as the native loader reads them (engine/loading/native.py): llama.cpp permutes every llama-arch Q/K
+        self._permuted = _ARCHITECTURES.get(self.architecture, False)
         self._heads = int(config.num_attention_heads)
         self._kv_heads = int(getattr(config, "num_key_value_heads", None) or self._heads)
 
@@ -171,7 +172,7 @@ class GgufWeights:
         tensor = self._tensors[self._gguf_name(hf_name) or ""]
         raw = torch.from_numpy(np.array(tensor.data))  # a copy: the memory map is read-only
         if self._permuted and (".q_proj." in hf_name or ".k_proj." in hf_name):
-            raw = raw[_qk_order(raw.shape[0], self._heads if ".q_proj." in hf_name else self._kv_heads)]
+            raw = raw[qk_order(raw.shape[0], self._heads if ".q_proj." in hf_name else self._kv_heads)]
         return raw
 
     def int4_parts(self, hf_names: list[str]) -> Int4Parts | None:

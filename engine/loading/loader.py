@@ -1,7 +1,9 @@
 """Load a causal language model (HF safetensors folder, GGUF file, or the default model).
 
 Everything that can be checked from the files alone is checked first (``engine/loading/validate.py``), then
-memory, before any weight is allocated. Each failure
+memory, before any weight is allocated. Llama-family models (the fused decoder's types), from safetensors or GGUF,
+are built by ``engine/loading/native.py`` without transformers' modeling code; the rest load through transformers.
+Each failure
 raises :class:`~engine.api.ModelLoadError` saying what is wrong and what to do. Remote code is
 never run: ``trust_remote_code`` is never passed and configs with ``auto_map`` are refused.
 """
@@ -24,6 +26,7 @@ from typing import Any
 import torch
 
 from engine.api import HardwareInfo, ModelLoadError
+from engine.loading import native
 from engine.loading.default_model import is_converted
 from engine.loading.gguf_weights import GGUF_SOURCE_ATTR
 from engine.loading.validate import (
@@ -35,6 +38,7 @@ from engine.loading.validate import (
     estimate_bytes,
     resolve_path,
 )
+from engine.model.architectures import ARCHITECTURES
 from engine.system import hardware
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -136,6 +140,15 @@ def _materialize(
     info = checked.info
     device_map = {"": device} if device.type == "cuda" else None
     with _quiet_hf():
+        if _native_config(checked) is not None:
+            span.report(0.0, "read weights")
+            model, tokenizer, config = native.load(info.path, info.format, dtype)
+            if info.format == "gguf":
+                setattr(model, GGUF_SOURCE_ATTR, info.path)
+            model.to(device)
+            model.eval()
+            model.requires_grad_(False)
+            return model, tokenizer, config
         if info.format == "gguf":
             from engine.loading.default_model import gguf_tensor_progress
 
@@ -174,6 +187,18 @@ def _materialize(
         model.eval()
         model.requires_grad_(False)
         return model, tokenizer, model.config
+
+
+def _native_config(checked: Checked) -> dict[str, Any] | None:
+    """The config of a model :mod:`engine.loading.native` builds, or None to load it through transformers."""
+    info = checked.info
+    if info.format == "gguf":
+        if info.model_type not in ARCHITECTURES or ARCHITECTURES[info.model_type].path != "fused":
+            return None
+        config = native.read_config(native.gguf_side_folder(info.path))
+    else:
+        config = checked.config
+    return config if native.supports(config, info.format) else None
 
 
 def load_model(

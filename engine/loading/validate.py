@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from engine.api import ModelInfo, ModelLoadError
-from engine.loading.default_model import default_model_path, is_converted
+from engine.loading.default_model import bundled_gguf, default_model_path, is_converted
 from engine.loading.gguf_reader import GGUF_ADVICE, is_gguf_file, read_gguf_header
 from engine.loading.safetensors_reader import (
     FLOAT_DTYPES,
@@ -57,6 +57,9 @@ class Checked:
 def resolve_path(model: str | Path, progress: ProgressFn | None) -> Path:
     """Turn "default", a folder or a .gguf file name into an existing path."""
     if isinstance(model, str) and model.strip().lower() == "default":
+        shipped = bundled_gguf()
+        if shipped is not None:
+            return shipped
         converting = not is_converted()
         if not converting or progress is None:
             return default_model_path(None)
@@ -83,14 +86,12 @@ def _check_config(config: dict[str, Any], where: Path) -> tuple[str, str]:
     model_type = str(config.get("model_type", "")).strip()
     architectures = config.get("architectures") or []
     architecture = str(architectures[0]) if architectures else model_type
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
     supported = ", ".join(sorted(ARCHITECTURES))
     if not model_type:
         raise ModelLoadError(
             f"{where} does not say which architecture it is (no model_type). Supported: {supported}."
         )
-    if model_type not in ARCHITECTURES or model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    if model_type not in ARCHITECTURES or not _transformers_knows(model_type):
         raise ModelLoadError(
             f"Unsupported architecture '{model_type}' ({architecture}) in {where}. Hearth runs "
             f"decoder-only chat models of these types: {supported}."
@@ -115,6 +116,15 @@ def _check_config(config: dict[str, Any], where: Path) -> tuple[str, str]:
             "engine does not run yet. Pick a model with full attention."
         )
     return architecture, model_type
+
+
+def _transformers_knows(model_type: str) -> bool:
+    """Whether the installed transformers has a causal LM of this type (the fused types run without it)."""
+    if ARCHITECTURES[model_type].path == "fused":
+        return True  # built by engine/loading/native.py; importing transformers' model tables costs seconds
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
 def _read_config(folder: Path) -> dict[str, Any]:

@@ -35,3 +35,8 @@ def ensure_private_dir(path: Path) -> Path:
 def models_dir() -> Path:
     """Return the folder holding converted and downloaded models (``data_dir()/models``)."""
     return data_dir() / "models"
+
+
+def cache_dir() -> Path:
+    """Return the folder for files Hearth can rebuild (converted GGUF configs and tokenizers): ``data_dir()/cache``."""
+    return data_dir() / "cache"

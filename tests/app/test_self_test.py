@@ -25,10 +25,13 @@ class _FakeLLM:
         if self.fail is not None:
             raise self.fail
         self.path = f"/models/{model}"
+        self.sampling_defaults = {"temperature": 0.3, "top_p": 0.3, "repetition_penalty": 1.1}
 
     def chat(self, messages: list[dict[str, str]], params: Any) -> Any:
         assert messages == [{"role": "user", "content": "What is the capital of France?"}]
-        assert (params.temperature, params.max_tokens) == (0, self_test.MAX_TOKENS)
+        # the model's own sampling settings, seeded: what the app's chat would answer
+        assert (params.temperature, params.top_p, params.max_tokens) == (0.3, 0.3, self_test.MAX_TOKENS)
+        assert params.seed == self_test.SEED
         return types.SimpleNamespace(text=f" {self.reply}\n")
 
     def __enter__(self) -> Self:

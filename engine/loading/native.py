@@ -1,0 +1,368 @@
+"""Llama-family models built without transformers' modeling code, from safetensors folders and GGUF files.
+
+The fused decoder (``engine/model/llama.py``) reads an HF causal LM's parameters and calls only its embedding and
+rotary modules, so for the types it runs this module builds a small model with the same attribute names
+(``model.layers[i].self_attn.q_proj``, ``model.norm``, ``lm_head``...) and fills it straight from the files.
+Importing transformers' Llama modeling and config code costs seconds (it pulls in ``torch.distributed``); this
+path imports only ``PretrainedConfig`` and the tokenizer.
+
+* **safetensors**: the tensors are read into the skeleton in the load dtype (``load_state_dict(assign=True)``).
+* **GGUF**: config and tokenizer are converted once by transformers and cached in the data folder
+  (:func:`engine.system.paths.cache_dir`); tensors are dequantized (Q4_0/Q4_1/Q8_0 with torch, bitwise as
+  ``gguf``'s numpy code computes them; other block types through that code), and llama's permuted Q/K
+  rows are put back in HF order. Nothing passes through transformers' GGUF loader.
+
+The rotary embedding computes cos/sin exactly as transformers' ``LlamaRotaryEmbedding`` does, so the fused path
+stays token-identical to HF ``generate``. Rope types that change with the sequence length ("dynamic",
+"longrope") and anything unexpected fall back to transformers (:func:`supports`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from engine.api import ModelLoadError
+from engine.loading.default_model import MARKER_FILENAME
+from engine.loading.gguf_weights import qk_order
+from engine.loading.safetensors_reader import safetensors_files
+from engine.model.architectures import ARCHITECTURES, attention_shape, execution_path, ties_embeddings
+from engine.system.paths import cache_dir, ensure_private_dir
+
+log = logging.getLogger("engine")
+
+#: Rope types whose frequencies do not change at run time.
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+#: Tokenizer classes that are the plain tokenizers-backed class (no per-model Python behaviour).
+_PLAIN_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
+#: GGUF tensor name part -> HF name part, for the Llama-family layout.
+_GGUF_LAYER = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}  # fmt: skip
+_GGUF_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+             "output.weight": "lm_head.weight"}  # fmt: skip
+_CACHE_VERSION = "1"
+
+
+# --- the skeleton ----------------------------------------------------------------------------------------------
+# Parameters start on the meta device, uninitialized (no init kernels run: torch's meta-device init pulls in
+# torch._dynamo), and are replaced by the file's tensors in build().
+def _meta(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, device="meta"), requires_grad=False)
+
+
+class _Norm(nn.Module):
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.weight = _meta(size)
+
+
+class _Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__()
+        self.weight = _meta(out_features, in_features)
+        self.bias = _meta(out_features) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight, self.bias)
+
+
+class _Attention(nn.Module):
+    """Q/K/V/O projections; the fused path has Q/K/V biases only on "qkv" types and never an O bias."""
+
+    def __init__(self, config: Any, hidden: int, heads: int, kv_heads: int, head_dim: int) -> None:
+        super().__init__()
+        bias = ARCHITECTURES[config.model_type].attention_bias == "qkv"
+        self.q_proj = _Linear(hidden, heads * head_dim, bias=bias)
+        self.k_proj = _Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.v_proj = _Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.o_proj = _Linear(heads * head_dim, hidden, bias=False)
+        if ARCHITECTURES[config.model_type].qk_norm == "head":
+            self.q_norm, self.k_norm = _Norm(head_dim), _Norm(head_dim)
+
+
+class _Mlp(nn.Module):
+    def __init__(self, hidden: int, inter: int) -> None:
+        super().__init__()
+        self.gate_proj = _Linear(hidden, inter, bias=False)
+        self.up_proj = _Linear(hidden, inter, bias=False)
+        self.down_proj = _Linear(inter, hidden, bias=False)
+
+
+class _Layer(nn.Module):
+    def __init__(self, config: Any, heads: int, kv_heads: int, head_dim: int) -> None:
+        super().__init__()
+        hidden = int(config.hidden_size)
+        self.self_attn = _Attention(config, hidden, heads, kv_heads, head_dim)
+        self.mlp = _Mlp(hidden, int(config.intermediate_size))
+        self.input_layernorm, self.post_attention_layernorm = _Norm(hidden), _Norm(hidden)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin as transformers' ``LlamaRotaryEmbedding.forward`` computes them (same ops, same order)."""
+
+    def __init__(self, config: Any, head_dim: int) -> None:
+        super().__init__()
+        rope = dict(config.rope_parameters)
+        if rope.get("rope_type", "default") == "default":
+            dim = int(head_dim * float(rope.get("partial_rotary_factor", 1.0)))
+            inv_freq = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+            self.attention_scaling = 1.0
+        else:
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config, None)
+        self.inv_freq: torch.Tensor
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+
+
+class _Inner(nn.Module):
+    def __init__(self, config: Any, heads: int, kv_heads: int, head_dim: int) -> None:
+        super().__init__()
+        vocab, hidden = int(config.vocab_size), int(config.hidden_size)
+        self.embed_tokens = nn.Embedding(vocab, hidden, _weight=torch.empty(vocab, hidden, device="meta"))
+        self.layers = nn.ModuleList(_Layer(config, heads, kv_heads, head_dim)
+                                    for _ in range(int(config.num_hidden_layers)))  # fmt: skip
+        self.norm = _Norm(int(config.hidden_size))
+
+
+class NativeCausalLM(nn.Module):
+    """The parameters of a Llama-family causal LM under HF's names; run by the fused decoder only."""
+
+    def __init__(self, config: Any, generation_config: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.config = config
+        #: the folder's generation_config.json (its end-of-sequence ids may be more than config.json names)
+        self.generation_config = SimpleNamespace(**(generation_config or {}))
+        heads, kv_heads, head_dim = attention_shape(config)
+        self.model = _Inner(config, heads, kv_heads, head_dim)
+        self.lm_head = _Linear(int(config.hidden_size), int(config.vocab_size), bias=False)
+        self.model.rotary_emb = RotaryEmbedding(config, head_dim)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("a natively loaded model runs through the engine's fused decoder only")
+
+
+# --- config and tokenizer --------------------------------------------------------------------------------------
+def _rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
+    """``rope_parameters`` as transformers 5 standardizes them (legacy ``rope_theta``/``rope_scaling`` folded in)."""
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" in rope:
+        return dict(rope)
+    scaling = dict(config.get("rope_scaling") or {})
+    scaling.setdefault("rope_type", scaling.pop("type", "default"))
+    return {"rope_theta": float(config.get("rope_theta", 10000.0)), **scaling}
+
+
+def supports(config: dict[str, Any], fmt: str) -> bool:
+    """Whether this module can build the model (else the loader uses transformers)."""
+    if fmt not in ("safetensors", "gguf") or execution_path(config) != "fused":
+        return False
+    return _rope_parameters(config).get("rope_type", "default") in _STATIC_ROPE
+
+
+def make_config(config: dict[str, Any]) -> Any:
+    """A ``PretrainedConfig`` carrying the config.json fields (imported without the model-specific classes)."""
+    from transformers import PretrainedConfig
+
+    fields = dict(config)
+    model_type = fields.pop("model_type")
+    fields["rope_parameters"] = _rope_parameters(config)
+    fields.pop("rope_scaling", None)
+    fields.setdefault("rms_norm_eps", 1e-6)
+    fields.setdefault("tie_word_embeddings", ARCHITECTURES[model_type].tie_word_embeddings)
+    fields.setdefault("attention_bias", False)
+    fields.setdefault("mlp_bias", False)
+    result = PretrainedConfig(**fields)
+    result.model_type = model_type  # type: ignore[misc]  # the generic class leaves it empty
+    return result
+
+
+def load_tokenizer(folder: Path) -> Any:
+    """The folder's tokenizer: the plain tokenizers-backed class when its config names it, else AutoTokenizer."""
+    try:
+        tok_config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        tok_config = {}
+    if (folder / "tokenizer.json").is_file() and tok_config.get("tokenizer_class") in _PLAIN_TOKENIZERS:
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{folder / 'config.json'} is not a JSON object. Re-download the model.")
+    return config
+
+
+def gguf_side_folder(path: Path) -> Path:
+    """The config.json and tokenizer of a GGUF file: shipped beside it, else converted by transformers once and
+    cached in the data folder.
+
+    "Shipped beside it" means the folder's ``.hearth-converted.json`` names the file under ``"gguf"`` (the bundle
+    lays out the default model so, see ``packaging/hearth.spec``).
+    """
+    try:
+        marker = json.loads((path.parent / MARKER_FILENAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        marker = None
+    if isinstance(marker, dict) and marker.get("gguf") == path.name and (path.parent / "config.json").is_file():
+        return path.parent
+    stat = path.stat()
+    key = hashlib.sha256(f"{_CACHE_VERSION}|{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    folder = cache_dir() / "gguf" / f"{path.stem[:60]}-{key[:16]}"
+    if (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file():
+        return folder
+    from transformers import AutoConfig, AutoTokenizer
+
+    ensure_private_dir(cache_dir())
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=folder.parent))
+    try:
+        where, name = str(path.parent), path.name
+        AutoConfig.from_pretrained(where, gguf_file=name, local_files_only=True).save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(where, gguf_file=name, local_files_only=True).save_pretrained(tmp)
+        if folder.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("converted the config and tokenizer of %s into %s", path.name, folder)
+    return folder
+
+
+# --- weights ---------------------------------------------------------------------------------------------------
+def _safetensors_state(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    for shard in safetensors_files(folder):
+        state.update(load_file(str(shard)))
+    return state
+
+
+def _gguf_hf_name(name: str) -> str | None:
+    if name in _GGUF_TOP:
+        return _GGUF_TOP[name]
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _GGUF_LAYER:
+        return f"model.layers.{parts[1]}.{_GGUF_LAYER[parts[2]]}.{parts[3]}"
+    return None
+
+
+def _f16(raw: torch.Tensor) -> torch.Tensor:
+    return raw.contiguous().view(torch.float16).float()  # [..., 2] bytes -> [..., 1]
+
+
+def _dequantize(tensor: Any) -> torch.Tensor:
+    """One GGUF tensor as fp32, in its HF shape.
+
+    Q4_0/Q4_1/Q8_0 are computed with torch in the same operations and order as ``gguf``'s numpy code, so the values
+    are bitwise those transformers' GGUF loader produces (a near tie in the logits stays where it was).
+    """
+    kind = tensor.tensor_type.name
+    shape = [int(n) for n in reversed(tensor.shape)]
+    raw = torch.from_numpy(np.array(tensor.data))  # a copy: the memory map is read-only
+    if kind in ("Q4_0", "Q4_1"):
+        size = 18 if kind == "Q4_0" else 20
+        blocks = raw.view(shape[0], -1, size)
+        qs = blocks[..., size - 16 :]
+        q = torch.cat((qs & 0xF, qs >> 4), dim=-1)
+        d = _f16(blocks[..., 0:2])
+        if kind == "Q4_0":
+            out = d * (q.to(torch.int8) - 8).float()
+        else:
+            out = d * q.float() + _f16(blocks[..., 2:4])
+    elif kind == "Q8_0":
+        blocks = raw.view(shape[0], -1, 34)
+        out = _f16(blocks[..., 0:2]) * blocks[..., 2:34].contiguous().view(torch.int8).float()
+    elif kind in ("F32", "F16", "BF16"):
+        out = raw.float() if kind != "BF16" else raw.view(torch.int16).view(torch.bfloat16).float()
+    else:
+        from gguf.quants import dequantize
+
+        out = torch.from_numpy(dequantize(np.asarray(tensor.data), tensor.tensor_type).astype(np.float32))
+    return out.reshape(shape)
+
+
+def _gguf_state(path: Path, config: Any, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    arch_field = reader.fields.get("general.architecture")
+    permuted = arch_field is not None and bytes(arch_field.parts[-1]).decode() == "llama"
+    heads, kv_heads, _ = attention_shape(config)
+    state: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        name = _gguf_hf_name(tensor.name)
+        if name is None:
+            continue
+        value = _dequantize(tensor)
+        if permuted and (".q_proj." in name or ".k_proj." in name):
+            value = value[qk_order(value.shape[0], heads if ".q_proj." in name else kv_heads)]
+        state[name] = value.to(dtype)
+    return state
+
+
+def build(
+    config: Any, state: dict[str, torch.Tensor], dtype: torch.dtype, where: Path, generation: dict[str, Any] | None = None
+) -> NativeCausalLM:
+    """The skeleton filled with ``state`` (cast to ``dtype``); a missing or misshapen tensor raises."""
+    model = NativeCausalLM(config, generation)
+    tied = ties_embeddings(config)
+    expected = {name: p.shape for name, p in model.named_parameters()}
+    if tied or "lm_head.weight" not in state:
+        expected.pop("lm_head.weight")
+    missing = sorted(set(expected) - set(state))
+    wrong = sorted(n for n in expected if n in state and tuple(state[n].shape) != tuple(expected[n]))
+    if missing or wrong:
+        problem = f"{len(missing)} weight(s) missing (e.g. {missing[0]})" if missing else \
+            f"{len(wrong)} weight(s) with the wrong shape (e.g. {wrong[0]})"  # fmt: skip
+        raise ModelLoadError(
+            f"The weights in {where} do not match its config: {problem}. The download is incomplete or the files "
+            "come from different models; re-download the model."
+        )
+    model.load_state_dict({n: state[n].to(dtype) for n in expected}, strict=False, assign=True)
+    if "lm_head.weight" not in expected:
+        model.lm_head.weight = model.model.embed_tokens.weight  # type: ignore[assignment]  # a Parameter too
+    return model
+
+
+def load(path: Path, fmt: str, dtype: torch.dtype) -> tuple[NativeCausalLM, Any, Any]:
+    """Model, tokenizer and config of a safetensors folder or a GGUF file (see :func:`supports`)."""
+    side = gguf_side_folder(path) if fmt == "gguf" else path
+    config = make_config(read_config(side))
+    tokenizer = load_tokenizer(side)
+    state = _gguf_state(path, config, dtype) if fmt == "gguf" else _safetensors_state(path)
+    try:
+        generation = json.loads((side / "generation_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        generation = None
+    with torch.no_grad():
+        model = build(config, state, dtype, path, generation if isinstance(generation, dict) else None)
+    del state
+    return model, tokenizer, config

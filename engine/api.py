@@ -291,6 +291,14 @@ class EngineConfig:
         deterministic: greedy replies repeat bitwise whatever else shares a step and whatever the prefix cache
             holds: row-invariant kernels and attention (``engine/model/runner.py``; CPU only). Off by default:
             it cost about half the throughput when measured (bf16 default model, 1 and 16 streams).
+        speculative: speculative decoding (``engine/core/speculative.py``): ``"off"``, ``"ngram"`` (drafts looked
+            up in the request's own context), ``"self-int4"`` (the model's own int4 copy drafts) or
+            ``{"draft_model": PATH}`` (a small model with the same tokenizer). Output is unchanged: greedy
+            replies are token-identical and sampled ones keep their distribution.
+        num_speculative_tokens: tokens drafted per step for a speculating sequence (k).
+        compile: decode steps compiled with torch.compile (``engine/model/compiled.py``): ``"off"``,
+            ``"default"`` or ``"max-autotune"`` (inductor's modes), or ``"auto"``: compiled where a measurement
+            on this machine finds it faster (cached). Needs a C++ compiler; eager otherwise, and in a frozen bundle.
     """
 
     max_batch_size: int = 16
@@ -304,6 +312,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     adaptive_concurrency: bool = True
     deterministic: bool = False
+    speculative: str | dict[str, str] = "off"
+    num_speculative_tokens: int = 4
+    compile: str = "off"
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -322,6 +333,30 @@ class EngineConfig:
             raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        check_speculative(self.speculative)
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError(f"num_speculative_tokens must be in [1, 16], got {self.num_speculative_tokens}")
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
+
+
+SPECULATIVE_METHODS = ("off", "ngram", "self-int4")
+#: ``EngineConfig.compile`` values
+COMPILE_MODES = ("auto", "off", "default", "max-autotune")
+
+
+def check_speculative(value: object) -> None:
+    """``ValueError`` unless ``value`` is a speculative-decoding choice (see ``EngineConfig.speculative``)."""
+    if isinstance(value, str):
+        if value not in SPECULATIVE_METHODS:
+            raise ValueError(
+                f"speculative must be one of {', '.join(SPECULATIVE_METHODS)} or {{'draft_model': PATH}}, "
+                f"got {value!r}"
+            )
+        return
+    if not isinstance(value, dict) or set(value) != {"draft_model"} or not isinstance(value["draft_model"], str) \
+            or not value["draft_model"]:
+        raise ValueError(f"speculative as a dict must be {{'draft_model': PATH}} with a non-empty path, got {value!r}")
 
 
 @dataclass(slots=True)

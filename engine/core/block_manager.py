@@ -121,6 +121,19 @@ class BlockManager:
         while len(seq.block_table) < self.blocks_needed(num_tokens):
             seq.block_table.append(self._take_block())
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back the blocks past ``seq``'s first ``num_tokens`` tokens (a rejected speculative draft's).
+
+        Those blocks were taken by ``ensure_slots`` for tokens that are gone, so nothing shares or hashed them.
+        """
+        keep = max(self.blocks_needed(num_tokens), seq.num_hashed_blocks)
+        while len(seq.block_table) > keep:
+            block_id = seq.block_table.pop()
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count == 0 and block.hash is None, "a trimmed block must be private and unhashed"
+            self._free.append(block_id)
+
     def _take_block(self) -> int:
         if self._free:
             block_id = self._free.pop()
@@ -168,6 +181,7 @@ class BlockManager:
         seq.block_hashes.clear()
         seq.num_hashed_blocks = 0
         seq.num_computed_tokens = 0
+        seq.num_draft_computed = 0  # a draft model's KV lived in these blocks' slots too
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (for example after the KV dtype changes)."""

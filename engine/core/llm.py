@@ -25,6 +25,7 @@ from engine.core.request import Prompt, RequestHandle
 from engine.loading.default_model import sampling_defaults
 from engine.loading.loader import LoadedModel, load_model
 from engine.loading.recommend import recommend
+from engine.model.drafter import same_vocabulary
 from engine.model.kv_cache import kv_bytes_per_token, resolve_kv_dtype
 from engine.system import hardware
 
@@ -75,6 +76,8 @@ class LLM:
             if level in WEIGHT_LEVELS and progress is not None:
                 progress(0.9, "quantize")
             self.engine = self._build_engine(loaded, level, quant_backend)
+            #: how decode steps run: compiled per batch bucket, or eager and why (``EngineConfig.compile``)
+            self.compile_status = self.engine.runner.enable_compile(self.config.compile)
             if progress is not None:
                 progress(0.95, "warm up")
             self._warm_up()
@@ -125,7 +128,21 @@ class LLM:
             )
         log.info("KV cache: %d blocks (%.0f MiB) for %d tokens x %d sequences", num_blocks,
                  num_blocks * per_token * cfg.block_size / 2**20, max_model_len, cfg.max_batch_size)
-        return LLMEngine(loaded.model, loaded.tokenizer, cfg, num_blocks, kv_dtype, max_model_len, level, quant_backend)
+        draft = self._load_draft(loaded, cfg.speculative["draft_model"]) if isinstance(cfg.speculative, dict) else None
+        return LLMEngine(
+            loaded.model, loaded.tokenizer, cfg, num_blocks, kv_dtype, max_model_len, level, quant_backend, draft
+        )
+
+    @staticmethod
+    def _load_draft(loaded: LoadedModel, path: str) -> torch.nn.Module:
+        """The speculative draft model, on the target's device and dtype; its tokenizer must be the target's."""
+        draft = load_model(path, device=str(loaded.device), dtype=str(loaded.dtype).removeprefix("torch."))
+        if not same_vocabulary(loaded.tokenizer, draft.tokenizer):
+            raise ValueError(
+                f"the draft model {path} has a different tokenizer from the model's; speculative decoding needs a "
+                "draft model of the same family (the same vocabulary)"
+            )
+        return draft.model
 
     @staticmethod
     def _default_kv_budget(device: torch.device, needed: int) -> int:

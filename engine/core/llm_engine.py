@@ -7,7 +7,8 @@ batch with ``finish_reason="error"``; the others go on. ``submit``, ``cancel`` a
 (``start_loop``) or on the app's bridge, or called directly (tests, benchmarks).
 
 Long because ``LLMEngine`` is the request lifecycle in one class: submission (``n``, grammars, context fitting),
-the step with its failure handling, deadlines, the concurrency controller's hook, sampling and finishing. The
+the step with its failure handling, deadlines, the concurrency controller's hook, sampling (and verifying
+speculative drafts, whose planning lives in ``speculative.py``) and finishing. The
 caller's handle (``request.py``), the loop (``loop.py``), context fitting (``context.py``), chat templating
 (``chat_template.py``) and the controller (``controller.py``) already live beside it.
 """
@@ -46,6 +47,7 @@ from engine.core.metrics import EngineMetrics
 from engine.core.request import EngineRequest, OutputCallback, Prompt, RequestHandle
 from engine.core.scheduler import ScheduledBatch, Scheduler
 from engine.core.sequence import Sequence
+from engine.core.speculative import Speculator, make_speculator
 from engine.model.grammar import GrammarCompiler
 from engine.model.runner import ModelRunner
 from engine.model.sampler import Sampler
@@ -65,6 +67,7 @@ class LLMEngine:
         max_model_len: int,
         quantization: str = "fp32",
         quant_backend: str = "auto",
+        draft_model: torch.nn.Module | None = None,
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
@@ -75,6 +78,9 @@ class LLMEngine:
             model, num_blocks, config.block_size, kv_dtype, quantization, quant_backend, config.deterministic
         )
         self.sampler = Sampler()
+        self.speculator = make_speculator(
+            config, self.runner, self.sampler, draft_model, num_blocks, kv_dtype, quantization, quant_backend
+        )
         self.stats = EngineMetrics(max_batch_size=config.max_batch_size)
         self.controller = (
             ConcurrencyController(config.max_batch_size, config.max_num_batched_tokens)
@@ -312,6 +318,8 @@ class LLMEngine:
                 with self._cv:
                     self._cv.wait(delay)  # an arrival wakes us early; then gather it into this batch
                 self._drain_inbox(outputs)
+            if self.speculator is not None:
+                self.speculator.plan(self.scheduler.running, self._can_speculate, self.scheduler.token_budget)
             batch = self.scheduler.schedule()
             if not batch.seqs:
                 return outputs
@@ -370,13 +378,35 @@ class LLMEngine:
             self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="hearth-grammar")
         return ids, self._mask_pool.submit(self.grammars.fill_masks, matchers)
 
+    def _can_speculate(self, seq: Sequence) -> bool:
+        """Grammar-constrained and logprob requests decode plainly; so does one near its end or the context's."""
+        req = self._requests.get(seq.request_id)
+        return (
+            req is not None and req.matcher is None and not seq.params.logprobs
+            and req.max_tokens - seq.num_generated_tokens > 1
+            and len(seq) + self.config.num_speculative_tokens < self.max_model_len
+        )
+
     def _run_batch(self, batch: ScheduledBatch, outputs: list[StepOutput]) -> None:
         pending = self._start_masks(batch)
-        logits, rows = self.runner.run(batch)
+        spec = self.speculator
+        drafts = {} if spec is None else spec.attach(batch)
+        start = time.perf_counter()
+        try:
+            logits, rows = self.runner.run(batch)
+        finally:
+            for seq, draft in drafts.values():  # the draft leaves token_ids until verified
+                del seq.token_ids[len(seq.token_ids) - len(draft) :]
+        if spec is not None:
+            spec.policy.cost.observe(sum(batch.num_new_tokens), time.perf_counter() - start)
         self.scheduler.postprocess(batch)
         now = time.monotonic()
         itls: list[float] = []
-        if logits is not None:
+        num_tokens = 0
+        if logits is not None and drafts:
+            assert spec is not None
+            logits, rows, num_tokens = self._verify_drafts(spec, logits, rows, drafts, outputs, now, itls)
+        if logits is not None and rows:
             seqs = [batch.seqs[i] for i in rows]
             masks: list[torch.Tensor | None] | None = None
             if pending is not None:
@@ -402,31 +432,77 @@ class LLMEngine:
                 if req.metrics.last_token_time is not None:
                     itls.append(now - req.metrics.last_token_time)
                 outputs.append(self._on_token(req, token, now, logprob))
-        self.stats.record_step(len(batch.seqs), len(rows), itls, now)
+                num_tokens += 1
+        self.stats.record_step(len(batch.seqs), num_tokens, itls, now)
 
-    def _on_token(self, req: EngineRequest, token: int, now: float, logprob: TokenLogprob | None = None) -> StepOutput:
+    def _verify_drafts(
+        self, spec: Speculator, logits: torch.Tensor, rows: list[int], drafts: dict[int, tuple[Sequence, list[int]]],
+        outputs: list[StepOutput], now: float, itls: list[float],
+    ) -> tuple[torch.Tensor, list[int], int]:
+        """Verify each drafted sequence's rows and emit what it accepted; return the other rows for sampling."""
+        plain: list[int] = []
+        num_tokens = 0
+        at = 0
+        while at < len(rows):
+            i = rows[at]
+            if i not in drafts:
+                plain.append(at)
+                at += 1
+                continue
+            seq, draft = drafts[i]
+            req = self._requests[seq.request_id]
+            p = seq.params
+            penalised = p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
+            tokens = self.sampler.verify(
+                logits[at : at + len(draft) + 1], p, seq.request_id, seq.token_ids + draft if penalised else [],
+                seq.num_prompt_tokens, draft, spec.draft_probs.get(seq.request_id),
+            )
+            at += len(draft) + 1
+            num_accepted = len(tokens) - 1
+            spec.policy.record(seq, len(draft), num_accepted)
+            self.stats.record_speculation(len(draft), num_accepted, len(tokens))
+            if req.metrics.last_token_time is not None:
+                itls.extend([(now - req.metrics.last_token_time) / len(tokens)] * len(tokens))
+            out = self._on_token(req, tokens, now)
+            num_tokens += len(out.new_token_ids)
+            outputs.append(out)
+            if not out.finished:
+                self.scheduler.accept_draft(seq, num_accepted)
+                seq.num_draft_computed = min(seq.num_draft_computed, seq.num_computed_tokens)
+        keep = torch.tensor(plain, dtype=torch.long, device=logits.device)
+        return logits[keep], [rows[j] for j in plain], num_tokens
+
+    def _on_token(
+        self, req: EngineRequest, token: int | list[int], now: float, logprob: TokenLogprob | None = None
+    ) -> StepOutput:
+        """Append ``token`` (or a verified draft's tokens, in order, up to the first that finishes the request)."""
         seq, m = req.seq, req.metrics
-        seq.token_ids.append(token)
         if m.first_token_time is None:
             m.first_token_time = now
             m.num_cached_tokens = seq.num_cached_tokens
             self.stats.record_first_token(now - m.arrival_time)
         m.last_token_time = now
-        m.num_generated_tokens += 1
-        is_eos = token in req.eos_ids
-        delta = "" if is_eos else req.detok.add([token])
-        if is_eos or req.detok.stopped or (req.matcher is not None and req.matcher.is_finished):
-            req.finish_reason = "stop"
-        elif m.num_generated_tokens >= req.max_tokens:
-            req.finish_reason = "length"
+        delta, emitted = "", []
+        for t in [token] if isinstance(token, int) else token:
+            seq.token_ids.append(t)
+            emitted.append(t)
+            m.num_generated_tokens += 1
+            is_eos = t in req.eos_ids
+            delta += "" if is_eos else req.detok.add([t])
+            if is_eos or req.detok.stopped or (req.matcher is not None and req.matcher.is_finished):
+                req.finish_reason = "stop"
+            elif m.num_generated_tokens >= req.max_tokens:
+                req.finish_reason = "length"
+            if req.finish_reason is not None:
+                break
         logprobs = None if logprob is None else [logprob]
         if req.finish_reason is None:
-            out = StepOutput(seq.request_id, delta, [token], logprobs=logprobs)
+            out = StepOutput(seq.request_id, delta, emitted, logprobs=logprobs)
             req.handle._deliver(out, m)
             return out
         self.scheduler.running.remove(seq)
         self.scheduler.finish(seq)
-        return self._finish(req, delta, [token], logprobs=logprobs)
+        return self._finish(req, delta, emitted, logprobs=logprobs)
 
     def _finish(
         self, req: EngineRequest, delta: str, new_token_ids: list[int] | None = None, error: str | None = None,
@@ -438,6 +514,8 @@ class LLMEngine:
         self.stats.record_finish(now - req.metrics.arrival_time, now)
         self._requests.pop(req.seq.request_id, None)
         self.sampler.forget(req.seq.request_id)
+        if self.speculator is not None:
+            self.speculator.forget(req.seq.request_id)
         out = StepOutput(
             req.seq.request_id, delta, new_token_ids or [], True, req.finish_reason, req.metrics.as_dict(), error,
             logprobs,
@@ -523,6 +601,7 @@ class LLMEngine:
                 "batch_window_ms": self.scheduler.batch_window_s() * 1000.0,
             }
         )
+        snap["spec_enabled"] = 1.0 if self.speculator is not None and self.speculator.enabled else 0.0
         if self.controller is not None:
             snap.update(self.controller.metrics())
         else:

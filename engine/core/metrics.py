@@ -38,6 +38,11 @@ class EngineMetrics:
     num_generated_tokens_total: int = 0
     num_requests_total: int = 0
     num_steps: int = 0
+    #: speculative decoding: draft tokens proposed and accepted, verifications, tokens they emitted
+    num_spec_drafted: int = 0
+    num_spec_accepted: int = 0
+    num_spec_verifications: int = 0
+    num_spec_emitted: int = 0
 
     def _trim(self, now: float) -> None:
         while self._tokens and self._tokens[0][0] < now - self.window_s:
@@ -57,6 +62,15 @@ class EngineMetrics:
             self._itl.extend(itls)
             self._trim(now)
 
+    def record_speculation(self, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
+        """One sequence verified a draft of ``num_drafted`` tokens, kept ``num_accepted`` and emitted
+        ``num_emitted`` (the accepted ones plus the target's own next token)."""
+        with self._lock:
+            self.num_spec_drafted += num_drafted
+            self.num_spec_accepted += num_accepted
+            self.num_spec_verifications += 1
+            self.num_spec_emitted += num_emitted
+
     def record_first_token(self, ttft: float) -> None:
         with self._lock:
             self._ttft.append(ttft)
@@ -72,6 +86,7 @@ class EngineMetrics:
             for d in (self._tokens, self._finished, self._ttft, self._itl, self._e2e, self._batch_sizes):
                 d.clear()
             self.num_generated_tokens_total = self.num_requests_total = self.num_steps = 0
+            self.num_spec_drafted = self.num_spec_accepted = self.num_spec_verifications = self.num_spec_emitted = 0
 
     def snapshot(self, now: float | None = None) -> dict[str, float]:
         now = time.monotonic() if now is None else now
@@ -97,4 +112,8 @@ class EngineMetrics:
                 "mean_batch_size": (sum(sizes) / len(sizes)) if sizes else 0.0,
                 "num_generated_tokens_total": float(self.num_generated_tokens_total),
                 "num_requests_total": float(self.num_requests_total),
+                "spec_acceptance_rate": self.num_spec_accepted / self.num_spec_drafted if self.num_spec_drafted else 0.0,
+                "spec_tokens_per_step": (
+                    self.num_spec_emitted / self.num_spec_verifications if self.num_spec_verifications else 0.0
+                ),
             }

@@ -23,14 +23,19 @@ class ScheduledBatch:
     num_new_tokens: list[int] = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+    #: per sequence, how many of its new tokens are a speculative draft to verify (0 for most)
+    num_draft_tokens: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.seqs)
 
-    def add(self, seq: Sequence, num_tokens: int) -> None:
+    def add(self, seq: Sequence, num_tokens: int, num_draft: int = 0) -> None:
         self.seqs.append(seq)
         self.num_new_tokens.append(num_tokens)
-        if num_tokens == 1 and seq.num_computed_tokens == len(seq.token_ids) - 1 and seq.num_generated_tokens:
+        self.num_draft_tokens.append(num_draft)
+        if num_draft:
+            self.num_decode_tokens += num_tokens
+        elif num_tokens == 1 and seq.num_computed_tokens == len(seq.token_ids) - 1 and seq.num_generated_tokens:
             self.num_decode_tokens += 1
         else:
             self.num_prefill_tokens += num_tokens
@@ -115,6 +120,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if self._add_speculative(batch, seq, budget):
+                budget -= batch.num_new_tokens[-1]
+                i += 1
+                continue
             num_new = min(seq.num_uncomputed_tokens, budget)
             while not self.block_manager.can_grow(seq, seq.num_computed_tokens + num_new):
                 victim = self.running[-1]
@@ -147,6 +156,24 @@ class Scheduler:
             budget -= num_new
         return batch
 
+    def _add_speculative(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> bool:
+        """Schedule a decode with room for the draft it wants verified, if budget and free blocks allow it.
+
+        A draft never preempts anyone: without room the sequence decodes one token as usual.
+        """
+        num_draft = seq.num_spec_wanted
+        seq.num_spec_wanted = 0
+        num_new = 1 + num_draft
+        if not num_draft or seq.num_uncomputed_tokens != 1 or num_new > budget:
+            seq.draft_token_ids = []
+            return False
+        if not self.block_manager.can_grow(seq, seq.num_computed_tokens + num_new):
+            seq.draft_token_ids = []
+            return False
+        self.block_manager.ensure_slots(seq, seq.num_computed_tokens + num_new)
+        batch.add(seq, num_new, num_draft)
+        return True
+
     def _make_room_for_urgent(self) -> None:
         """A waiting request more urgent than a running one takes its place when the batch is full.
 
@@ -173,6 +200,13 @@ class Scheduler:
 
     def postprocess(self, batch: ScheduledBatch) -> None:
         """Advance the computed-token counts after the model ran ``batch``."""
-        for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
-            seq.num_computed_tokens += num_new
+        for seq, num_new, num_draft in zip(batch.seqs, batch.num_new_tokens, batch.num_draft_tokens, strict=True):
+            seq.num_computed_tokens += num_new - num_draft  # a draft's tokens count once accepted (accept_draft)
             self.block_manager.register_full_blocks(seq)
+
+    def accept_draft(self, seq: Sequence, num_accepted: int) -> None:
+        """After verification: ``num_accepted`` draft tokens (now in ``token_ids``) have valid KV; the rejected
+        ones' slots are given back, and only accepted tokens' full blocks publish their hashes."""
+        seq.num_computed_tokens += num_accepted
+        self.block_manager.register_full_blocks(seq)
+        self.block_manager.trim(seq, len(seq.token_ids))

@@ -40,6 +40,11 @@ class Sequence:
     arrival_time: float = field(default_factory=time.monotonic)
     arrival_order: int = field(default_factory=lambda: next(_counter))
     num_preemptions: int = 0
+    #: speculative decoding (``engine/core/speculative.py``): tokens this step should verify after the last one,
+    #: how many the scheduler may reserve for them, and how far the draft model's own KV reaches
+    draft_token_ids: list[int] = field(default_factory=list)
+    num_spec_wanted: int = 0
+    num_draft_computed: int = 0
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:

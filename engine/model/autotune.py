@@ -271,6 +271,12 @@ class TunedLinear:
             return self._by_bucket[b](x.to(cast)).to(x.dtype)
         return self._by_bucket[b](x)
 
+    def kernel_at(self, bucket: int) -> Kernel | None:
+        """The kernel ``bucket`` runs, when it runs bare (no input cast, no row padding); otherwise None."""
+        if self._casts[bucket] is not None or self.plan.row_multiple != 1:
+            return None
+        return self._by_bucket[bucket]
+
     @property
     def nbytes(self) -> int:
         """Bytes this layer adds (kernels sharing memory held elsewhere count nothing)."""

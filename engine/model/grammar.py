@@ -7,7 +7,7 @@ in ~15 ms (outlines-core builds its index in ~330 ms for the same schema), and c
 
 :class:`GrammarCompiler` turns a request's ``SamplingParams`` into a :class:`Matcher` (caller's thread, at
 submission). Each step, :func:`fill_masks` writes every constrained row's allowed tokens into one bitmask (the
-engine runs it on a worker thread while the model computes the step's logits), and :func:`apply_mask` sets the
+engine runs it on a worker thread while the model computes the step's logits), and :func:`apply_masks` sets the
 logits of every other token to -inf.
 """
 
@@ -135,9 +135,18 @@ def unpack_mask(bits: torch.Tensor, vocab: int) -> torch.Tensor:
     return ((bits.unsqueeze(-1) >> _BITS) & 1).bool().reshape(-1)[:vocab]
 
 
-def apply_mask(row: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
-    """``row`` with every token the bitmask forbids at -inf."""
-    allowed = unpack_mask(bits, row.numel()).to(row.device)
-    if allowed.numel() < row.numel():  # a vocabulary wider than the grammar's: the rest is forbidden
-        allowed = torch.cat([allowed, allowed.new_zeros(row.numel() - allowed.numel())])
-    return row.masked_fill(~allowed, float("-inf"))
+def apply_masks(logits: torch.Tensor, masks: list[torch.Tensor | None]) -> torch.Tensor:
+    """``logits`` ([rows, vocab]) with each row's forbidden tokens at -inf; a None mask leaves its row alone.
+
+    The masked rows are unpacked and filled in one pass, not one row at a time.
+    """
+    rows = [i for i, m in enumerate(masks) if m is not None]
+    vocab = logits.shape[-1]
+    bits = torch.stack([masks[i] for i in rows])  # type: ignore[misc]  # None filtered out above
+    allowed = ((bits.unsqueeze(-1) >> _BITS) & 1).bool().reshape(len(rows), -1)[:, :vocab].to(logits.device)
+    if allowed.shape[1] < vocab:  # a vocabulary wider than the grammar's: the rest is forbidden
+        allowed = torch.cat([allowed, allowed.new_zeros(len(rows), vocab - allowed.shape[1])], dim=1)
+    out = logits.clone()
+    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    out[index] = logits[index].masked_fill(~allowed, float("-inf"))
+    return out

@@ -20,7 +20,15 @@ import torch.nn.functional as F
 
 from engine.model.architectures import attention_shape
 from engine.model.attention import AttentionContext, paged_attention
-from engine.model.autotune import Kernel
+from engine.model.autotune import Kernel, bucket_index
+from engine.model.compiled import (
+    CompiledDecode,
+    LayerShape,
+    LayerWeights,
+    compile_problem,
+    linear_spec,
+    mark_dynamic,
+)
 from engine.model.kv_cache import KVCache
 from engine.model.quantization import DenseLinear
 
@@ -130,6 +138,8 @@ class FusedDecoder:
     def __init__(self, model: Any, linear: LinearFactory, quantized: bool) -> None:
         self._inner = model.model
         self._quantized = quantized
+        #: compiled decode steps, once ``enable_compile`` is called
+        self.compiled: CompiledDecode | None = None
         self.num_heads, self.num_kv_heads, self.head_dim = attention_shape(model.config)
         self._q_dim = self.num_heads * self.head_dim
         self._kv_dim = self.num_kv_heads * self.head_dim
@@ -184,16 +194,80 @@ class FusedDecoder:
     ) -> torch.Tensor | None:
         """Run every layer over the packed step (writing its K/V); logits of the ``keep`` rows, if any."""
         stack = self._stack
-        hidden = self._layers(stack, ids, pos, kv, ctx)
+        hidden = None
+        if self.compiled is not None and ctx.num_decode == ids.shape[0] and not ctx.prefills and not ctx.invariant:
+            hidden = self._compiled_layers(self.compiled, stack, ids, pos, kv, ctx)
+        if hidden is None:
+            hidden = self._layers(stack, ids, pos, kv, ctx)
         return None if keep is None else stack.lm_head(hidden[keep])
+
+    # --- compiled decode steps (engine/model/compiled.py) ------------------------------------------------------
+    def enable_compile(self, mode: str, kv: KVCache, signature: str) -> str | None:
+        """Compile decode steps in ``mode`` from now on (lazily, per batch bucket); why not, if they cannot be."""
+        problem = compile_problem(kv.k.device)
+        if problem is not None:
+            return problem
+        shape = LayerShape(self._q_dim, self._kv_dim, self.head_dim, self.num_heads, self._eps, self._scale)
+        hidden = int(self._stack.final_norm.shape[0])
+        layout = (self.num_kv_heads, self.head_dim, kv.dtype)
+        self.compiled = CompiledDecode(
+            mode, shape, self._compiled_weights, hidden, self._stack.dtype, layout, self._rotary, signature
+        )
+        return None
+
+    def _compiled_weights(self, bucket: int) -> list[LayerWeights] | None:
+        """Every layer's weights as the compiled layer takes them, for one bucket; None if a kernel cannot be."""
+        out = []
+        for layer in self._stack.layers:
+            specs = [linear_spec(k, bucket, self._stack.dtype) for k in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+            qkv, o, gate_up, down = specs
+            if qkv is None or o is None or gate_up is None or down is None:
+                return None
+            out.append(LayerWeights(layer.input_norm, qkv, layer.q_norm, layer.k_norm, o, layer.post_norm, gate_up, down))
+        return out
+
+    def _compiled_layers(
+        self,
+        compiled: CompiledDecode,
+        stack: _Stack,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        kv: KVCache,
+        ctx: AttentionContext,
+    ) -> torch.Tensor | None:
+        """The layers of a decode-only step through the compiled layer; None while its bucket runs eager."""
+        t = ids.shape[0]
+        ready = compiled.layers_for(t)
+        if ready is None or ctx.decode_slots is None:
+            return None
+        fn, weights = ready
+        # the layout compiled for: row-major strides (a cut row table has others, even in one row)
+        slots = ctx.decode_slots.reshape(-1).view(ctx.decode_slots.shape)
+        mask = ctx.decode_mask
+        if mask is None:  # the compiled graph always takes a mask
+            mask = torch.zeros(t, 1, 1, slots.shape[1], device=slots.device)
+        x = self._inner.embed_tokens(ids).to(stack.dtype)
+        cos, sin = self._rotary(x, pos)
+        mark_dynamic(bucket_index(t), x, cos, sin, ctx.slot_mapping, slots, mask)
+        shape = compiled.shape
+        try:
+            for i, w in enumerate(weights):
+                x = fn(shape, x, cos, sin, w, kv.k[i], kv.v[i], ctx.slot_mapping, slots, mask)
+        except Exception as exc:  # noqa: BLE001 -- the step reruns eager (rewriting the same K/V slots)
+            compiled.fail(t, exc)
+            return None
+        return _rms_norm(x, stack.final_norm, self._eps)
+
+    def _rotary(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of each token's position, [T, 1, D]."""
+        cos, sin = self._inner.rotary_emb(x, pos[None])
+        return cos[0][:, None, :], sin[0][:, None, :]
 
     def _layers(
         self, stack: _Stack, ids: torch.Tensor, pos: torch.Tensor, kv: KVCache, ctx: AttentionContext
     ) -> torch.Tensor:
-        inner = self._inner
-        x = inner.embed_tokens(ids).to(stack.dtype)
-        cos, sin = inner.rotary_emb(x, pos[None])
-        cos, sin = cos[0][:, None, :], sin[0][:, None, :]  # [T, 1, D]
+        x = self._inner.embed_tokens(ids).to(stack.dtype)
+        cos, sin = self._rotary(x, pos)
         eps, t = self._eps, ids.shape[0]
         qd, kvd, hd, nh = self._q_dim, self._kv_dim, self.head_dim, self.num_heads
         for i, layer in enumerate(stack.layers):

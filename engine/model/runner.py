@@ -34,6 +34,7 @@ from engine.model.attention import (
     step_context,
 )
 from engine.model.autotune import Choice, PlanCache, Tuner
+from engine.model.compiled import CompiledDecode
 from engine.model.kernels import KernelBuilder
 from engine.model.kv_cache import NULL_BLOCK, KVCache
 from engine.model.llama import FusedDecoder
@@ -137,6 +138,29 @@ class ModelRunner:
             self.kv.nbytes / 1e6,
             kv_dtype,
         )
+
+    @property
+    def compiled_decode(self) -> CompiledDecode | None:
+        """The compiled decode steps, when ``enable_compile`` turned them on."""
+        return None if self._decoder is None else self._decoder.compiled
+
+    def enable_compile(self, mode: str) -> str:
+        """Compile decode steps in ``mode`` (``EngineConfig.compile``); returns how steps run, for the log."""
+        if mode == "off":
+            if self._decoder is not None:
+                self._decoder.compiled = None
+            return "eager"
+        if self._decoder is None or self.deterministic:
+            why = "the HF-module path" if self._decoder is None else "deterministic mode"
+        else:
+            c = self.config
+            signature = f"{c.model_type} {c.hidden_size}x{c.num_hidden_layers} {self.weight_quantization or self.dtype}"
+            problem = self._decoder.enable_compile(mode, self.kv, signature)
+            if problem is None:
+                return f"compiled decode steps ({mode}), per batch bucket in the background"
+            why = problem
+        log.info("decode steps run eager (compile=%s): %s", mode, why)
+        return f"eager: {why}"
 
     # --- weights -----------------------------------------------------------------------------------------------
     def _kernel_builder(self, model: torch.nn.Module) -> KernelBuilder:
@@ -268,15 +292,19 @@ class ModelRunner:
     # --- forward -------------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, batch: StepBatch, all_logits: bool = False) -> tuple[torch.Tensor | None, list[int]]:
-        """Run one step. Returns logits [rows, vocab] for the sequences in ``rows`` (batch indices).
+        """Run one step. Returns logits [rows, vocab] for the sequences in ``rows`` (batch indices; a sequence
+        verifying a speculative draft, ``batch.num_draft_tokens``, appears once per drafted token plus one).
 
         With ``all_logits`` (scoring, e.g. perplexity) it returns the logits of every packed token instead.
         """
         ids, pos, logit_row = self.prepare(batch)
         ctx = self.ctx
         assert ctx is not None
-        rows = [i for i, r in enumerate(logit_row) if r >= 0]
-        keep = torch.tensor([logit_row[i] for i in rows], dtype=torch.long, device=self.device)
+        # a speculative draft of d tokens needs the logits of its last d + 1 rows: ``rows`` then repeats its index
+        drafts = getattr(batch, "num_draft_tokens", None) or [0] * len(batch)
+        picks = [(i, r - drafts[i] + j) for i, r in enumerate(logit_row) if r >= 0 for j in range(drafts[i] + 1)]
+        rows = [i for i, _ in picks]
+        keep = torch.tensor([r for _, r in picks], dtype=torch.long, device=self.device)
         if all_logits:
             rows, keep = list(range(ids.shape[0])), torch.arange(ids.shape[0], device=self.device)
         try:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.api import SamplingParams, TokenLogprob
-from engine.model.grammar import apply_mask
+from engine.model.grammar import apply_masks
 
 
 @dataclass(slots=True)
@@ -25,6 +25,9 @@ class SampleResult:
     tokens: list[int]
     logprobs: list[TokenLogprob | None]
     errors: dict[int, str] = field(default_factory=dict)
+
+
+_DRAFT_PREFIX = "draft:"
 
 
 class Sampler:
@@ -37,6 +40,11 @@ class Sampler:
 
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
+        self._generators.pop(_DRAFT_PREFIX + request_id, None)
+
+    def draft_generator(self, request_id: str, seed: int | None) -> torch.Generator | None:
+        """A seeded request's second generator, for a draft model's samples (``engine/model/drafter.py``)."""
+        return self._generator(_DRAFT_PREFIX + request_id, None if seed is None else seed ^ 0x5EC)
 
     def _generator(self, request_id: str, seed: int | None) -> torch.Generator | None:
         if seed is None:
@@ -64,14 +72,15 @@ class Sampler:
         grammar bitmask or None.
         """
         logits = logits.float()
-        if masks is None and all(p.is_plain_greedy for p in params):
-            return SampleResult(logits.argmax(dim=-1).tolist(), [None] * len(params))
+        if masks is not None and any(m is not None for m in masks):
+            logits = apply_masks(logits, masks)  # all rows at once: -inf stays -inf through every later step
+        if all(p.is_plain_greedy for p in params):
+            return self._greedy(logits, len(params))
         result = SampleResult([], [])
         for i, (row, p, rid, history) in enumerate(zip(logits, params, request_ids, histories, strict=True)):
             try:
                 num_prompt = num_prompt_tokens[i] if num_prompt_tokens is not None else 0
-                mask = masks[i] if masks is not None else None
-                token, logprob = self._sample_row(row, p, rid, history, num_prompt, mask)
+                token, logprob = self._sample_row(row, p, rid, history, num_prompt)
             except Exception as exc:  # noqa: BLE001 -- one bad row must not take the batch down
                 result.errors[i] = f"sampling failed: {exc}"
                 token, logprob = -1, None
@@ -79,11 +88,19 @@ class Sampler:
             result.logprobs.append(logprob)
         return result
 
-    def _sample_row(self, row: torch.Tensor, p: SamplingParams, rid: str, history: list[int], num_prompt: int,
-                    mask: torch.Tensor | None) -> tuple[int, TokenLogprob | None]:
+    @staticmethod
+    def _greedy(logits: torch.Tensor, num_rows: int) -> SampleResult:
+        """One vectorised argmax; rows with nothing allowed (a grammar's dead end) or NaN fail alone."""
+        result = SampleResult(logits.argmax(dim=-1).tolist(), [None] * num_rows)
+        bad = ~torch.isfinite(logits).any(dim=-1) | torch.isnan(logits).any(dim=-1)
+        for i in bad.nonzero().flatten().tolist():
+            result.errors[i] = "sampling failed: no token is allowed, or the model produced NaN logits"
+            result.tokens[i] = -1
+        return result
+
+    def _sample_row(self, row: torch.Tensor, p: SamplingParams, rid: str, history: list[int],
+                    num_prompt: int) -> tuple[int, TokenLogprob | None]:
         row = adjusted_logits(row, p, history, num_prompt)
-        if mask is not None:
-            row = apply_mask(row, mask)
         if not bool(torch.isfinite(row).any()):
             raise ValueError("no token is allowed (the logits are all -inf or NaN)")
         if torch.isnan(row).any():
@@ -98,6 +115,75 @@ class Sampler:
         if not p.logprobs:
             return token, None
         return token, token_logprob(scaled, token, p.top_logprobs)
+
+
+    def verify(
+        self,
+        logits: torch.Tensor,
+        p: SamplingParams,
+        request_id: str,
+        history: list[int],
+        num_prompt: int,
+        drafts: list[int],
+        draft_probs: torch.Tensor | None = None,
+    ) -> list[int]:
+        """Verify a speculative draft; return the tokens to emit: the accepted draft tokens and one more.
+
+        ``logits`` holds ``len(drafts) + 1`` rows: row ``j`` scores the token after ``drafts[:j]``. ``history`` is
+        the sequence's tokens with the draft appended (empty when no penalty reads it). The target distribution
+        of each row is the one :meth:`sample` draws from (penalties, biases, temperature, top-k/p, min-p).
+        Rejection sampling (Leviathan et al. 2023) keeps it exactly: accept ``x`` with probability
+        ``min(1, p(x) / q(x))``, else draw from ``max(0, p - q)`` renormalised; ``draft_probs`` is ``q`` per
+        drafted token, None for a deterministic draft (``q`` one-hot). Greedy requests accept a draft token
+        exactly when it is the argmax, so their output equals plain decoding's.
+        """
+        logits = logits.float()
+        base = len(history) - len(drafts) if history else 0
+        gen = None if p.is_greedy else self._generator(request_id, p.seed)
+        out: list[int] = []
+        for j, row in enumerate(logits):
+            seen = history[: base + j] if history else []
+            if p.is_plain_greedy:
+                probs, target = None, int(row.argmax())
+            else:
+                probs, target = target_probs(row, p, seen, num_prompt)
+            if j == len(drafts):  # every draft token was accepted: one more from the last row
+                out.append(target if probs is None else _draw(probs, gen))
+                break
+            x = drafts[j]
+            if probs is None:
+                if x == target:
+                    out.append(x)
+                    continue
+                out.append(target)
+                break
+            q = None if draft_probs is None else draft_probs[j].float()
+            q_x = 1.0 if q is None else float(q[x])
+            if q_x > 0 and float(torch.rand(1, generator=gen)) < min(1.0, float(probs[x]) / q_x):
+                out.append(x)
+                continue
+            if q is None:
+                residual = probs.clone()
+                residual[x] = 0.0
+            else:
+                residual = (probs - q).clamp_(min=0.0)
+            out.append(_draw(residual if float(residual.sum()) > 0 else probs, gen))
+            break
+        return out
+
+
+def _draw(probs: torch.Tensor, gen: torch.Generator | None) -> int:
+    return int(torch.multinomial(probs.cpu() / probs.sum(), 1, generator=gen))
+
+
+def target_probs(row: torch.Tensor, p: SamplingParams, history: list[int],
+                 num_prompt: int) -> tuple[torch.Tensor | None, int]:
+    """The distribution a token is drawn from after ``row`` (None for greedy) and its most likely token."""
+    row = adjusted_logits(row.float(), p, history, num_prompt)
+    if p.is_greedy:
+        return None, int(row.argmax())
+    probs = filtered_probs(row / p.temperature, 1.0, p.top_k, p.top_p, p.min_p)
+    return probs, int(probs.argmax())
 
 
 def adjusted_logits(row: torch.Tensor, p: SamplingParams, history: list[int], num_prompt: int) -> torch.Tensor:

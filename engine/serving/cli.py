@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from engine.api import QUANTIZATION_LEVELS, ModelLoadError
+from engine.api import QUANTIZATION_LEVELS, SPECULATIVE_METHODS, ModelLoadError
 from engine.serving.async_engine import AsyncLLMEngine
 from engine.serving.guards import DEFAULT_MAX_BODY_BYTES, GuardRules, is_loopback
-from engine.serving.openai_app import create_app, uvicorn_server
+from engine.serving.openai_app import DEFAULT_REQUEST_TIMEOUT_S, create_app, uvicorn_server
 from engine.serving.transport import ConnectionLimits, bind_socket
 
 #: The environment variable holding the API key.
@@ -58,6 +58,11 @@ def resolve_api_key(args: argparse.Namespace, environ: Mapping[str, str]) -> str
     return environ.get(API_KEY_ENV, "").strip() or None
 
 
+def speculative_option(value: str) -> str | dict[str, str]:
+    """``--speculative``'s value as ``EngineConfig.speculative``: a method name, else a draft model's path."""
+    return value if value in SPECULATIVE_METHODS else {"draft_model": value}
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine.serve",
                                      description="Serve a model over an OpenAI-compatible HTTP API.")
@@ -80,6 +85,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-wait-ms", type=float, default=5.0, help="batching window when idle (default: 5)")
     parser.add_argument("--kv-cache-mb", type=int, default=0, help="KV-cache budget in MiB (default: automatic)")
     parser.add_argument("--max-model-len", type=int, default=None, help="longest prompt plus reply")
+    parser.add_argument("--speculative", default="off", metavar="ngram|self-int4|off|PATH",
+                        help="speculative decoding: drafts from the request's context (ngram), the model's own int4 "
+                             "copy (self-int4), or a draft model folder with the same tokenizer (default: off)")
+    parser.add_argument("--num-speculative-tokens", type=int, default=4, help="tokens drafted per step (default: 4)")
     limits = ConnectionLimits()
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                         help=f"largest request body; bigger ones get 413 (default: {DEFAULT_MAX_BODY_BYTES})")
@@ -90,6 +99,10 @@ def _parser() -> argparse.ArgumentParser:
                              f"{limits.header_timeout_s:g})")
     parser.add_argument("--keep-alive-timeout", type=int, default=limits.keep_alive_s, metavar="SECONDS",
                         help=f"close an idle keep-alive connection after this (default: {limits.keep_alive_s})")
+    parser.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S, metavar="SECONDS",
+                        help="a request still running after this ends with finish_reason 'timeout' and keeps its "
+                             "text; one that has not started gets a 503 (requests may set their own 'timeout_s'; "
+                             f"0: none; default: {DEFAULT_REQUEST_TIMEOUT_S:g})")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 
@@ -97,6 +110,8 @@ def _parser() -> argparse.ArgumentParser:
 def _settings(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[GuardRules, ConnectionLimits]:
     """The guard rules and connection limits the arguments ask for; ``ValueError`` names a bad one."""
     api_key = resolve_api_key(args, environ)
+    if not 0 <= args.request_timeout < float("inf"):
+        raise ValueError(f"--request-timeout must be 0 (none) or a positive number of seconds, got {args.request_timeout:g}")
     if args.metrics_auth and not api_key:
         raise ValueError(f"--metrics-auth needs an API key ({API_KEY_ENV}, --api-key-file or --api-key)")
     rules = GuardRules(api_key=api_key, metrics_auth=args.metrics_auth, check_host=is_loopback(args.host),
@@ -127,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     from engine.core.llm import LLM
 
     options: dict[str, Any] = {"max_batch_size": args.max_batch_size, "max_wait_ms": args.max_wait_ms,
-                               "max_model_len": args.max_model_len}
+                               "max_model_len": args.max_model_len,
+                               "speculative": speculative_option(args.speculative),
+                               "num_speculative_tokens": args.num_speculative_tokens}
     if args.kv_cache_mb:
         options["kv_cache_bytes"] = args.kv_cache_mb * 1024 * 1024
     try:
@@ -138,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     name = args.served_model_name or llm.model_name
-    app = create_app(AsyncLLMEngine(llm), name, rules, aliases=("default", str(args.model)))
+    app = create_app(AsyncLLMEngine(llm), name, rules, aliases=("default", str(args.model)),
+                     request_timeout_s=args.request_timeout or None)
     print(f"Hearth is serving {name} on {llm.device} at http://{args.host}:{args.port}/v1"
           + (" (API key required)" if rules.api_key else ""), flush=True)
     try:

@@ -83,6 +83,9 @@ class _EngineCollector:
         ("batch_efficiency", "batch_efficiency", "Mean batch size over max_batch_size."),
         ("generation_throughput_tok_s", "throughput_tok_s", "Tokens generated per second, recent window."),
         ("concurrency_limit", "concurrency_limit", "Most sequences the concurrency controller lets run at once."),
+        ("spec_acceptance_rate", "spec_acceptance_rate", "Share of speculative draft tokens the model accepted."),
+        ("spec_tokens_per_step", "spec_tokens_per_step", "Tokens a speculating sequence gains per verification step."),
+        ("spec_enabled", "spec_enabled", "1 while speculative decoding is on for the batch, else 0."),
     )
     _COUNTERS = (
         ("prefix_cache_queries", "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),

@@ -201,6 +201,21 @@ def _bench_llama_server(llm: LLM, args: argparse.Namespace, levels: list[int]) -
     return rows
 
 
+def _bench_compiled(llm: LLM, mode: str, levels: list[int], max_tokens: int) -> dict[tuple[str, int], Any]:
+    """Our engine again with compiled decode steps (each bucket compiled before it is timed)."""
+    status = llm.engine.runner.enable_compile(mode)
+    compiled = llm.engine.runner.compiled_decode
+    rows: dict[tuple[str, int], Any] = {}
+    for c in levels:
+        how = compiled.prepare(c) if compiled is not None else status
+        bench_engine(llm, c, 4)
+        rows[("hearth_compiled", c)] = row = bench_engine(llm, c, max_tokens).row("hearth_compiled", c)
+        row.update(level=llm.quantization, compile=mode, decode_steps=how)
+        _emit(row)
+    llm.engine.runner.enable_compile("off")
+    return rows
+
+
 def _emit(row: dict[str, Any]) -> None:
     print(json.dumps(row), flush=True)
 
@@ -208,8 +223,8 @@ def _emit(row: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="default")
-    parser.add_argument("--concurrency", default="1,4,16")
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--concurrency", default=None, help="default 1,4,16 (1,4 with --structured)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="default 64 (160 with --structured)")
     parser.add_argument("--dtype", default="bfloat16", help="ours and HF's (default bfloat16)")
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--skip-hf", action="store_true", help="measure only our engine")
@@ -220,7 +235,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--level", default=None, help="our quantization level (int4, int8, bf16, ...) instead of --dtype")
     parser.add_argument("--llama-server", default=None, metavar="PATH", help="also measure this llama-server binary")
     parser.add_argument("--gguf", default=None, help="the GGUF llama-server runs (default: the model's own)")
+    parser.add_argument("--compile", default="off", metavar="MODE",
+                        help="also measure our engine with decode steps compiled in MODE (auto, default, max-autotune)")
+    parser.add_argument("--structured", action="store_true",
+                        help="only constrained (JSON schema) against free decoding (engine/tools/bench_structured.py)")
+    parser.add_argument("--repeats", type=int, default=4, help="--structured: alternating repetitions per condition")
+    parser.add_argument("--speculative", default=None, metavar="METHODS",
+                        help="only speculative decoding (e.g. ngram,self-int4) against off, single stream "
+                             "(engine/tools/bench_speculative.py)")
+    parser.add_argument("--paths", action="store_true",
+                        help="only the engine stepped by hand against its loop thread and Hearth's server "
+                             "(engine/tools/bench_paths.py)")
     args = parser.parse_args(argv)
+    args.concurrency = args.concurrency or ("1,4" if args.structured else "1,4,16")
+    args.max_tokens = args.max_tokens or (160 if args.structured else 64)
     logging.basicConfig(level=logging.WARNING)
     levels = [int(c) for c in args.concurrency.split(",")]
     hardware.configure_threads()
@@ -231,6 +259,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     precision = {"quantization": args.level} if args.level else {"dtype": args.dtype}
+    if args.speculative:
+        from engine.tools import bench_speculative
+
+        bench_speculative.main(args.model, args.speculative.split(","), precision, max(1, args.repeats // 2),
+                               args.max_tokens)
+        return 0
+    if args.paths:
+        from engine.tools import bench_paths
+
+        bench_paths.main(args.model, precision, levels, args.max_tokens, _messages, bench_engine, _emit)
+        return 0
+    if args.structured:
+        from engine.tools import bench_structured
+
+        llm = LLM(args.model, start_loop=False, max_batch_size=max(levels), **precision)
+        bench_structured.main(llm, levels, args.repeats, args.max_tokens)
+        llm.close()
+        return 0
     llm = LLM(args.model, start_loop=False, max_batch_size=max(levels + [16]), **precision)
     results: dict[tuple[str, int], dict[str, Any]] = {}
     for c in levels:
@@ -238,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         results[("hearth", c)] = row = bench_engine(llm, c, args.max_tokens).row("hearth", c)
         row["level"] = llm.quantization
         _emit(row)
+    if args.compile != "off":
+        results.update(_bench_compiled(llm, args.compile, levels, args.max_tokens))
     if args.llama_server:
         results.update(_bench_llama_server(llm, args, levels))
 
@@ -291,6 +339,11 @@ def main(argv: list[str] | None = None) -> int:
         theirs, mine = results.get(("llama_server", c)), results.get(("hearth", c))
         if theirs and mine:
             summary[f"c{c}_vs_llama_server"] = round(mine["tok_s"] / theirs["tok_s"], 2)
+        compiled = results.get(("hearth_compiled", c))
+        if compiled and mine:
+            summary[f"c{c}_compiled_vs_eager"] = round(compiled["tok_s"] / mine["tok_s"], 2)
+            if theirs:
+                summary[f"c{c}_compiled_vs_llama_server"] = round(compiled["tok_s"] / theirs["tok_s"], 2)
     if len(summary) > 1:
         _emit(summary)
     llm.close()

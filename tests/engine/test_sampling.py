@@ -145,3 +145,26 @@ def test_a_failing_row_fails_alone() -> None:
     result = Sampler().sample(logits, params, ["a", "b", "c"], [[], [], []])
     assert set(result.errors) == {1} and "NaN" in result.errors[1]
     assert result.tokens[1] == -1 and all(0 <= result.tokens[i] < 20 for i in (0, 2))
+
+
+def _packed(allowed: list[int], vocab: int) -> torch.Tensor:
+    """A packed int32 bitmask (llguidance's layout: bit j of word i allows token 32 i + j)."""
+    words = torch.zeros(-(-vocab // 32), dtype=torch.int64)
+    for token in allowed:
+        words[token // 32] |= 1 << (token % 32)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_grammar_masks_apply_to_their_rows_only_and_a_dead_end_fails_alone(temperature: float) -> None:
+    vocab = 70
+    logits = torch.randn(3, vocab)
+    masks = [_packed([5, 41, 69], vocab), None, _packed([], vocab)]
+    params = [SamplingParams(temperature=temperature, seed=3)] * 3
+    result = Sampler().sample(logits, params, ["a", "b", "c"], [[], [], []], masks=masks)
+    assert result.tokens[0] in (5, 41, 69)
+    if temperature == 0.0:
+        assert result.tokens[0] == max((5, 41, 69), key=lambda t: float(logits[0, t]))
+        assert result.tokens[1] == int(logits[1].argmax())
+    assert 0 <= result.tokens[1] < vocab
+    assert set(result.errors) == {2} and result.tokens[2] == -1

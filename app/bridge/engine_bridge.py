@@ -554,7 +554,8 @@ class EngineBridge(QObject):
                 llm = api.LLM(spec, device=device, dtype=dtype, quantization=settings.quantization,
                               max_batch_size=settings.max_batch_size, max_model_len=settings.max_model_len,
                               max_wait_ms=settings.max_wait_ms, kv_cache_bytes=settings.kv_cache_bytes,
-                              deterministic=settings.deterministic, progress=progress, start_loop=False)
+                              deterministic=settings.deterministic, speculative=settings.speculative,
+                              progress=progress, start_loop=False)
             except Superseded:
                 log.bridge.info("load of %s abandoned", spec)
                 return

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.api import QUANTIZATION_LEVELS
+from engine.api import QUANTIZATION_LEVELS, SPECULATIVE_METHODS
 
 #: ``ModelInfo.device`` of a remote server's model.
 REMOTE_DEVICE = "remote server"
@@ -40,12 +40,16 @@ class LoadSettings:
     #: Greedy replies repeat bitwise whatever else runs or is cached (``EngineConfig.deterministic``). On in the
     #: app: "Regenerate at temperature 0" must give the same answer. It costs speed, so the engine's default is off.
     deterministic: bool = True
+    #: Speculative decoding (``EngineConfig.speculative``): "off", "ngram" or "self-int4"; replies are unchanged.
+    speculative: str = "off"
 
     def __post_init__(self) -> None:
         if self.overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {self.overflow!r}")
         if self.context_length < 0 or 0 < self.context_length < MIN_CONTEXT:
             raise ValueError(f"context_length must be 0 or at least {MIN_CONTEXT}, got {self.context_length}")
+        if self.speculative not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.speculative!r}")
         if self.quantization not in QUANTIZATION_LEVELS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_LEVELS)}, "
                              f"got {self.quantization!r}")

@@ -1,5 +1,5 @@
 """The model pane's engine settings, used on the next load: context length, what to do when a chat outgrows it,
-concurrent chats (the batch size), batch timeout and KV-cache budget.
+concurrent chats (the batch size), batch timeout, KV-cache budget, speculative decoding and repeatable replies.
 
 The KV cache holds the context length for each concurrent chat, so those two settings size its memory; the
 recommendation above them shows the figure.
@@ -11,6 +11,10 @@ from PySide6.QtCore import Signal, Slot
 from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QSpinBox, QWidget
 
 from app.bridge.types import DEFAULT_CONTEXT, MIN_CONTEXT, OVERFLOW_POLICIES, LoadSettings
+
+#: ``LoadSettings.speculative`` choices, in words.
+SPECULATIVE_CHOICES = {"off": "Off", "ngram": "From the chat's own text (no second model)",
+                       "self-int4": "The model's own 4-bit copy drafts"}
 
 
 class LoadSettingsForm(QGroupBox):
@@ -68,12 +72,20 @@ class LoadSettingsForm(QGroupBox):
         self._repeatable_check.setChecked(defaults.deterministic)
         self._repeatable_check.setToolTip("At temperature 0, the same question gives the same answer whatever "
                                           "else is running or cached; the engine then uses slower kernels")
+        self._speculative_combo = QComboBox()
+        self._speculative_combo.setObjectName("speculativeCombo")
+        for key, label in SPECULATIVE_CHOICES.items():
+            self._speculative_combo.addItem(label, key)
+        self._speculative_combo.setToolTip(
+            "Guess a few tokens ahead and let the model check them in one step. Replies stay the same; it pays when "
+            "the reply repeats text from the chat (quoting, editing code), and pauses itself when guesses miss")
         form = QFormLayout(self)
         form.addRow("Context length", self._context_spin)
         form.addRow("When a chat is longer", self._overflow_combo)
         form.addRow("Concurrent chats", self._batch_spin)
         form.addRow("Batch timeout", self._wait_spin)
         form.addRow("KV-cache budget", self._kv_spin)
+        form.addRow("Speculative decoding", self._speculative_combo)
         form.addRow("", self._repeatable_check)
         self._context_spin.valueChanged.connect(lambda _value: self.sizing_changed.emit())
         self._batch_spin.valueChanged.connect(lambda _value: self.sizing_changed.emit())
@@ -84,7 +96,8 @@ class LoadSettingsForm(QGroupBox):
         return LoadSettings(max_batch_size=self._batch_spin.value(), max_wait_ms=self._wait_spin.value(),
                             kv_cache_mb=self._kv_spin.value(), quantization=quantization,
                             context_length=self.context_length(), overflow=self.overflow(),
-                            deterministic=self._repeatable_check.isChecked())
+                            deterministic=self._repeatable_check.isChecked(),
+                            speculative=str(self._speculative_combo.currentData()))
 
     def context_length(self) -> int:
         """The chosen context length; 0 for automatic."""

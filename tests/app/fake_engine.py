@@ -231,10 +231,11 @@ class FakeLLM:
     def __init__(self, model: str, device: str = "auto", dtype: str = "auto", quantization: str = "auto",
                  max_batch_size: int = 16, max_wait_ms: float = 5.0, kv_cache_bytes: int | None = None,
                  max_model_len: int | None = None, progress: Any = None, start_loop: bool = True,
-                 deterministic: bool = False, *, load_delay_s: float = 0.0,
+                 deterministic: bool = False, speculative: str = "off", *, load_delay_s: float = 0.0,
                  step_delay_s: float = 0.01) -> None:
         quantization = check_level(quantization)
         self.deterministic = deterministic
+        self.speculative = speculative
         if start_loop:
             raise AssertionError("the bridge drives the loop itself; it must pass start_loop=False")
         stages = ["Reading config", "Loading weights", "Allocating KV cache"]

@@ -126,7 +126,7 @@ def test_settings_persist_across_restarts(qtbot: Any, fake_api: Any, tmp_path: P
     again.close()
 
 
-def test_replies_are_repeatable_by_default_and_the_choice_is_kept(qtbot: Any, fake_api: Any, tmp_path: Path) -> None:
+def test_replies_are_repeatable_by_default_speculation_is_a_choice_and_repeatable_is_kept(qtbot: Any, fake_api: Any, tmp_path: Path) -> None:
     """The app's chat loads the engine deterministic unless the user turns it off; the choice survives a restart."""
     from app import create_window
 
@@ -136,9 +136,13 @@ def test_replies_are_repeatable_by_default_and_the_choice_is_kept(qtbot: Any, fa
     assert repeatable.isChecked()
     ui_flows.load_model(qtbot, win)
     assert FakeLLM.instances[-1].deterministic is True
+    assert FakeLLM.instances[-1].speculative == "off"
     repeatable.setChecked(False)
+    speculative = ui_flows.child(win, QComboBox, "speculativeCombo")
+    speculative.setCurrentIndex(speculative.findData("ngram"))
     ui_flows.load_model(qtbot, win)
     assert FakeLLM.instances[-1].deterministic is False
+    assert FakeLLM.instances[-1].speculative == "ngram"
     win.close()
     again = create_window(data_dir=tmp_path, bridge=EngineBridge(api=fake_api))
     qtbot.add_widget(again)

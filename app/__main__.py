@@ -12,6 +12,7 @@ from typing import cast
 from PySide6.QtWidgets import QApplication
 
 from app import create_window, log
+from app.gui_gc import GuiGarbageCollector
 from app.icon import app_icon
 
 #: The engine's data dir (``engine.system.paths.DATA_DIR_ENV``): conversations, settings and the model cache.
@@ -42,10 +43,14 @@ def main(argv: list[str] | None = None) -> int:
     QApplication.setDesktopFileName("hearth")
     app = cast(QApplication, QApplication.instance() or QApplication(argv[:1] + qt_args))
     app.setWindowIcon(app_icon())
+    collector = GuiGarbageCollector(app)  # cyclic garbage (Qt wrappers included) is freed on this thread only
     window = create_window(args.data_dir)
     window.show()
     log.ui.info("Hearth started; data in %s", window.data_dir)
-    return app.exec()
+    try:
+        return app.exec()
+    finally:
+        collector.stop()
 
 
 if __name__ == "__main__":

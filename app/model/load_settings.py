@@ -67,7 +67,7 @@ class LoadSettingsForm(QGroupBox):
         self._kv_spin.setSpecialValueText("Automatic")
         self._kv_spin.setValue(defaults.kv_cache_mb)
         self._kv_spin.setToolTip("Memory for the KV cache; Automatic gives every concurrent chat a full context")
-        self._repeatable_check = QCheckBox("Repeatable replies (about half the speed)")
+        self._repeatable_check = QCheckBox("Repeatable replies (about a quarter slower)")
         self._repeatable_check.setObjectName("repeatableCheck")
         self._repeatable_check.setChecked(defaults.deterministic)
         self._repeatable_check.setToolTip("At temperature 0, the same question gives the same answer whatever "
@@ -76,6 +76,7 @@ class LoadSettingsForm(QGroupBox):
         self._speculative_combo.setObjectName("speculativeCombo")
         for key, label in SPECULATIVE_CHOICES.items():
             self._speculative_combo.addItem(label, key)
+        self._speculative_combo.setCurrentIndex(self._speculative_combo.findData(defaults.speculative))
         self._speculative_combo.setToolTip(
             "Guess a few tokens ahead and let the model check them in one step. Replies stay the same; it pays when "
             "the reply repeats text from the chat (quoting, editing code), and pauses itself when guesses miss")

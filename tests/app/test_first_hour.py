@@ -136,13 +136,13 @@ def test_replies_are_repeatable_by_default_speculation_is_a_choice_and_repeatabl
     assert repeatable.isChecked()
     ui_flows.load_model(qtbot, win)
     assert FakeLLM.instances[-1].deterministic is True
-    assert FakeLLM.instances[-1].speculative == "off"
+    assert FakeLLM.instances[-1].speculative == "ngram"
     repeatable.setChecked(False)
     speculative = ui_flows.child(win, QComboBox, "speculativeCombo")
-    speculative.setCurrentIndex(speculative.findData("ngram"))
+    speculative.setCurrentIndex(speculative.findData("off"))
     ui_flows.load_model(qtbot, win)
     assert FakeLLM.instances[-1].deterministic is False
-    assert FakeLLM.instances[-1].speculative == "ngram"
+    assert FakeLLM.instances[-1].speculative == "off"
     win.close()
     again = create_window(data_dir=tmp_path, bridge=EngineBridge(api=fake_api))
     qtbot.add_widget(again)

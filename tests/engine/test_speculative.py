@@ -254,6 +254,22 @@ def test_no_blocks_leak_after_speculative_and_cancelled_requests(ngram_llm: Any)
     assert bm.num_used_blocks == 0 and all(b.ref_count == 0 for b in bm.blocks[1:])
 
 
+def test_repeatable_replies_are_bitwise_the_same_with_speculation(default_model_dir: Path) -> None:
+    """In deterministic mode (bf16, the app's default) a token scored inside a verification chunk has the bits it
+    has in plain decoding, so speculation changes nothing in a greedy reply, not even a near tie."""
+    paragraph = ("The lighthouse stood on the northern cliff for two hundred years. Every night its keeper climbed "
+                 "the ninety steps, trimmed the wick and watched the ships pass between the rocks.")
+    messages = [{"role": "user", "content": f"Repeat this paragraph exactly:\n\n{paragraph}"}]
+    params = SamplingParams(max_tokens=48, temperature=0.0)
+    replies, accepted = {}, {}
+    for method in ("off", "ngram"):
+        with LLM(default_model_dir, dtype="bfloat16", deterministic=True, speculative=method, start_loop=False) as llm:
+            replies[method] = llm.chat(messages, params).token_ids
+            accepted[method] = llm.metrics().get("spec_acceptance_rate", 0.0)
+    assert accepted["ngram"] > 0.5  # the drafts were used, not skipped
+    assert replies["ngram"] == replies["off"]
+
+
 def test_default_model_self_int4_greedy_matches_hf(default_model_dir: Path, default_hf_model: Any) -> None:
     llm = LLM("default", dtype="float32", start_loop=False, kv_cache_bytes=32 << 20, speculative="self-int4",
               num_speculative_tokens=3)

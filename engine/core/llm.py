@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gc
 import logging
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self, cast
 
@@ -64,6 +66,38 @@ class LLM:
     ) -> None:
         self.config = EngineConfig(**engine_options)  # TypeError on an unknown option, ValueError on a bad value
         hardware.configure_threads()
+        if start_loop:
+            self._set_up_on_the_loop_thread(lambda: self._set_up(model, device, dtype, quantization, progress,
+                                                                 quant_backend))
+        else:
+            self._set_up(model, device, dtype, quantization, progress, quant_backend)
+
+    def _set_up_on_the_loop_thread(self, set_up: Callable[[], None]) -> None:
+        """Load and warm up on a new thread that then runs the engine's loop; wait until it is ready.
+
+        Every torch op of the engine then runs on one thread. With OpenMP, each thread that runs parallel work
+        keeps its own team of workers: a model loaded on the caller's thread and stepped on another leaves two
+        teams on the cores, and on a 2-core CPU that made every step about twice as slow (measured).
+        """
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                set_up()
+            except BaseException as exc:  # noqa: BLE001 -- handed to the caller's thread, raised there
+                failure.append(exc)
+                ready.set()
+                return
+            self.engine.run_loop_here(started=ready.set)
+
+        threading.Thread(target=run, name="hearth-engine", daemon=True).start()
+        ready.wait()
+        if failure:
+            raise failure[0]
+
+    def _set_up(self, model: str | Path, device: str, dtype: str, quantization: str, progress: ProgressFn | None,
+                quant_backend: str) -> None:
         level = check_level(quantization)
         if level == "auto":
             # an explicit dtype means "this precision, no weight quantization"
@@ -99,8 +133,6 @@ class LLM:
         self.sampling_defaults = sampling_defaults("default" if str(model) == "default" else loaded.path)
         if progress is not None:
             progress(1.0, "ready")
-        if start_loop:
-            self.engine.start_loop()
 
     @staticmethod
     def _auto_level(model: str | Path, device: str) -> str:

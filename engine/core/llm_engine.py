@@ -21,6 +21,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, cast
@@ -569,6 +570,20 @@ class LLMEngine:
         self._loop_thread = threading.Thread(target=self._run_loop, name="hearth-engine", daemon=True)
         self.is_alive = True  # from now on, not once the thread gets going: callers must not step meanwhile
         self._loop_thread.start()
+
+    def run_loop_here(self, started: Callable[[], None] | None = None) -> None:
+        """Run the loop on the calling thread, which becomes the engine's loop thread, until ``stop_loop()``.
+
+        ``started`` is called once the engine counts as driven (``is_alive``), before the first step.
+        """
+        if self._loop_thread is not None:
+            raise RuntimeError("the engine already has a loop thread")
+        self._stop.clear()
+        self._loop_thread = threading.current_thread()
+        self.is_alive = True
+        if started is not None:
+            started()
+        self._run_loop()
 
     def _run_loop(self) -> None:
         # run_loop logs what killed it and records it in loop_error; the thread just ends

@@ -3,9 +3,9 @@
 ``python -m engine.bench --paths`` prints, for each concurrency, three rows on the same prompts and sampling
 (greedy, EOS ignored, so every stream writes ``max_tokens`` tokens):
 
-* ``hearth``: the engine stepped by hand in this thread (the figure the other rows are compared with);
-* ``hearth_loop``: requests submitted to an engine whose own loop thread steps it (what ``LLM.generate``,
-  scripts, the app's bridge and the server all go through), each token timed by its ``on_output`` callback;
+* ``hearth_loop``: requests submitted to ``LLM(...)``, whose own thread loads the model and steps it (what
+  ``LLM.generate``, scripts and the server go through), each token timed by its ``on_output`` callback;
+* ``hearth``: then the engine stepped by hand in this thread (the figure the other rows are compared with);
 * ``hearth_server``: ``python -m engine.serve`` in a subprocess on a free loopback port, one HTTP client thread per
   stream on ``/v1/completions`` (token ids in, ``ignore_eos``, streamed), each chunk timed as it arrives.
 
@@ -151,18 +151,21 @@ def main(model: str, precision: dict[str, str], levels: list[int], max_tokens: i
     """Rows for the three paths at each concurrency in ``levels``, then a summary of ratios."""
     batch = max(levels + [16])
     rows: dict[tuple[str, int], dict[str, Any]] = {}
-    llm = LLM(model, start_loop=False, max_batch_size=batch, **precision)
+    # the loop-thread engine first: it loads and steps on its own thread, as in a script; then, once that thread
+    # has ended, an engine stepped by hand on this one (torch work on two live threads slows both, see LLM)
+    llm = LLM(model, max_batch_size=batch, **precision)
     prompts = [llm.engine.tokenize(prompt_for(i)) for i in range(max(levels))]
     level, dtype = llm.quantization, str(llm.dtype).removeprefix("torch.")
-    for c in levels:
-        hand(llm, c, 4)  # warm this batch shape
-        rows[("hearth", c)] = hand(llm, c, max_tokens).row("hearth", c)
-        emit(rows[("hearth", c)])
-    llm.engine.start_loop()
     for c in levels:
         bench_loop(llm, prompts[:c], 4)
         rows[("hearth_loop", c)] = bench_loop(llm, prompts[:c], max_tokens).row("hearth_loop", c)
         emit(rows[("hearth_loop", c)])
+    llm.close()
+    llm = LLM(model, start_loop=False, max_batch_size=batch, **precision)
+    for c in levels:
+        hand(llm, c, 4)  # warm this batch shape
+        rows[("hearth", c)] = hand(llm, c, max_tokens).row("hearth", c)
+        emit(rows[("hearth", c)])
     llm.close()
     options = ["--max-batch-size", str(batch)]
     options += ["--quantization", level] if "quantization" in precision else ["--dtype", precision["dtype"]]

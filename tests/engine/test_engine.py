@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import LLM, CapacityError, SamplingParams
+from engine import LLM, CapacityError, ModelLoadError, SamplingParams
 from tests.engine.hf_reference import assert_matches_hf
 
 
@@ -246,3 +246,20 @@ def test_a_dead_loop_is_recorded_and_fails_every_request(tiny_model_dirs: dict[s
             engine.submit("Anyone there?", params)
     finally:
         llm.close()
+
+
+def test_a_looping_llm_loads_and_steps_on_its_own_thread(tiny_model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """With its loop on, ``LLM`` loads on the loop thread, so one thread runs all its torch work (see
+    ``LLM._set_up_on_the_loop_thread``); a load that fails there fails in the caller, with the loader's message."""
+    seen: list[str] = []
+    llm = LLM(tiny_model_dirs["llama"], dtype="float32", kv_cache_bytes=8 << 20,
+              progress=lambda _fraction, _stage: seen.append(threading.current_thread().name))
+    try:
+        assert set(seen) == {"hearth-engine"} and llm.engine.is_alive
+        assert llm.engine._loop_thread is not threading.current_thread()
+        out = llm.generate("Hello", SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))[0]
+        assert len(out.token_ids) == 3
+    finally:
+        llm.close()
+    with pytest.raises(ModelLoadError, match="No model found|not found|does not exist"):
+        LLM(tmp_path / "missing")

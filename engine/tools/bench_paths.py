@@ -145,7 +145,7 @@ def bench_server(port: int, prompts: list[list[int]], max_tokens: int) -> Timing
     return timings
 
 
-def main(model: str, precision: dict[str, str], levels: list[int], max_tokens: int,
+def main(model: str, precision: dict[str, Any], levels: list[int], max_tokens: int,
          prompt_for: Callable[[int], list[dict[str, str]]], hand: Callable[[LLM, int, int], Timings],
          emit: Callable[[dict[str, Any]], None]) -> None:
     """Rows for the three paths at each concurrency in ``levels``, then a summary of ratios."""

@@ -19,7 +19,6 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,7 +26,7 @@ from typing import Any
 
 from engine.api import SamplingParams, StepOutput
 from engine.core.llm import LLM
-from engine.tools.timings import Timings
+from engine.tools.timings import Timings, time_concurrent_streams
 
 _READY_TIMEOUT_S = 300.0
 
@@ -119,30 +118,7 @@ def _stream(port: int, prompt: list[int], max_tokens: int, times: list[float]) -
 
 def bench_server(port: int, prompts: list[list[int]], max_tokens: int) -> Timings:
     """Every prompt at once, one client thread each."""
-    timings = Timings()
-    errors: list[BaseException] = []
-    threads = []
-    start = time.perf_counter()
-    for prompt in prompts:
-        times: list[float] = []
-        timings.starts.append(time.perf_counter())
-        timings.token_times.append(times)
-
-        def run(prompt: list[int] = prompt, times: list[float] = times) -> None:
-            try:
-                _stream(port, prompt, max_tokens, times)
-            except BaseException as exc:  # noqa: BLE001 (re-raised in the caller's thread)
-                errors.append(exc)
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        threads.append(thread)
-    for thread in threads:
-        thread.join()
-    timings.wall_s = time.perf_counter() - start
-    if errors:
-        raise errors[0]
-    return timings
+    return time_concurrent_streams(prompts, lambda prompt, times: _stream(port, prompt, max_tokens, times))
 
 
 def main(model: str, precision: dict[str, Any], levels: list[int], max_tokens: int,

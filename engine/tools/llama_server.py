@@ -14,14 +14,13 @@ import http.client
 import json
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.tools.timings import Timings
+from engine.tools.timings import Timings, time_concurrent_streams
 
 _READY_TIMEOUT_S = 120.0
 _REQUEST_TIMEOUT_S = 600.0
@@ -129,30 +128,7 @@ def _stream_completion(server: LlamaServer, prompt: list[int], max_tokens: int, 
 
 def bench_server(server: LlamaServer, prompts: list[list[int]], max_tokens: int) -> Timings:
     """Send every prompt at once (one thread per request) and time each token."""
-    timings = Timings()
-    errors: list[BaseException] = []
-    threads = []
-    start = time.perf_counter()
-    for prompt in prompts:
-        times: list[float] = []
-        timings.starts.append(time.perf_counter())
-        timings.token_times.append(times)
-
-        def run(prompt: list[int] = prompt, times: list[float] = times) -> None:
-            try:
-                _stream_completion(server, prompt, max_tokens, times)
-            except BaseException as exc:  # noqa: BLE001 (re-raised in the caller's thread)
-                errors.append(exc)
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        threads.append(thread)
-    for thread in threads:
-        thread.join()
-    timings.wall_s = time.perf_counter() - start
-    if errors:
-        raise errors[0]
-    return timings
+    return time_concurrent_streams(prompts, lambda prompt, times: _stream_completion(server, prompt, max_tokens, times))
 
 
 def measure(

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,3 +37,34 @@ class Timings:
             "itl_p50_ms": round(percentile(itl, 50) * 1e3, 2),
             "itl_p99_ms": round(percentile(itl, 99) * 1e3, 2),
         }
+
+
+def time_concurrent_streams(prompts: Sequence[Any], stream: Callable[[Any, list[float]], None]) -> Timings:
+    """Every prompt at once, one client thread each; ``stream(prompt, times)`` appends a timestamp per token.
+
+    The first error of any stream is raised here, after all threads have ended.
+    """
+    timings = Timings()
+    errors: list[BaseException] = []
+    threads = []
+    start = time.perf_counter()
+    for prompt in prompts:
+        times: list[float] = []
+        timings.starts.append(time.perf_counter())
+        timings.token_times.append(times)
+
+        def run(prompt: Any = prompt, times: list[float] = times) -> None:
+            try:
+                stream(prompt, times)
+            except BaseException as exc:  # noqa: BLE001 (re-raised in the caller's thread)
+                errors.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+    timings.wall_s = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return timings

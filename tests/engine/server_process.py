@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 #: Model load plus warm-up takes 10-20 s on a shared machine; allow for a slow one.
 START_TIMEOUT_S = 120.0
@@ -76,3 +77,15 @@ def run_server(repo_root: Path, log_path: Path, api_key: str | None = None, *ext
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def scrape(http: httpx.Client) -> dict[str, float]:
+    """``/metrics`` parsed by prometheus_client: sample name (plus finished_reason label) -> value."""
+    response = http.get("/metrics")
+    assert response.status_code == 200
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            reason = sample.labels.get("finished_reason")
+            values[f"{sample.name}{{{reason}}}" if reason else sample.name] = sample.value
+    return values

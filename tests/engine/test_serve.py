@@ -14,7 +14,7 @@ import pytest
 from openai import AuthenticationError, BadRequestError, OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.engine.server_process import ServerProcess, run_server
+from tests.engine.server_process import ServerProcess, run_server, scrape
 
 pytestmark = pytest.mark.slow
 
@@ -40,18 +40,6 @@ def client(server: ServerProcess) -> Iterator[OpenAI]:
 def http(server: ServerProcess) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.base_url, headers=server.headers(), timeout=60.0) as http_client:
         yield http_client
-
-
-def scrape(http: httpx.Client) -> dict[str, float]:
-    """``/metrics`` parsed by prometheus_client: sample name (plus finished_reason label) -> value."""
-    response = http.get("/metrics")
-    assert response.status_code == 200
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            reason = sample.labels.get("finished_reason")
-            values[f"{sample.name}{{{reason}}}" if reason else sample.name] = sample.value
-    return values
 
 
 # --- the official client ---------------------------------------------------------------------------------------

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.engine.server_process import ServerProcess, run_server
+from tests.engine.server_process import ServerProcess, run_server, scrape
 
 HI = [{"role": "user", "content": "Say hi."}]
 
@@ -26,18 +25,6 @@ def server(repo_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     log = tmp_path_factory.mktemp("hostile") / "server.log"
     with run_server(repo_root, log) as server:
         yield server
-
-
-def scrape(http: httpx.Client) -> dict[str, float]:
-    """``/metrics`` parsed by prometheus_client: sample name (plus finished_reason label) -> value."""
-    response = http.get("/metrics")
-    assert response.status_code == 200
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            reason = sample.labels.get("finished_reason")
-            values[f"{sample.name}{{{reason}}}" if reason else sample.name] = sample.value
-    return values
 
 
 @pytest.fixture

@@ -281,7 +281,7 @@ class EngineConfig:
         max_num_batched_tokens: token budget of one step; longer prompts are prefilled in chunks.
         block_size: tokens per KV-cache block.
         kv_cache_bytes: memory for the KV-cache pool; ``None`` sizes it from free memory.
-        kv_dtype: ``"auto"`` (the model's dtype), ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        kv_dtype: ``"auto"`` (float32 on a CPU, the model's dtype on a GPU), ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         max_waiting: most queued requests before ``submit`` raises ``CapacityError``.
         max_model_len: longest prompt plus reply; ``None`` takes the model's own limit.
         enable_prefix_caching: share full KV blocks between requests with the same prefix.

@@ -145,7 +145,7 @@ class LLM:
 
     def _build_engine(self, loaded: LoadedModel, level: str, quant_backend: str) -> LLMEngine:
         cfg = self.config
-        kv_dtype = resolve_kv_dtype(cfg.kv_dtype, loaded.dtype)
+        kv_dtype = resolve_kv_dtype(cfg.kv_dtype, loaded.dtype, loaded.device)
         per_token = kv_bytes_per_token(loaded.config, kv_dtype)
         model_len = int(getattr(loaded.config, "max_position_embeddings", 0) or 4096)
         max_model_len = min(model_len, cfg.max_model_len or model_len)

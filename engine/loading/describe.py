@@ -98,7 +98,9 @@ def describe_gguf(path: Path, name: str, source: Source, hardware: HardwareInfo)
     found.reason = _loader_verdict(path)
     found.runnable = not found.reason
     if found.runnable:
-        _add_fit(found, gguf_config(metadata, tensors), hardware)
+        # a .gguf path, so that a file whose own blocks a level runs is recommended that level (an Ollama blob,
+        # which has no suffix, is estimated from its config)
+        _add_fit(found, str(path) if path.suffix == ".gguf" else gguf_config(metadata, tensors), hardware)
     return found
 
 

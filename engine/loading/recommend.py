@@ -1,11 +1,12 @@
 """Which quantization to load a model at, from its config and the memory measured free on this machine.
 
-Called as ``engine.system.hardware.recommend(model, hardware=None, context_length=None)``. Everything is estimated from
-the config alone, before any weight is read, with the formulas of the model registry
-(``engine.model.architectures``, plain data that this lower layer may read):
+Called as ``engine.system.hardware.recommend(model, hardware=None, context_length=None)``; ``model`` is a model
+folder, a ``.gguf`` file, "default" or a config. Everything is estimated from the config (and a GGUF's header)
+alone, before any weight is read, with the formulas of the model registry (``engine.model.architectures``, plain
+data that this lower layer may read):
 
 * weights = parameter count x bytes per parameter of the level (int4 adds its group scales);
-* KV bytes per token = 2 x layers x KV heads x head dim x dtype size (K and V, every layer);
+* KV bytes per token = 2 x layers x KV heads x head dim x dtype size (K and V, every layer; fp32 on a CPU);
 * the KV budget is one full-length context plus a working margin.
 
 The highest precision that fits with a margin wins. On a CPU, bf16 is preferred when the CPU has native bf16
@@ -13,17 +14,26 @@ The highest precision that fits with a margin wins. On a CPU, bf16 is preferred 
 measured here 3-5x faster than both fp32 and bf16 ``F.linear`` at 1-64 rows, since plain bf16 GEMM runs row by row
 without avx512_bf16). Without either, int8 through torch's packed kernel is the fast choice (int8 weight-only GEMV
 moves 25-37 GB/s against fp32's ~17 GB/s), and fp32 is kept for models small enough that speed is not the issue.
+
+One exception on a CPU: decoder weights that come from a GGUF file whose linear tensors are all Q4_0/Q4_1/Q4_K
+(or all Q8_0), given as the .gguf path or as a folder converted from one (the default model's folder, whose marker
+records its source: :func:`gguf_source`). bf16 would only hold the file's 4-bit values dequantized, while int4 runs
+those very values through torch's int4 packed kernel (``engine/loading/gguf_weights.py``; the converted folder's
+bf16 copy requantizes to the same 4-bit codes) at about a third of bf16's bytes per weight, so int4 (int8 for Q8_0)
+comes first and the reason says why. On the default model (Q4_1) int4's perplexity is within 1 % of bf16's
+(``tests/engine/test_quantization.py``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.api import BYTES_PER_PARAM, Recommendation
-from engine.model.architectures import count_parameters, kv_bytes_per_token, ties_embeddings
+from engine.model.architectures import count_parameters, execution_path, kv_bytes_per_token, ties_embeddings
 
 _GIB = 1 << 30  # the app shows every size in GiB
 RUNTIME_OVERHEAD_BYTES = 600_000_000  # CPU: torch, tokenizer, activations, the app itself
@@ -45,6 +55,14 @@ _DEFAULT_CONFIG = {
     "max_position_embeddings": 8192,
     "tie_word_embeddings": True,
 }
+
+
+#: GGUF block types a CPU level runs straight from the file (engine/loading/gguf_weights.py): Q4_0/Q4_1/Q4_K are
+#: torch's int4 groups of 32 exactly; Q8_0 is int8, rescaled per row from the exact block values.
+FILE_LEVELS = {"Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4", "Q8_0": "int8"}
+#: Architectures whose GGUF tensor layout the block reader knows (``gguf_weights._ARCHITECTURES``).
+GGUF_LAYOUTS = ("llama", "qwen2", "qwen3")
+_GGUF_LINEAR = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
 
 
 def _config_dict(model: Any) -> dict[str, Any]:
@@ -82,6 +100,76 @@ def _read_config(folder: Path) -> dict[str, Any]:
         raise ValueError(f"model: {folder} has no config.json")
     data: dict[str, Any] = json.loads(config_file.read_text())
     return data.get("text_config", data) if "num_hidden_layers" not in data else data
+
+
+@dataclass(slots=True)
+class FileBlocks:
+    """The quantized blocks a model's decoder weights come from, when one CPU level runs them as they are."""
+
+    level: str  # "int4" or "int8"
+    kinds: str  # the block types, e.g. "Q4_1"
+    file: str  # the GGUF file's name
+
+    @property
+    def words(self) -> str:
+        """Why this level, in a clause for the recommendation's reason."""
+        if self.level == "int4":
+            return (f"the decoder's linear weights are {self.kinds} blocks in {self.file}, and int4 runs those "
+                    "same 4-bit values, reading about a third of bf16's bytes per weight (bf16 would only hold them "
+                    "dequantized)")
+        return (f"the decoder's linear weights are {self.kinds} blocks in {self.file}, and int8 runs them at one "
+                "byte per weight (bf16 would only hold them dequantized, at two bytes)")
+
+
+def gguf_source(model: Any) -> Path | None:
+    """The GGUF file ``model``'s decoder weights come from: the .gguf itself, or the file a converted folder (the
+    default model's, whose marker records its source) was made from; None for other models and for configs."""
+    from engine.api import ModelLoadError
+    from engine.loading import default_model
+
+    if isinstance(model, str) and model.strip().lower() == "default":
+        bundled = default_model.bundled_gguf()
+        if bundled is not None:
+            return bundled
+    elif isinstance(model, str | Path):
+        path = Path(model).expanduser()
+        if path.suffix == ".gguf" and path.is_file():
+            return path
+        if not path.is_dir() or not default_model.is_converted(path):
+            return None
+        marker = json.loads((path / default_model.MARKER_FILENAME).read_text(encoding="utf-8"))
+        shipped = marker.get("gguf")
+        if isinstance(shipped, str) and (path / shipped).is_file():
+            return path / shipped  # the bundle's layout: the GGUF beside its converted config
+    else:
+        return None
+    try:
+        return default_model.source_gguf_path()
+    except ModelLoadError:  # the package is not installed: the blocks cannot be read
+        return None
+
+
+def file_blocks(model: Any, cfg: dict[str, Any]) -> FileBlocks | None:
+    """The level that runs ``model``'s GGUF blocks as they are: int4 when every decoder linear tensor is
+    Q4_0/Q4_1/Q4_K, int8 when every one is Q8_0; None when the weights are not (all) such blocks, or the file's
+    layout or the model's architecture is not one the fused decoder reads blocks for."""
+    from engine.api import ModelLoadError
+    from engine.loading.gguf_reader import read_gguf_header
+
+    gguf = gguf_source(model)
+    if gguf is None or execution_path(cfg) != "fused":
+        return None
+    try:
+        metadata, tensors = read_gguf_header(gguf)
+    except (ModelLoadError, OSError, ValueError):
+        return None
+    if metadata.get("general.architecture") not in GGUF_LAYOUTS:
+        return None
+    kinds = sorted({kind for name, _count, kind, _nbytes in tensors if _GGUF_LINEAR.match(name)})
+    levels = {FILE_LEVELS.get(kind) for kind in kinds}
+    if len(levels) != 1 or None in levels:
+        return None
+    return FileBlocks(str(levels.pop()), " and ".join(kinds), gguf.name)
 
 
 def _weights_bytes(num_params: int, level: str, cfg: dict[str, Any]) -> int:
@@ -160,8 +248,8 @@ def _budget(model: Any, hardware: Any, context_length: int | None, device: str, 
     num_params = count_parameters(cfg)
     model_len = int(cfg.get("max_position_embeddings") or 4096)
     context = min(int(context_length or 4096), model_len)  # the engine clamps the context to the model's own
-    per_token = kv_bytes_per_token(cfg)
     use_gpu = device in ("auto", "cuda") and bool(info.gpus) and (info.torch_cuda_available or hardware is not None)
+    per_token = kv_bytes_per_token(cfg, 2 if use_gpu else 4)  # the KV pool is fp32 on a CPU (kv_cache.py)
     if use_gpu:
         free = max(g.free_bytes for g in info.gpus)
         where = f"the GPU's {free / _GIB:.1f} GiB free"
@@ -213,6 +301,9 @@ def recommend(
     per_token, kv_budget, target, free, where = b.per_token, b.kv_budget, b.target, b.free, b.where
     overhead, usable = b.overhead, b.usable
     order = _candidates(target, info, num_params)
+    blocks = file_blocks(model, cfg) if target == "cpu" else None
+    if blocks is not None:  # the file's own blocks first, then only smaller levels
+        order = [blocks.level] + [lv for lv in order if BYTES_PER_PARAM[lv] < BYTES_PER_PARAM[blocks.level]]
     for level in order:
         weights = _weights_bytes(num_params, level, cfg)
         need = weights + kv_budget
@@ -223,7 +314,9 @@ def recommend(
                 f"{name} weights ({weights / _GIB:.1f} GiB) plus {b.cache_words} ({kv_budget / _GIB:.2f} GiB) "
                 f"fit in {where}"
             )
-            if level != order[0]:
+            if blocks is not None and level == blocks.level:
+                why += f"; {blocks.words}"
+            elif level != order[0]:
                 first = order[0]
                 why += f"; {first} would need {_weights_bytes(num_params, order[0], cfg) / _GIB:.1f} GiB"
             elif target == "cpu" and level == "fp32":

@@ -50,6 +50,8 @@ class AttentionContext:
     prefills: list[PrefillChunk]
     decode_lens: list[int] | None = None  # context length of each decode (read by the invariant routine)
     invariant: bool = False  # compute every query with :func:`invariant_attention`
+    #: (first slot, length) when the step has one decode whose slots are one run of the pool: read as a view
+    decode_span: tuple[int, int] | None = None
 
 
 #: Keys are processed in blocks of this many (one fixed GEMM shape per block, whatever the context length).
@@ -63,28 +65,33 @@ def paged_attention(
 ) -> torch.Tensor:
     """Attention for a packed step. q: [T, H, D]; k, v: [T, KVH, D]. Returns [T, H, D].
 
-    New K/V go into the pool first. Decodes are batched into one SDPA call over gathered slots (in fp32 on a
-    CPU, where torch's bf16 SDPA is slow); each prefill chunk is one SDPA call, causal within the chunk and full
-    over its cached prefix.
+    New K/V go into the pool first. Decodes are batched into one SDPA call over their slots (in fp32 on a CPU,
+    where torch's bf16 SDPA is slow; the CPU pool is fp32 too, ``kv_cache.resolve_kv_dtype``): a lone decode whose
+    slots are one run of the pool reads a view of it, others a gather. Each prefill chunk is one SDPA call, causal
+    within the chunk and full over its cached prefix.
     """
     k_pool, v_pool = kv.k[layer], kv.v[layer]
     k_pool.index_copy_(0, ctx.slot_mapping, k.to(kv.dtype))
     v_pool.index_copy_(0, ctx.slot_mapping, v.to(kv.dtype))
     if ctx.invariant:
         return invariant_attention(q, k, v, k_pool, v_pool, ctx, scale)
-    out = torch.empty_like(q)
     nd = ctx.num_decode
+    decoded = None
     if nd:
-        assert ctx.decode_slots is not None
         # on a CPU, fp32 decode attention is 3-8x faster than bf16's (measured: torch 2.13, 1-16 rows)
         dt = torch.float32 if q.device.type == "cpu" else q.dtype
-        keys = k_pool[ctx.decode_slots].to(dt).transpose(1, 2)  # [B, KVH, L, D]
-        values = v_pool[ctx.decode_slots].to(dt).transpose(1, 2)
+        keys = _decode_kv(k_pool, ctx).to(dt).transpose(1, 2)  # [B, KVH, L, D]
+        values = _decode_kv(v_pool, ctx).to(dt).transpose(1, 2)
         mask = None if ctx.decode_mask is None else ctx.decode_mask.to(dt)
         o = F.scaled_dot_product_attention(
             q[:nd].unsqueeze(2).to(dt), keys, values, attn_mask=mask, scale=scale, enable_gqa=True
         )
-        out[:nd] = o.squeeze(2)
+        decoded = o.squeeze(2)
+        if nd == q.shape[0]:  # a decode-only step
+            return decoded.to(q.dtype)
+    out = torch.empty_like(q)
+    if decoded is not None:
+        out[:nd] = decoded
     for chunk in ctx.prefills:
         s, n = chunk.start, chunk.num_tokens
         if chunk.slots is None:
@@ -102,6 +109,16 @@ def paged_attention(
         )
         out[s : s + n] = o[0].transpose(0, 1)
     return out
+
+
+def _decode_kv(pool: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+    """The keys (or values) the step's decodes read, [B, L, KVH, D]: a view where one run holds them all."""
+    if ctx.decode_span is not None:
+        start, length = ctx.decode_span
+        return pool[start : start + length].unsqueeze(0)
+    slots = ctx.decode_slots
+    assert slots is not None
+    return pool.index_select(0, slots.reshape(-1)).view(*slots.shape, *pool.shape[1:])
 
 
 def invariant_attention(

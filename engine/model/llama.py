@@ -41,11 +41,19 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return F.rms_norm(x, weight.shape, weight, eps)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding in HF's rotate-half layout, for queries and keys at once ([T, heads, D])."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((x[..., half:].neg(), x[..., :half]), dim=-1)
-    return torch.addcmul(x * cos, rotated, sin)
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` with its first half negated, so that :func:`_rotate` needs no negation per layer."""
+    half = sin.shape[-1] // 2
+    return torch.cat((sin[..., :half].neg(), sin[..., half:]), dim=-1)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding in HF's rotate-half layout, for queries and keys at once ([T, heads, D]).
+
+    HF's ``x * cos + cat(-x2, x1) * sin`` as ``x * cos + cat(x2, x1) * signed_sin``: bitwise the same (a sign
+    moves from one factor to the other), in two ops fewer.
+    """
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
 
 
 @dataclass(slots=True)
@@ -268,6 +276,7 @@ class FusedDecoder:
     ) -> torch.Tensor:
         x = self._inner.embed_tokens(ids).to(stack.dtype)
         cos, sin = self._rotary(x, pos)
+        sin = _signed_sin(sin)
         eps, t = self._eps, ids.shape[0]
         qd, kvd, hd, nh = self._q_dim, self._kv_dim, self.head_dim, self.num_heads
         for i, layer in enumerate(stack.layers):
@@ -280,7 +289,7 @@ class FusedDecoder:
             qk = _rotate(qk, cos, sin)  # queries and keys in one pass
             q, k = qk[:, :nh], qk[:, nh:]
             attn = paged_attention(q, k, v, i, kv, ctx, self._scale)
-            x = x + layer.o(attn.view(t, qd))
+            x = x + layer.o(attn.reshape(t, qd))
             h = _rms_norm(x, layer.post_norm, eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)

@@ -244,6 +244,7 @@ class ModelRunner:
         decode_slots = decode_mask = None
         if decode_tables:
             decode_slots, decode_mask = self._decode_slots(decode_tables, decode_lens)
+        span = self._span(decode_tables[0], decode_lens[0]) if len(decode_tables) == 1 else None
         self.ctx = AttentionContext(
             slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=dev),
             num_decode=len(decode_tables),
@@ -252,10 +253,23 @@ class ModelRunner:
             prefills=prefills,
             decode_lens=decode_lens,
             invariant=self.deterministic,
+            decode_span=span,
         )
         ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         return ids, pos, logit_row
+
+    def _span(self, blocks: list[int], length: int) -> tuple[int, int] | None:
+        """(first slot, length) when the first ``length`` tokens of ``blocks`` lie in consecutive blocks.
+
+        Usual for a lone chat: the block manager hands out free blocks lowest first and takes back a finished
+        sequence's in reverse, so a sequence, and the next turn after its cached prefix, grow into adjacent blocks.
+        """
+        n = -(-length // self.block_size)
+        first = blocks[0]
+        if blocks[n - 1] - first != n - 1 or blocks[:n] != list(range(first, first + n)):
+            return None
+        return first * self.block_size, length
 
     def _decode_slots(
         self, tables: list[list[int]], lengths: list[int]

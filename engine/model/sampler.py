@@ -9,6 +9,7 @@ allows nothing) is reported in :attr:`SampleResult.errors`; the other rows still
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -71,8 +72,12 @@ class Sampler:
         ``num_prompt_tokens`` how many of them are the prompt (0 when not given), ``masks`` each row's packed
         grammar bitmask or None.
         """
+        masked = masks is not None and any(m is not None for m in masks)
+        if not masked and all(p.is_plain_greedy for p in params):
+            return self._greedy(logits, len(params))  # in the logits' own dtype: the same argmax, no fp32 copy
         logits = logits.float()
-        if masks is not None and any(m is not None for m in masks):
+        if masked:
+            assert masks is not None
             logits = apply_masks(logits, masks)  # all rows at once: -inf stays -inf through every later step
         if all(p.is_plain_greedy for p in params):
             return self._greedy(logits, len(params))
@@ -90,12 +95,17 @@ class Sampler:
 
     @staticmethod
     def _greedy(logits: torch.Tensor, num_rows: int) -> SampleResult:
-        """One vectorised argmax; rows with nothing allowed (a grammar's dead end) or NaN fail alone."""
-        result = SampleResult(logits.argmax(dim=-1).tolist(), [None] * num_rows)
-        bad = ~torch.isfinite(logits).any(dim=-1) | torch.isnan(logits).any(dim=-1)
-        for i in bad.nonzero().flatten().tolist():
-            result.errors[i] = "sampling failed: no token is allowed, or the model produced NaN logits"
-            result.tokens[i] = -1
+        """One vectorised max; rows with nothing allowed (a grammar's dead end) or NaN fail alone.
+
+        A row's max is NaN when any of its logits is (``max`` propagates NaN) and -inf when none is allowed, so
+        one pass finds both the tokens and the rows that fail; ties go to the first index, as ``argmax``.
+        """
+        values, tokens = logits.max(dim=-1)
+        result = SampleResult(tokens.tolist(), [None] * num_rows)
+        for i, top in enumerate(values.tolist()):
+            if math.isnan(top) or top == -math.inf:
+                result.errors[i] = "sampling failed: no token is allowed, or the model produced NaN logits"
+                result.tokens[i] = -1
         return result
 
     def _sample_row(self, row: torch.Tensor, p: SamplingParams, rid: str, history: list[int],

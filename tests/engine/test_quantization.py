@@ -217,3 +217,91 @@ def test_recommend_reads_the_default_models_config() -> None:
     rec = recommend("default")
     assert 130_000_000 < rec.num_parameters < 140_000_000
     assert rec.fits == "yes"
+
+
+def _write_gguf(path: Path, kinds: dict[str, str], default: str) -> Path:
+    """A one-layer llama GGUF (random blocks) whose linear tensors have the given types, ``default`` for the rest."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+
+    writer = GGUFWriter(path, "llama")
+    writer.add_block_count(1)
+    writer.add_embedding_length(256)
+    writer.add_feed_forward_length(256)
+    writer.add_head_count(4)
+    writer.add_context_length(512)
+    rng = np.random.default_rng(0)
+    names = ["token_embd"] + [f"blk.0.{t}" for t in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
+                                                     "ffn_up", "ffn_down")]
+    for name in names:
+        kind = GGMLQuantizationType["Q8_0" if name == "token_embd" else kinds.get(name.split(".")[-1], default)]
+        block, size = GGML_QUANT_SIZES[kind]
+        raw = rng.integers(0, 256, size=(256, 256 // block * size), dtype=np.uint8)
+        writer.add_tensor(f"{name}.weight", raw, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+
+def test_the_recommendation_knows_the_blocks_the_loader_reads() -> None:
+    from engine.loading import gguf_weights
+    from engine.loading.recommend import FILE_LEVELS, GGUF_LAYOUTS
+
+    assert {kind for kind, level in FILE_LEVELS.items() if level == "int4"} == set(gguf_weights.INT4_TYPES)
+    assert set(GGUF_LAYOUTS) == set(gguf_weights._ARCHITECTURES)
+
+@pytest.mark.parametrize(
+    ("kinds", "default", "expected"),
+    [
+        ({}, "Q4_1", ("int4", "Q4_1")),
+        ({"ffn_down": "Q4_K"}, "Q4_0", ("int4", "Q4_0 and Q4_K")),
+        ({}, "Q8_0", ("int8", "Q8_0")),
+        ({"ffn_down": "Q6_K", "attn_v": "Q6_K"}, "Q4_K", None),  # a Q4_K_M file: its Q6_K tensors get requantized
+        ({"attn_v": "Q8_0"}, "Q4_1", None),  # int4 and int8 blocks side by side: no one level runs both
+        ({}, "F16", None),
+    ],
+)
+def test_only_a_gguf_of_exact_blocks_names_a_level(
+    kinds: dict[str, str], default: str, expected: tuple[str, str] | None, tmp_path: Path
+) -> None:
+    from engine.loading.recommend import file_blocks
+
+    path = _write_gguf(tmp_path / "tiny.gguf", kinds, default)
+    cfg = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 1}
+    blocks = file_blocks(path, cfg)
+    assert (None if blocks is None else (blocks.level, blocks.kinds)) == expected
+    assert file_blocks(path, {**cfg, "model_type": "gemma"}) is None  # the HF path never reads the blocks
+
+
+def test_auto_on_a_cpu_runs_the_default_models_q4_1_blocks_at_int4(default_model_dir: Path) -> None:
+    """The default model is a Q4_1 GGUF: bf16 would hold its 4-bit values dequantized, int4 runs them as they are,
+    whether it is named "default", by its converted folder or by the GGUF file itself."""
+    from engine.loading.default_model import source_gguf_path
+
+    for hw in (_hw(bf16=True), _hw(bf16=False)):
+        for model in ("default", default_model_dir, source_gguf_path()):
+            rec = recommend(model, hardware=hw)
+            assert (rec.device, rec.quantization, rec.fits) == ("cpu", "int4", "yes"), model
+            assert "Q4_1 blocks in SmolLM2-135M-Instruct.Q4_1.gguf" in rec.reason
+            assert estimate(model, "bf16", hardware=hw).fits == "yes"  # a choice, not a necessity
+    assert LLM._auto_level("default", "cpu") == "int4"  # what LLM("default") loads at on this machine
+    gpu = recommend("default", hardware=_hw(gpus=_gpu(24)))  # the GPU kernels take no file blocks
+    assert (gpu.device, gpu.quantization) == ("cuda", "bf16")
+
+
+def test_safetensors_models_keep_their_cpu_precision(default_model_dir: Path, tmp_path: Path) -> None:
+    """The same config without the marker of a conversion from the GGUF: plain weights, so bf16 as before."""
+    (tmp_path / "config.json").write_bytes((default_model_dir / "config.json").read_bytes())
+    assert recommend(tmp_path, hardware=_hw(bf16=True)).quantization == "bf16"
+    (tmp_path / ".hearth-converted.json").write_text('{"source_sha256": "not the default model"}')
+    assert recommend(tmp_path, hardware=_hw(bf16=True)).quantization == "bf16"
+
+
+def test_auto_level_for_the_default_model_stays_within_1pct_of_bf16(perplexities: dict[str, Any]) -> None:
+    """What ``auto`` loads the default model at on a CPU (int4) against bf16, over the same text."""
+    assert LLM._auto_level("default", "cpu") == "int4"
+    # measured here: bf16 16.364, int4 16.370 (+0.04 %); the default model's GGUF itself at int4 16.448 (+0.5 %)
+    assert abs(perplexities["int4"][0] / perplexities["bf16"][0] - 1) < 0.01

@@ -11,12 +11,15 @@ in the GUI thread and never blocks it:
   :meth:`EngineBridge._connect_engine` makes the bridge's own connections, ``MainWindow._connect_engine`` the
   panes'.
 
-Two kinds of runnable share the pool: jobs (:meth:`EngineBridge._load_worker`, also unloading, connecting to a
-remote server and hardware detection) and :class:`~app.bridge.loop.EngineLoop`, which runs the engine's own step
-loop (``engine.core.loop.run_loop``) while a model is loaded. The engine batches concurrent requests itself, so
-one loop serves every conversation. Stopping is a ``threading.Event``: :meth:`EngineBridge.shutdown` (called
-when the window closes) sets it and then waits for the pool with ``QThreadPool.waitForDone()``. A bridge
-destroyed without ``shutdown()`` (a window deleted without being closed) still stops its threads first.
+Jobs run on the pool (:meth:`EngineBridge._load_worker`, also unloading, connecting to a remote server and
+hardware detection). The load job, once its model is ready, goes on as :class:`~app.bridge.loop.EngineLoop`,
+which runs the engine's own step loop (``engine.core.loop.run_loop``) while the model is loaded and frees it when
+stopped: every torch op of a model (load, warm-up, steps, close) runs on that one thread, as under the engine's
+own loop thread (``LLM._set_up_on_the_loop_thread``), since a second thread doing torch work keeps a second
+OpenMP team on the cores. The engine batches concurrent requests itself, so one loop serves every conversation.
+Stopping is a ``threading.Event``: :meth:`EngineBridge.shutdown` (called when the window closes) sets it and then
+waits for the pool with ``QThreadPool.waitForDone()``. A bridge destroyed without ``shutdown()`` (a window deleted
+without being closed) still stops its threads first.
 
 A prompt's path: ``Composer.send_requested`` -> ``ChatPane._on_send_requested`` -> ``ChatPane.send`` ->
 ``ReplyController.submit`` -> ``EngineBridge.submit`` (queue) -> ``EngineLoop._handle`` -> ``LLMEngine.submit`` ...
@@ -65,6 +68,9 @@ from app.bridge.types import (
 from engine.core.context import ContextOverflowError, approximate_tokens, fit_messages
 from engine.core.loop import METRICS_INTERVAL_S
 
+#: The pool's threads. A loaded model's loop holds one (its load job's) for the model's lifetime; the other two serve
+#: the jobs. No job needs a running loop's thread: the loop runs outside ``_load_lock`` and ends on its stop event,
+#: which a later load or unload sets before it waits, so neither is starved.
 MAX_THREADS = 3
 #: Every bridge's pool, until its ``shutdown()``. A pool is no child of its bridge: its destructor waits for its
 #: threads while holding the GIL, so if it died with a bridge deleted unclosed, a running loop could never end.
@@ -484,15 +490,14 @@ class EngineBridge(QObject):
         return remote.snapshot() if remote is not None else None
 
     def _teardown(self) -> None:
-        """Stop serving, disconnect retired remotes, wait for stopped loops, then free the model they ran.
-        Pool threads only."""
+        """Stop serving, disconnect retired remotes, wait for stopped loops (each frees its model on its own
+        thread, :meth:`_release_model`), then free a model still held (one whose loop died of an error). Pool
+        threads only."""
         self._stop_server_worker("The model was unloaded.")
         self._close_remotes()
         with self._lock:
             loops, self._retired_loops = self._retired_loops, []
         for loop in loops:
-            if self._pool.tryTake(loop):  # queued but never started
-                loop.done.set()
             loop.done.wait()
         with self._lock:
             llm, self._llm = self._llm, None
@@ -504,6 +509,18 @@ class EngineBridge(QObject):
             remotes, self._retired_remotes = self._retired_remotes, []
         for remote in remotes:
             remote.close()
+
+    def _release_model(self, llm: Any) -> None:
+        """Free ``llm`` unless it has been taken already: its stopped loop's thread, the one that loaded it.
+
+        Not once the bridge shuts down: :meth:`shutdown` frees the model on the GUI thread, as closing collects
+        garbage (``gc.collect``), which off the GUI thread could destroy a closing window's Qt objects; a bridge
+        deleted without ``shutdown()`` leaves it to the process's end."""
+        with self._lock:
+            if self._llm is not llm or self._shutdown.is_set():
+                return
+            self._llm = None
+        self._close(llm)
 
     @staticmethod
     def _close(llm: Any) -> None:
@@ -523,71 +540,81 @@ class EngineBridge(QObject):
 
     def _load_worker(self, generation: int, spec: str, device: str, dtype: str,
                      settings: LoadSettings) -> None:
+        """Load ``spec``, then run its engine loop on this same thread until the model is retired (see the module
+        docstring: one thread does all of a model's torch work)."""
         with self._load_lock:
+            loop = self._load(generation, spec, device, dtype, settings)
+        if loop is not None:  # outside _load_lock: the next load or unload stops this loop and waits for it
+            loop.run()
+
+    def _load(self, generation: int, spec: str, device: str, dtype: str,
+              settings: LoadSettings) -> EngineLoop | None:
+        """The loaded model's loop, not yet running; None when the load failed or was superseded. ``_load_lock``
+        held."""
+        if not self._is_current(generation):
+            return None
+        try:
+            problem = precheck_model(self._engine_api, spec)
+        except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
+            log.bridge.exception("importing the engine failed")
+            problem = f"The inference engine could not be started: {exc}"
+        if problem:
+            self._load_failed(generation, problem)
+            return None
+        if not self._replace_current(generation):
+            return None
+
+        def progress(fraction: float, stage: str) -> None:
             if not self._is_current(generation):
-                return
-            try:
-                problem = precheck_model(self._engine_api, spec)
-            except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
-                log.bridge.exception("importing the engine failed")
-                problem = f"The inference engine could not be started: {exc}"
-            if problem:
-                self._load_failed(generation, problem)
-                return
-            if not self._replace_current(generation):
-                return
+                raise Superseded
+            self.signals.model_load_progress.emit(float(fraction), str(stage))
 
-            def progress(fraction: float, stage: str) -> None:
-                if not self._is_current(generation):
-                    raise Superseded
-                self.signals.model_load_progress.emit(float(fraction), str(stage))
-
-            started = time.monotonic()
-            try:
-                api = self._engine_api()
-            except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
-                log.bridge.exception("importing the engine failed")
-                self._load_failed(generation, f"The inference engine could not be started: {exc}")
-                return
-            self.signals.model_load_progress.emit(0.0, "Starting")
-            try:
-                llm = api.LLM(spec, device=device, dtype=dtype, quantization=settings.quantization,
-                              max_batch_size=settings.max_batch_size, max_model_len=settings.max_model_len,
-                              max_wait_ms=settings.max_wait_ms, kv_cache_bytes=settings.kv_cache_bytes,
-                              deterministic=settings.deterministic, speculative=settings.speculative,
-                              progress=progress, start_loop=False)
-            except Superseded:
-                log.bridge.info("load of %s abandoned", spec)
-                return
-            except api.ModelLoadError as exc:
-                self._load_failed(generation, str(exc) or f"Could not load {spec}.")
-                return
-            except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
-                if isinstance(exc.__cause__ or exc.__context__, Superseded):
-                    return
-                log.bridge.exception("loading %s failed", spec)
-                self._load_failed(generation, f"Could not load {spec}: {type(exc).__name__}: {exc}")
-                return
-            with self._lock:
-                is_current = generation == self._generation and not self._shutdown.is_set()
-                if is_current:
-                    self._llm = llm
-                    self._loop = loop = EngineLoop(llm, self._commands, self.signals, self._sentinel,
-                                                   self._threads.stop)
-            if not is_current:
-                self._close(llm)
-                return
-            info = ModelInfo(spec=spec, model_name=str(getattr(llm, "model_name", spec)),
-                             device=str(llm.device), dtype=str(llm.dtype),
-                             device_reason=str(getattr(llm, "device_reason", "")),
-                             weights_bytes=int(getattr(llm, "weights_bytes", 0) or 0),
-                             load_s=time.monotonic() - started,
-                             quantization=str(getattr(llm, "quantization", "") or ""),
-                             sampling_defaults=dict(getattr(llm, "sampling_defaults", {}) or {}),
-                             kv_cache_bytes=kv_cache_size(llm), context_length=settings.max_model_len)
-            self.signals.model_load_progress.emit(1.0, "Ready")
-            self._pool.start(loop)
-            self.signals.model_loaded.emit(info)
+        started = time.monotonic()
+        try:
+            api = self._engine_api()
+        except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
+            log.bridge.exception("importing the engine failed")
+            self._load_failed(generation, f"The inference engine could not be started: {exc}")
+            return None
+        self.signals.model_load_progress.emit(0.0, "Starting")
+        try:
+            llm = api.LLM(spec, device=device, dtype=dtype, quantization=settings.quantization,
+                          max_batch_size=settings.max_batch_size, max_model_len=settings.max_model_len,
+                          max_wait_ms=settings.max_wait_ms, kv_cache_bytes=settings.kv_cache_bytes,
+                          deterministic=settings.deterministic, speculative=settings.speculative,
+                          progress=progress, start_loop=False)
+        except Superseded:
+            log.bridge.info("load of %s abandoned", spec)
+            return None
+        except api.ModelLoadError as exc:
+            self._load_failed(generation, str(exc) or f"Could not load {spec}.")
+            return None
+        except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
+            if isinstance(exc.__cause__ or exc.__context__, Superseded):
+                return None
+            log.bridge.exception("loading %s failed", spec)
+            self._load_failed(generation, f"Could not load {spec}: {type(exc).__name__}: {exc}")
+            return None
+        info = ModelInfo(spec=spec, model_name=str(getattr(llm, "model_name", spec)),
+                         device=str(llm.device), dtype=str(llm.dtype),
+                         device_reason=str(getattr(llm, "device_reason", "")),
+                         weights_bytes=int(getattr(llm, "weights_bytes", 0) or 0),
+                         load_s=time.monotonic() - started,
+                         quantization=str(getattr(llm, "quantization", "") or ""),
+                         sampling_defaults=dict(getattr(llm, "sampling_defaults", {}) or {}),
+                         kv_cache_bytes=kv_cache_size(llm), context_length=settings.max_model_len)
+        with self._lock:  # from here on the caller runs the loop: a registered loop must run, or teardown waits
+            is_current = generation == self._generation and not self._shutdown.is_set()
+            if is_current:
+                self._llm = llm
+                self._loop = loop = EngineLoop(llm, self._commands, self.signals, self._sentinel,
+                                               self._threads.stop, release=lambda: self._release_model(llm))
+        if not is_current:
+            self._close(llm)
+            return None
+        self.signals.model_load_progress.emit(1.0, "Ready")
+        self.signals.model_loaded.emit(info)
+        return loop
 
     def _load_failed(self, generation: int, message: str) -> None:
         if self._is_current(generation):

@@ -1,7 +1,8 @@
-"""``EngineLoop``: the ``QRunnable`` that runs the engine's own step loop for the app.
+"""``EngineLoop``: runs the engine's own step loop for the app.
 
-It calls :func:`engine.core.loop.run_loop`, the same function the engine's thread runs under the server, on one
-of the bridge's pool threads. Before each step it takes the bridge's commands (:class:`Submit`,
+It calls :func:`engine.core.loop.run_loop`, the same function the engine's thread runs under the server, on the
+bridge's pool thread that loaded the model (the load job goes on as the loop: see ``EngineBridge._load_worker``),
+so every torch op of a model runs on one thread. Before each step it takes the bridge's commands (:class:`Submit`,
 :class:`Cancel`) off a ``queue.Queue`` and hands them to the engine; after each step it emits plain Python data
 through :class:`~app.bridge.signals.EngineSignals`: text deltas, finished and failed requests, and (from the
 loop's metrics tick) one metrics snapshot a second. It never touches a widget.
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import shiboken6
-from PySide6.QtCore import QObject, QRunnable
+from PySide6.QtCore import QObject
 
 from app import log
 from app.bridge.signals import EngineSignals
@@ -51,8 +52,12 @@ class Cancel:
 Command = Submit | Cancel
 
 
-class EngineLoop(QRunnable):
+class EngineLoop:
     """Runs the engine's step loop over one loaded model until :meth:`stop`.
+
+    :meth:`run` is called on the thread that loaded the model, which also frees it once stopped (``release``). With OpenMP, each thread that runs torch's parallel work keeps its own team of workers: a model
+    loaded on one thread and stepped on another leaves two teams on the cores, and on a 2-core CPU that made every
+    step about twice as slow (the engine's own loop thread avoids the same, ``LLM._set_up_on_the_loop_thread``).
 
     Args:
         llm: the loaded ``LLM`` (or the test fake); its ``engine`` is what the loop steps.
@@ -62,12 +67,12 @@ class EngineLoop(QRunnable):
             window was deleted, not closed): the loop calls ``on_orphaned`` and stops, before the bridge's pool
             waits for it. Checked before every step and after every idle wait (at most a second).
         on_orphaned: stops the bridge's other threads; called on the loop's thread.
+        release: called on the loop's thread once a loop asked to :meth:`stop` has ended, before :attr:`done`:
+            the bridge frees the model there. A loop that died of an error leaves its model to whoever retires it.
     """
 
     def __init__(self, llm: Any, commands: queue.Queue[Command], signals: EngineSignals, sentinel: QObject,
-                 on_orphaned: Callable[[], None]) -> None:
-        super().__init__()
-        self.setAutoDelete(False)  # the bridge keeps the Python reference
+                 on_orphaned: Callable[[], None], release: Callable[[], None] | None = None) -> None:
         self.stop_event = threading.Event()
         self.done = threading.Event()
         #: Why the loop died ("" while it runs or after a plain stop).
@@ -77,6 +82,7 @@ class EngineLoop(QRunnable):
         self._signals = signals
         self._sentinel = sentinel
         self._on_orphaned = on_orphaned
+        self._release = release
         self._handles: dict[str, Any] = {}  # bridge request id -> engine handle
         self._bridge_ids: dict[str, str] = {}  # engine request id -> bridge request id
         self._conversations: dict[str, str] = {}  # bridge request id -> conversation id
@@ -92,6 +98,7 @@ class EngineLoop(QRunnable):
         self._engine.wake()
 
     def run(self) -> None:
+        """Step the engine until :meth:`stop`, on the calling thread; :attr:`done` is set when it returns."""
         try:
             run_loop(self._engine, self.stop_event, self._on_step, self._signals.metrics_updated.emit,
                      before_step=self._before_step)
@@ -101,7 +108,11 @@ class EngineLoop(QRunnable):
         finally:
             self._drop_all("The model was unloaded before the reply finished." if not self.error
                            else f"The engine stopped unexpectedly ({self.error}).")
-            self.done.set()
+            try:
+                if self.stop_event.is_set() and self._release is not None:
+                    self._release()
+            finally:
+                self.done.set()
 
     # -- loop thread ------------------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """The step loop: the one function that drives an engine, whoever runs it.
 
 Two drivers call :func:`run_loop`: the engine's own thread (``LLMEngine.start_loop``, used by ``LLM`` and the
-server) and the app's ``QRunnable`` on the bridge's ``QThreadPool`` (``app/bridge/loop.py``). The app's test
-fake engine implements the same :class:`Steppable` protocol, so the bridge drives it through this loop too.
+server) and the app's ``EngineLoop``, on the bridge's pool thread that loaded the model (``app/bridge/loop.py``).
+The app's test fake engine implements the same :class:`Steppable` protocol, so the bridge drives it through this
+loop too.
 
 The loop
   * steps while there is work and hands each step's outputs to ``on_step``;

@@ -5,7 +5,8 @@ per line, then a summary line with the ratios the targets are stated in::
 
     python -m engine.bench --model default --concurrency 1,4,16 --max-tokens 64
 
-``--llama-server PATH`` adds llama.cpp's server on the same model's GGUF (``engine/tools/llama_server.py``), and
+``--llama-server PATH`` adds llama.cpp's server on the same model's GGUF (``engine/tools/llama_server.py``), in
+rounds alternating with ours at each concurrency (``--repeats``, the median round of each side), and
 ``--level`` runs our engine at a quantization level instead of ``--dtype`` (e.g. ``--level int4`` beside the Q4_1
 GGUF llama.cpp runs).
 """
@@ -173,12 +174,16 @@ def bench_quantization(model: str, levels: list[str], max_tokens: int) -> None:
         llm.close()
 
 
-def _bench_llama_server(llm: LLM, args: argparse.Namespace, levels: list[int]) -> dict[tuple[str, int], Any]:
-    """llama-server's rows, on the same prompts (as token ids), one server start per concurrency."""
+def _bench_against_llama_server(llm: LLM, args: argparse.Namespace, levels: list[int]) -> dict[tuple[str, int], Any]:
+    """Our rows and llama-server's on the same prompts (as token ids), one server start per concurrency.
+
+    The two alternate for ``--repeats`` rounds at each concurrency and each row is the median round, so a drift
+    in the machine's speed falls on both sides of the ratio.
+    """
     from pathlib import Path
 
     from engine.loading.default_model import source_gguf_path
-    from engine.tools.llama_server import measure
+    from engine.tools.llama_server import serving
 
     if args.gguf:
         gguf = Path(args.gguf)
@@ -190,15 +195,28 @@ def _bench_llama_server(llm: LLM, args: argparse.Namespace, levels: list[int]) -
         raise SystemExit("--llama-server needs --gguf for a model that is not a GGUF file")
     prompts = [llm.engine.tokenize(_messages(i)) for i in range(max(levels))]
     rows: dict[tuple[str, int], Any] = {}
+    binary, threads = Path(args.llama_server), torch.get_num_threads()
     for c in levels:
-        timings, no_repack = measure(Path(args.llama_server), gguf, prompts, c, args.max_tokens, torch.get_num_threads())
-        row = timings.row("llama_server", c)
-        row.update(gguf=gguf.name, no_repack=no_repack)
+        bench_engine(llm, c, 4)  # warm this batch shape
+        ours, theirs = [], []
+        with serving(binary, gguf, prompts, c, args.max_tokens, threads) as (run, no_repack):
+            for _ in range(max(1, args.repeats)):
+                ours.append(bench_engine(llm, c, args.max_tokens).row("hearth", c))
+                theirs.append(run().row("llama_server", c))
+        mine, row = _median_row(ours), _median_row(theirs)
+        mine.update(level=llm.quantization, rounds_tok_s=[r["tok_s"] for r in ours])
+        row.update(gguf=gguf.name, no_repack=no_repack, rounds_tok_s=[r["tok_s"] for r in theirs])
         if no_repack:
             row["note"] = "the server died at the first request; restarted with --no-repack"
-        rows[("llama_server", c)] = row
+        rows[("hearth", c)], rows[("llama_server", c)] = mine, row
+        _emit(mine)
         _emit(row)
     return rows
+
+
+def _median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round with the median tok/s (the lower middle one of an even count)."""
+    return dict(sorted(rows, key=lambda r: r["tok_s"])[(len(rows) - 1) // 2])
 
 
 def _bench_compiled(llm: LLM, mode: str, levels: list[int], max_tokens: int) -> dict[tuple[str, int], Any]:
@@ -239,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also measure our engine with decode steps compiled in MODE (auto, default, max-autotune)")
     parser.add_argument("--structured", action="store_true",
                         help="only constrained (JSON schema) against free decoding (engine/tools/bench_structured.py)")
-    parser.add_argument("--repeats", type=int, default=4, help="--structured: alternating repetitions per condition")
+    parser.add_argument("--repeats", type=int, default=4,
+                        help="alternating rounds per condition (--structured, and ours against --llama-server)")
     parser.add_argument("--speculative", default=None, metavar="METHODS",
                         help="only speculative decoding (e.g. ngram,self-int4) against off, single stream "
                              "(engine/tools/bench_speculative.py)")
@@ -279,15 +298,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     llm = LLM(args.model, start_loop=False, max_batch_size=max(levels + [16]), **precision)
     results: dict[tuple[str, int], dict[str, Any]] = {}
-    for c in levels:
-        bench_engine(llm, c, 4)  # warm this batch shape
-        results[("hearth", c)] = row = bench_engine(llm, c, args.max_tokens).row("hearth", c)
-        row["level"] = llm.quantization
-        _emit(row)
+    if args.llama_server:
+        results.update(_bench_against_llama_server(llm, args, levels))
+    else:
+        for c in levels:
+            bench_engine(llm, c, 4)  # warm this batch shape
+            results[("hearth", c)] = row = bench_engine(llm, c, args.max_tokens).row("hearth", c)
+            row["level"] = llm.quantization
+            _emit(row)
     if args.compile != "off":
         results.update(_bench_compiled(llm, args.compile, levels, args.max_tokens))
-    if args.llama_server:
-        results.update(_bench_llama_server(llm, args, levels))
 
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM

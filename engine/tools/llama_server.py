@@ -15,7 +15,7 @@ import json
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,22 +131,34 @@ def bench_server(server: LlamaServer, prompts: list[list[int]], max_tokens: int)
     return time_concurrent_streams(prompts, lambda prompt, times: _stream_completion(server, prompt, max_tokens, times))
 
 
-def measure(
+@contextmanager
+def serving(
     binary: Path, gguf: Path, prompts: list[list[int]], concurrency: int, max_tokens: int, threads: int
-) -> tuple[Timings, bool]:
-    """Timings of ``concurrency`` streams on a server with as many slots; and whether ``--no-repack`` was needed.
+) -> Iterator[tuple[Callable[[], Timings], bool]]:
+    """A warmed server with ``concurrency`` slots until the block ends: yields ``(run, no_repack)``.
 
-    The server is warmed with a short request first. If it dies there, it is started again with ``--no-repack``.
+    ``run()`` times ``concurrency`` streams of ``max_tokens`` tokens; ``no_repack`` says whether the server died at
+    its warm-up request (the crash on some AMX CPUs comes there) and was started again with ``--no-repack``.
     """
     longest = max(len(p) for p in prompts[:concurrency])
     ctx_per_slot = -(-(longest + max_tokens + 64) // 256) * 256
     batch = [prompts[i % len(prompts)] for i in range(concurrency)]
     for no_repack in (False, True):
-        try:
-            with running_server(binary, gguf, concurrency, threads, ctx_per_slot, no_repack) as server:
-                bench_server(server, batch, 4)  # warm up: the crash on some AMX CPUs comes here
-                return bench_server(server, batch, max_tokens), no_repack
-        except ServerDied:
-            if no_repack:
-                raise
+        with running_server(binary, gguf, concurrency, threads, ctx_per_slot, no_repack) as server:
+            try:
+                bench_server(server, batch, 4)
+            except ServerDied:
+                if no_repack:
+                    raise
+                continue
+            yield (lambda: bench_server(server, batch, max_tokens)), no_repack
+            return
     raise AssertionError("unreachable")
+
+
+def measure(
+    binary: Path, gguf: Path, prompts: list[list[int]], concurrency: int, max_tokens: int, threads: int
+) -> tuple[Timings, bool]:
+    """Timings of ``concurrency`` streams on a server with as many slots; and whether ``--no-repack`` was needed."""
+    with serving(binary, gguf, prompts, concurrency, max_tokens, threads) as (run, no_repack):
+        return run(), no_repack

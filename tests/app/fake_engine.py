@@ -120,6 +120,8 @@ class FakeEngine:
         self.max_batch_seen = 0
         self.num_generated_total = 0
         self.step_threads: set[str] = set()
+        #: ``threading.get_ident()`` of every thread that stepped the engine.
+        self.step_thread_ids: set[int] = set()
         #: The messages of every submit, in order.
         self.submitted: list[list[dict[str, str]] | str] = []
 
@@ -155,6 +157,7 @@ class FakeEngine:
 
     def step(self) -> list[StepOutput]:
         self.step_threads.add(threading.current_thread().name)
+        self.step_thread_ids.add(threading.get_ident())
         with self._lock:
             if self.fail_next_steps > 0:
                 self.fail_next_steps -= 1
@@ -261,6 +264,9 @@ class FakeLLM:
             if model == "default" else {}
         self.engine = FakeEngine(max_batch_size, step_delay_s)
         self.is_closed = False
+        #: ``threading.get_ident()`` of the thread that loaded the model, and of the one that closed it (0: open).
+        self.load_thread = threading.get_ident()
+        self.close_thread = 0
         FakeLLM.instances.append(self)
 
     def metrics(self) -> dict[str, float]:
@@ -268,6 +274,7 @@ class FakeLLM:
 
     def close(self) -> None:
         self.is_closed = True
+        self.close_thread = threading.get_ident()
 
 
 #: The fake model's size: a 4-billion-parameter model, so int8 fits in the fake's 6 GiB of free RAM and bf16 does not.

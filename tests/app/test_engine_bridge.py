@@ -85,6 +85,48 @@ def test_engine_is_stepped_off_the_gui_thread(qtbot: Any, loaded_bridge: EngineB
     assert threading.current_thread().name not in FakeLLM.instances[-1].engine.step_threads
 
 
+def test_one_thread_loads_steps_and_frees_each_model(qtbot: Any, loaded_bridge: EngineBridge, tmp_path: Path) -> None:
+    """All of a model's torch work runs on one thread (a second thread keeps a second OpenMP team on the cores):
+    the pool thread that loaded it steps it and, once it is replaced or unloaded, closes it."""
+    first = FakeLLM.instances[-1]
+    with qtbot.wait_signal(loaded_bridge.signals.request_finished, timeout=5000):
+        loaded_bridge.submit("c1", FRANCE, {})
+    assert first.load_thread != threading.get_ident()
+    assert first.engine.step_thread_ids == {first.load_thread}
+    with qtbot.wait_signal(loaded_bridge.signals.model_loaded, timeout=5000):
+        loaded_bridge.load_model(str(tmp_path))
+    assert first.close_thread == first.load_thread
+    second = FakeLLM.instances[-1]
+    with qtbot.wait_signal(loaded_bridge.signals.request_finished, timeout=5000):
+        loaded_bridge.submit("c1", FRANCE, {})
+    assert second.engine.step_thread_ids == {second.load_thread}
+    with qtbot.wait_signal(loaded_bridge.signals.model_unloaded, timeout=5000):
+        loaded_bridge.unload_model()
+    assert second.close_thread == second.load_thread
+
+
+def test_a_running_loop_leaves_threads_for_every_other_job(qtbot: Any, loaded_bridge: EngineBridge,
+                                                           tmp_path: Path) -> None:
+    """The loop keeps its load job's pool thread for the model's lifetime; reloads queued behind one another,
+    hardware detection and model discovery all still run, and exactly one model stays loaded."""
+    folders = [tmp_path / f"model-{i}" for i in range(3)]
+    loaded: list[ModelInfo] = []
+    loaded_bridge.signals.model_loaded.connect(loaded.append)
+    with qtbot.wait_signals([loaded_bridge.signals.hardware_detected, loaded_bridge.signals.models_discovered],
+                            timeout=5000):
+        for folder in folders:
+            folder.mkdir()
+            loaded_bridge.load_model(str(folder))
+        loaded_bridge.detect_hardware()
+        loaded_bridge.discover_models([])
+    qtbot.wait_until(lambda: bool(loaded) and loaded[-1].model_name == folders[-1].name, timeout=5000)
+    assert sum(not llm.is_closed for llm in FakeLLM.instances) == 1
+    texts = collect_text(loaded_bridge)
+    with qtbot.wait_signal(loaded_bridge.signals.request_finished, timeout=5000):
+        rid = loaded_bridge.submit("c1", FRANCE, {})
+    assert texts[rid] == FRANCE_REPLY
+
+
 def test_two_requests_stream_in_the_same_steps(qtbot: Any, loaded_bridge: EngineBridge) -> None:
     texts = collect_text(loaded_bridge)
     finished: list[str] = []

@@ -2,10 +2,10 @@
 
 Everything that can be checked from the files alone is checked first (``engine/loading/validate.py``), then
 memory, before any weight is allocated. Llama-family models (the fused decoder's types), from safetensors or GGUF,
-are built by ``engine/loading/native.py`` without transformers' modeling code; the rest load through transformers.
-Each failure
-raises :class:`~engine.api.ModelLoadError` saying what is wrong and what to do. Remote code is
-never run: ``trust_remote_code`` is never passed and configs with ``auto_map`` are refused.
+are built by ``engine/loading/native.py`` without importing transformers (where the tokenizer is a plain
+``tokenizer.json``, read by ``engine/loading/tokenizer.py``); the rest load through transformers. Each failure
+raises :class:`~engine.api.ModelLoadError` saying what is wrong and what to do. Remote code is never run:
+``trust_remote_code`` is never passed and configs with ``auto_map`` are refused.
 """
 
 from __future__ import annotations
@@ -135,20 +135,20 @@ def _materialize(
     checked: Checked, device: torch.device, dtype: torch.dtype, span: ProgressSpan
 ) -> tuple[torch.nn.Module, Any, Any]:
     """Read the weights and tokenizer; raise ModelLoadError if the result is not usable."""
+    info = checked.info
+    if _native_config(checked) is not None:  # no transformers import on this path (it costs most of a second)
+        span.report(0.0, "read weights")
+        model, tokenizer, config = native.load(info.path, info.format, dtype)
+        if info.format == "gguf":
+            setattr(model, GGUF_SOURCE_ATTR, info.path)
+        model.to(device)
+        model.eval()
+        model.requires_grad_(False)
+        return model, tokenizer, config
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    info = checked.info
     device_map = {"": device} if device.type == "cuda" else None
     with _quiet_hf():
-        if _native_config(checked) is not None:
-            span.report(0.0, "read weights")
-            model, tokenizer, config = native.load(info.path, info.format, dtype)
-            if info.format == "gguf":
-                setattr(model, GGUF_SOURCE_ATTR, info.path)
-            model.to(device)
-            model.eval()
-            model.requires_grad_(False)
-            return model, tokenizer, config
         if info.format == "gguf":
             from engine.loading.default_model import gguf_tensor_progress
 

@@ -3,8 +3,9 @@
 The fused decoder (``engine/model/llama.py``) reads an HF causal LM's parameters and calls only its embedding and
 rotary modules, so for the types it runs this module builds a small model with the same attribute names
 (``model.layers[i].self_attn.q_proj``, ``model.norm``, ``lm_head``...) and fills it straight from the files.
-Importing transformers' Llama modeling and config code costs seconds (it pulls in ``torch.distributed``); this
-path imports only ``PretrainedConfig`` and the tokenizer.
+Importing transformers' Llama modeling and config code costs seconds (it pulls in ``torch.distributed``), and
+transformers itself most of a second; this path imports none of it: the config is :class:`ModelConfig`, and the
+tokenizer, where the folder has a plain ``tokenizer.json``, :class:`engine.loading.tokenizer.Tokenizer`.
 
 * **safetensors**: the tensors are read into the skeleton in the load dtype (``load_state_dict(assign=True)``).
 * **GGUF**: config and tokenizer are converted once by transformers and cached in the data folder
@@ -13,8 +14,9 @@ path imports only ``PretrainedConfig`` and the tokenizer.
   rows are put back in HF order. Nothing passes through transformers' GGUF loader.
 
 The rotary embedding computes cos/sin exactly as transformers' ``LlamaRotaryEmbedding`` does, so the fused path
-stays token-identical to HF ``generate``. Rope types that change with the sequence length ("dynamic",
-"longrope") and anything unexpected fall back to transformers (:func:`supports`).
+stays token-identical to HF ``generate``; scaled rope types ("linear", "llama3", "yarn") take their frequencies from
+transformers' rope functions. Rope types that change with the sequence length ("dynamic", "longrope") and anything
+unexpected fall back to transformers (:func:`supports`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from engine.api import ModelLoadError
 from engine.loading.default_model import MARKER_FILENAME
 from engine.loading.gguf_weights import qk_order
 from engine.loading.safetensors_reader import safetensors_files
+from engine.loading.tokenizer import Tokenizer, is_plain
 from engine.model.architectures import ARCHITECTURES, attention_shape, execution_path, ties_embeddings
 from engine.system.paths import cache_dir, ensure_private_dir
 
@@ -44,8 +47,6 @@ log = logging.getLogger("engine")
 
 #: Rope types whose frequencies do not change at run time.
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
-#: Tokenizer classes that are the plain tokenizers-backed class (no per-model Python behaviour).
-_PLAIN_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
 #: GGUF tensor name part -> HF name part, for the Llama-family layout.
 _GGUF_LAYER = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -123,9 +124,14 @@ class RotaryEmbedding(nn.Module):
             inv_freq = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
             self.attention_scaling = 1.0
         else:
+            from transformers import PretrainedConfig
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-            inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config, None)
+            fields = config.to_dict()
+            model_type = fields.pop("model_type")
+            hf_config = PretrainedConfig(**fields)
+            hf_config.model_type = model_type  # type: ignore[misc]  # the generic class leaves it empty
+            inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf_config, None)
         self.inv_freq: torch.Tensor
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
@@ -180,33 +186,32 @@ def supports(config: dict[str, Any], fmt: str) -> bool:
     return _rope_parameters(config).get("rope_type", "default") in _STATIC_ROPE
 
 
-def make_config(config: dict[str, Any]) -> Any:
-    """A ``PretrainedConfig`` carrying the config.json fields (imported without the model-specific classes)."""
-    from transformers import PretrainedConfig
+class ModelConfig(SimpleNamespace):
+    """config.json's fields as attributes, as an HF config object carries them (what the engine reads of one)."""
 
+    model_type: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def make_config(config: dict[str, Any]) -> ModelConfig:
+    """The config.json fields with the defaults transformers' Llama-family configs fill in."""
     fields = dict(config)
-    model_type = fields.pop("model_type")
     fields["rope_parameters"] = _rope_parameters(config)
     fields.pop("rope_scaling", None)
     fields.setdefault("rms_norm_eps", 1e-6)
-    fields.setdefault("tie_word_embeddings", ARCHITECTURES[model_type].tie_word_embeddings)
+    fields.setdefault("tie_word_embeddings", ARCHITECTURES[fields["model_type"]].tie_word_embeddings)
     fields.setdefault("attention_bias", False)
     fields.setdefault("mlp_bias", False)
-    result = PretrainedConfig(**fields)
-    result.model_type = model_type  # type: ignore[misc]  # the generic class leaves it empty
-    return result
+    return ModelConfig(**fields)
 
 
 def load_tokenizer(folder: Path) -> Any:
-    """The folder's tokenizer: the plain tokenizers-backed class when its config names it, else AutoTokenizer."""
-    try:
-        tok_config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        tok_config = {}
-    if (folder / "tokenizer.json").is_file() and tok_config.get("tokenizer_class") in _PLAIN_TOKENIZERS:
-        from transformers import PreTrainedTokenizerFast
-
-        return PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)
+    """The folder's tokenizer: :class:`Tokenizer` for a plain ``tokenizer.json`` (no transformers), else
+    transformers' AutoTokenizer."""
+    if is_plain(folder):
+        return Tokenizer(folder)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)

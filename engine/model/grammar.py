@@ -13,6 +13,7 @@ logits of every other token to -inf.
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from typing import Any
@@ -64,14 +65,18 @@ class GrammarCompiler:
         with self._lock:
             if self._ll_tokenizer is None:
                 import llguidance
-                import llguidance.hf
 
-                try:
-                    self._ll_tokenizer = llguidance.hf.from_tokenizer(
-                        self._tokenizer, n_vocab=self.vocab_size, eos_token=self._eos_ids or None
-                    )
-                except ValueError as exc:
-                    raise ValueError(f"structured output needs a fast tokenizer: {exc}") from exc
+                # what llguidance.hf.from_tokenizer does, for HF's fast tokenizers and engine/loading/tokenizer.py's
+                # alike: llguidance reads the Rust tokenizer's JSON (without padding or truncation)
+                backend = getattr(self._tokenizer, "backend_tokenizer", None)
+                if backend is None:
+                    raise ValueError("structured output needs a fast tokenizer (a tokenizer.json)")
+                backend = copy.copy(backend)
+                backend.no_padding()
+                backend.no_truncation()
+                self._ll_tokenizer = llguidance.LLTokenizer(
+                    backend.to_str(), n_vocab=self.vocab_size, eos_token=self._eos_ids or None
+                )
                 self._executor = llguidance.LLExecutor()
             return self._ll_tokenizer
 

@@ -279,9 +279,8 @@ class TunedLinear:
 
     @property
     def nbytes(self) -> int:
-        """Bytes this layer adds (kernels sharing memory held elsewhere count nothing, views of another once)."""
-        held = {id(getattr(k, "base", k)): k for name, k in self.kernels.items() if name not in self.shared}
-        return sum(k.nbytes for k in held.values())
+        """Bytes this layer adds (kernels sharing memory held elsewhere count nothing)."""
+        return sum(k.nbytes for name, k in self.kernels.items() if name not in self.shared)
 
 
 class PlanCache:

@@ -7,8 +7,7 @@ For the fused decoder on a CPU with torch's kernels (``KernelBuilder``):
 * **int8/int4** decoder layers: the level's one packed kernel (torch has one of each on a CPU; a dense copy of the
   dequantized weights is faster for batched rows on CPUs with AVX512_BF16, but would undo the memory the level
   saves). Layers whose input width is not a multiple of 32 use int8, as before.
-* **lm_head** at int8/int4: int8 (in one call, or split over its rows), or the dense embedding it is tied to
-  (free: it is held for lookups anyway).
+* **lm_head** at int8/int4: int8, or the dense embedding it is tied to (free: it is held for lookups anyway).
 
 Where the model came from a GGUF file, Q4_0/Q4_1/Q4_K tensors become int4 kernels and Q8_0 tensors int8 kernels
 straight from the file's blocks, when their dequantized values match the loaded weights (checked per tensor).
@@ -20,7 +19,6 @@ that makes one invariant). Elsewhere (CUDA, forced backends) layers are built by
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 
@@ -34,7 +32,6 @@ from engine.model.quantization import (
     Int4Linear,
     Int8Linear,
     PackedFp16Linear,
-    SplitInt8Linear,
     make_linear,
 )
 from engine.system.hardware import fbgemm_fp16_available
@@ -42,8 +39,6 @@ from engine.system.hardware import fbgemm_fp16_available
 log = logging.getLogger("engine")
 
 Build = Callable[[], Kernel]
-#: The int8 lm_head is also timed as this many calls over slices of its rows (``SplitInt8Linear``).
-LM_HEAD_SPLIT = 4
 
 
 class KernelBuilder:
@@ -110,9 +105,11 @@ class KernelBuilder:
             return builds, "dense", frozenset({"dense"})
         if role == "lm_head":
             q8 = self.gguf.q8_parts(names) if self.gguf is not None else None
-            int8 = functools.cache(lambda: Int8Linear.from_q8(q8, bias) if q8 else Int8Linear.quantize(weight, bias))
             return (
-                {"dense": dense(), "int8": int8, "int8_split": lambda: SplitInt8Linear(int8(), LM_HEAD_SPLIT)},
+                {
+                    "dense": dense(),
+                    "int8": lambda: Int8Linear.from_q8(q8, bias) if q8 else Int8Linear.quantize(weight, bias),
+                },
                 "int8",
                 frozenset({"dense"}),
             )

@@ -100,37 +100,6 @@ class Int8Linear:
         return self.qweight.nbytes + self.scales.nbytes + (0 if self.bias is None else self.bias.nbytes)
 
 
-class SplitInt8Linear:
-    """An :class:`Int8Linear` run as several calls, each over a slice of its output rows (views: no copy).
-
-    For a wide layer (an lm_head of 49152 rows) torch's int8 kernel read more bytes per second in four calls
-    than in one at a single input row (measured 2.9 -> 2.1 ms, torch 2.13, 2 threads); the tuner keeps it only
-    where it measures faster here.
-    """
-
-    __slots__ = ("base", "bounds")
-
-    def __init__(self, base: Int8Linear, parts: int) -> None:
-        self.base = base
-        rows = base.qweight.shape[0]
-        step = -(-rows // parts)
-        self.bounds = [(a, min(a + step, rows)) for a in range(0, rows, step)]
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        base = self.base
-        scales = base._scales_by_dtype.get(x.dtype)
-        if scales is None:
-            scales = base._scales_by_dtype[x.dtype] = base.scales.to(x.dtype)
-        y = x.new_empty(x.shape[0], base.qweight.shape[0])
-        for a, b in self.bounds:
-            y[:, a:b] = torch._weight_int8pack_mm(x, base.qweight[a:b], scales[a:b])
-        return y if base.bias is None else y + base.bias.to(y.dtype)
-
-    @property
-    def nbytes(self) -> int:
-        return self.base.nbytes
-
-
 @dataclass(slots=True)
 class Int4Linear:
     """Weight-only int4 in groups along the input dimension (CPU packed kernel)."""

@@ -7,7 +7,8 @@ For the fused decoder on a CPU with torch's kernels (``KernelBuilder``):
 * **int8/int4** decoder layers: the level's one packed kernel (torch has one of each on a CPU; a dense copy of the
   dequantized weights is faster for batched rows on CPUs with AVX512_BF16, but would undo the memory the level
   saves). Layers whose input width is not a multiple of 32 use int8, as before.
-* **lm_head** at int8/int4: int8, or the dense embedding it is tied to (free: it is held for lookups anyway).
+* **lm_head** at int8/int4: int8 (in torch's int8 kernel, or as two int4 kernels over the same weights' nibbles,
+  ``Int8AsInt4Pair``), or the dense embedding it is tied to (free: it is held for lookups anyway).
 
 Where the model came from a GGUF file, Q4_0/Q4_1/Q4_K tensors become int4 kernels and Q8_0 tensors int8 kernels
 straight from the file's blocks, when their dequantized values match the loaded weights (checked per tensor).
@@ -19,6 +20,7 @@ that makes one invariant). Elsewhere (CUDA, forced backends) layers are built by
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
@@ -30,6 +32,7 @@ from engine.model.quantization import (
     INT4_GROUP_SIZE,
     DenseLinear,
     Int4Linear,
+    Int8AsInt4Pair,
     Int8Linear,
     PackedFp16Linear,
     make_linear,
@@ -105,14 +108,11 @@ class KernelBuilder:
             return builds, "dense", frozenset({"dense"})
         if role == "lm_head":
             q8 = self.gguf.q8_parts(names) if self.gguf is not None else None
-            return (
-                {
-                    "dense": dense(),
-                    "int8": lambda: Int8Linear.from_q8(q8, bias) if q8 else Int8Linear.quantize(weight, bias),
-                },
-                "int8",
-                frozenset({"dense"}),
-            )
+            int8 = functools.cache(lambda: Int8Linear.from_q8(q8, bias) if q8 else Int8Linear.quantize(weight, bias))
+            head: dict[str, Build] = {"dense": dense(), "int8": int8}
+            if not weight.shape[1] % INT4_GROUP_SIZE and not weight.shape[0] % 16:  # the int4 kernel's layout
+                head["int8_nibbles"] = lambda: Int8AsInt4Pair(int8())
+            return head, "int8", frozenset({"dense"})
         # decoder layers at int8/int4: the level's one packed kernel. A dense copy of the dequantized weights is
         # faster for 16+ rows on CPUs with AVX512_BF16 (measured ~1.2x at 16 rows, ~2x at 64), but would hold more
         # memory than the bf16 model itself: the level is chosen to save it

@@ -100,6 +100,54 @@ class Int8Linear:
         return self.qweight.nbytes + self.scales.nbytes + (0 if self.bias is None else self.bias.nbytes)
 
 
+class Int8AsInt4Pair:
+    """An :class:`Int8Linear`'s very weights, run as two of torch's int4 kernels: its high and low nibbles.
+
+    With ``u = q + 128 = 16·h + l`` (``h``, ``l`` in 0..15) and ``w = s·q``: ``w = (h − 8)·16s + (l − 8)·s + 8s``,
+    two int4 layers with scale ``16s``, zero 0 and scale ``s``, zero ``8s``, exact in the activation dtype (the int8
+    kernel rounds ``s`` to it too). The int4 kernel reads its bytes faster than the int8 one reads half as many: a
+    49152x576 lm_head took 1.7 against 2.9 ms at one row, from memory (torch 2.13, 2 threads). Only rounding
+    differs: in bf16 each half is rounded before the sum, about twice the int8 kernel's error (tested). The tuner
+    keeps it where it measures faster.
+    """
+
+    __slots__ = ("_sz", "bias", "group_size", "high", "in_features", "low", "scales")
+
+    def __init__(self, base: Int8Linear) -> None:
+        u = base.qweight.to(torch.int32) + 128
+        self.in_features = int(u.shape[1])
+        self.group_size = next(g for g in (256, 128, 64, 32) if self.in_features % g == 0)
+        self.high = torch._convert_weight_to_int4pack_for_cpu((u // 16).contiguous(), 1)
+        self.low = torch._convert_weight_to_int4pack_for_cpu((u % 16).contiguous(), 1)
+        self.scales = base.scales
+        self.bias = base.bias
+        self._sz: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _scales_zeros(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each half's [groups, out, 2] scales and zeros in ``dtype`` (one scale per row, repeated per group)."""
+        pair = self._sz.get(dtype)
+        if pair is None:
+            s = self.scales.to(dtype)
+            groups = self.in_features // self.group_size
+
+            def table(scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+                return torch.stack([scale, zero], -1)[None].expand(groups, -1, -1).contiguous()
+
+            pair = self._sz[dtype] = (table(s * 16, torch.zeros_like(s)), table(s, s * 8))
+        return pair
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        high, low = self._scales_zeros(x.dtype)
+        g = self.group_size
+        y = torch._weight_int4pack_mm_for_cpu(x, self.high, g, high)
+        y = y + torch._weight_int4pack_mm_for_cpu(x, self.low, g, low)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.high.nbytes + self.low.nbytes + self.scales.nbytes + (0 if self.bias is None else self.bias.nbytes)
+
+
 @dataclass(slots=True)
 class Int4Linear:
     """Weight-only int4 in groups along the input dimension (CPU packed kernel)."""

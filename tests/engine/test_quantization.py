@@ -305,3 +305,21 @@ def test_auto_level_for_the_default_model_stays_within_1pct_of_bf16(perplexities
     assert LLM._auto_level("default", "cpu") == "int4"
     # measured here: bf16 16.364, int4 16.370 (+0.04 %); the default model's GGUF itself at int4 16.448 (+0.5 %)
     assert abs(perplexities["int4"][0] / perplexities["bf16"][0] - 1) < 0.01
+
+
+def test_int8_as_two_int4_kernels_computes_the_same_weights() -> None:
+    """``Int8AsInt4Pair`` splits each int8 weight into nibbles; with fp32 activations its result is the int8 layer's
+    up to fp32 rounding. In bf16 each half's output is rounded before the sum: its error stays within a few times
+    the int8 kernel's own bf16 rounding."""
+    gen = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(96, 576, generator=gen), torch.randn(96, generator=gen)
+    base = quantization.Int8Linear.quantize(weight, bias)
+    pair = quantization.Int8AsInt4Pair(base)
+    x = torch.randn(5, 576, generator=gen)
+    exact = x.double() @ base.dequantize().double().t() + bias.double()
+    assert torch.allclose(pair(x).double(), exact, rtol=1e-5, atol=1e-4)
+    xb = x.bfloat16()
+    exact = xb.double() @ (base.qweight.double() * base.scales.bfloat16().double()[:, None]).t() + bias.double()
+    int8_error = (base(xb).double() - exact).abs().max()
+    assert 0 < (pair(xb).double() - exact).abs().max() <= 3 * int8_error
+    assert pair.nbytes < 1.2 * base.nbytes

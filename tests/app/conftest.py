@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +64,23 @@ def window(qtbot: Any, fake_api: Any, tmp_path: Path) -> Any:
     win.show()
     qtbot.wait_exposed(win)
     return win
+
+
+@pytest.fixture
+def open_window(qtbot: Any, fake_api: Any) -> Iterator[Callable[[Path], Any]]:
+    """Open main windows on the fake engine; they stay referenced (so alive) until teardown closes them."""
+    from app import create_window
+    from app.bridge.engine_bridge import EngineBridge
+
+    windows: list[Any] = []
+
+    def opener(data_dir: Path) -> Any:
+        win = create_window(data_dir=data_dir, bridge=EngineBridge(api=fake_api))
+        windows.append(win)
+        win.show()
+        qtbot.wait_exposed(win)
+        return win
+
+    yield opener
+    for win in windows:
+        win.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,25 +33,6 @@ from tests.app.fake_engine import FRANCE_REPLY, FakeLLM
 
 TIMEOUT_MS = 8000
 
-
-@pytest.fixture
-def open_window(qtbot: Any, fake_api: Any) -> Iterator[Callable[[Path], MainWindow]]:
-    """Open main windows on the fake engine; they stay referenced (so alive) until teardown closes them."""
-    from app import create_window
-    from app.bridge.engine_bridge import EngineBridge
-
-    windows: list[MainWindow] = []
-
-    def opener(data_dir: Path) -> MainWindow:
-        win = create_window(data_dir=data_dir, bridge=EngineBridge(api=fake_api))
-        windows.append(win)
-        win.show()
-        qtbot.wait_exposed(win)
-        return win
-
-    yield opener
-    for win in windows:
-        win.close()
 
 
 def ask(qtbot: Any, win: MainWindow, text: str) -> Any:

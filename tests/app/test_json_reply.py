@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,24 +94,6 @@ def test_a_remote_server_gets_the_format_in_openai_shape() -> None:
     assert body["response_format"] == {"type": "json_schema", "json_schema": {"name": "reply", "schema": SCHEMA}}
     assert "response_format" not in sampling_body({"temperature": 0.5})
 
-
-@pytest.fixture
-def open_window(qtbot: Any, fake_api: Any) -> Iterator[Callable[[Path], MainWindow]]:
-    from app import create_window
-    from app.bridge.engine_bridge import EngineBridge
-
-    windows: list[MainWindow] = []
-
-    def opener(data_dir: Path) -> MainWindow:
-        win = create_window(data_dir=data_dir, bridge=EngineBridge(api=fake_api))
-        windows.append(win)
-        win.show()
-        qtbot.wait_exposed(win)
-        return win
-
-    yield opener
-    for win in windows:
-        win.close()
 
 
 def test_reply_as_json_with_a_schema_is_sent_and_kept_over_a_restart(

@@ -182,24 +182,6 @@ def test_restart_with_side_panes_closed_still_shows_the_chat(qtbot: Any, open_wi
     assert ui_flows.child(again, ChatInput, "chatInput").isVisible()
 
 
-@pytest.fixture
-def open_window(qtbot: Any, fake_api: Any) -> Iterator[Any]:
-    from app import create_window
-    from app.bridge.engine_bridge import EngineBridge
-
-    windows: list[MainWindow] = []
-
-    def opener(data_dir: Path) -> MainWindow:
-        win = create_window(data_dir=data_dir, bridge=EngineBridge(api=fake_api))
-        windows.append(win)
-        win.show()
-        qtbot.wait_exposed(win)
-        return win
-
-    yield opener
-    for win in windows:
-        win.close()
-
 
 # -- plain words -------------------------------------------------------------------------------------------
 

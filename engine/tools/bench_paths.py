@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 
 from engine.api import SamplingParams, StepOutput
 from engine.core.llm import LLM
+from engine.tools.local_server import free_port, stop, wait_until_healthy
 from engine.tools.timings import Timings, time_concurrent_streams
 
 _READY_TIMEOUT_S = 300.0
@@ -53,43 +53,25 @@ def bench_loop(llm: LLM, prompts: list[list[int]], max_tokens: int) -> Timings:
     return timings
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def running_server(model: str, options: list[str]) -> Iterator[int]:
     """``python -m engine.serve`` on a free loopback port until the block ends; yields the port."""
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "engine.serve", "--model", model, "--port", str(port), "--log-level",
                "warning", *options]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + _READY_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                err = process.stderr.read().decode(errors="replace") if process.stderr else ""
-                raise RuntimeError(f"the server exited with status {process.returncode}: {err[-500:]}")
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", "/health")
-                if conn.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not become ready")
-            time.sleep(0.2)
+        wait_until_healthy(process, port, _READY_TIMEOUT_S, lambda: _exit_output(process))
         yield port
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, 20)
+
+
+def _exit_output(process: subprocess.Popen[bytes]) -> str:
+    """What an ended server wrote to stderr (nothing is read from one still running: that would block)."""
+    if process.poll() is None or process.stderr is None:
+        return ""
+    return process.stderr.read().decode(errors="replace")
 
 
 def _stream(port: int, prompt: list[int], max_tokens: int, times: list[float]) -> None:

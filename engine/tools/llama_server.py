@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.tools.local_server import ServerExited, free_port, stop, wait_until_healthy
 from engine.tools.timings import Timings, time_concurrent_streams
 
 _READY_TIMEOUT_S = 120.0
@@ -42,34 +42,12 @@ class LlamaServer:
         return self.process.poll() is None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_ready(server: LlamaServer) -> None:
-    deadline = time.monotonic() + _READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if not server.alive():
-            raise ServerDied(f"llama-server exited with status {server.process.returncode} while starting")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=2)
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"llama-server did not become ready within {_READY_TIMEOUT_S:.0f} s")
-
-
 @contextmanager
 def running_server(
     binary: Path, gguf: Path, parallel: int, threads: int, ctx_per_slot: int, no_repack: bool
 ) -> Iterator[LlamaServer]:
     """Start ``binary`` on ``gguf`` with ``parallel`` slots; stop it on exit."""
-    port = _free_port()
+    port = free_port()
     cmd = [
         str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
         "-np", str(parallel), "-t", str(threads), "-c", str(ctx_per_slot * parallel), "--log-disable",
@@ -79,15 +57,13 @@ def running_server(
     process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server = LlamaServer(process, port, no_repack)
     try:
-        _wait_ready(server)
+        try:
+            wait_until_healthy(process, port, _READY_TIMEOUT_S)
+        except ServerExited as exc:
+            raise ServerDied(f"llama-server: {exc}") from exc
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, 10)
 
 
 def _stream_completion(server: LlamaServer, prompt: list[int], max_tokens: int, times: list[float]) -> None:

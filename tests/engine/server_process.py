@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from engine.tools.local_server import ServerExited, free_port, stop, wait_until_healthy
 
 #: Model load plus warm-up takes 10-20 s on a shared machine; allow for a slow one.
 START_TIMEOUT_S = 120.0
@@ -37,12 +37,6 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def run_server(repo_root: Path, log_path: Path, api_key: str | None = None, *extra: str) -> Iterator[ServerProcess]:
     """Start the server, wait until ``/health`` answers, yield it, then stop it."""
@@ -57,26 +51,13 @@ def run_server(repo_root: Path, log_path: Path, api_key: str | None = None, *ext
         process = subprocess.Popen(args, cwd=repo_root, stdout=log_file, stderr=subprocess.STDOUT, env=env)
     server = ServerProcess(f"http://127.0.0.1:{port}", api_key, process, log_path)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"the server exited with {process.returncode}:\n{server.log()}")
-            try:
-                if httpx.get(f"{server.base_url}/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not start within {START_TIMEOUT_S} s:\n{server.log()}")
-            time.sleep(0.2)
+        try:
+            wait_until_healthy(process, port, START_TIMEOUT_S, server.log)
+        except (ServerExited, TimeoutError) as exc:
+            raise RuntimeError(str(exc)) from exc
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
 
 
 def scrape(http: httpx.Client) -> dict[str, float]:

@@ -299,6 +299,8 @@ class EngineConfig:
         compile: decode steps compiled with torch.compile (``engine/model/compiled.py``): ``"off"``,
             ``"default"`` or ``"max-autotune"`` (inductor's modes), or ``"auto"``: compiled where a measurement
             on this machine finds it faster (cached). Needs a C++ compiler; eager otherwise, and in a frozen bundle.
+        cuda_graphs: on a CUDA GPU, replay decode steps from CUDA graphs captured per batch and context bucket
+            (``engine/model/cuda_graphs.py``); ignored on a CPU.
     """
 
     max_batch_size: int = 16
@@ -315,6 +317,7 @@ class EngineConfig:
     speculative: str | dict[str, str] = "off"
     num_speculative_tokens: int = 4
     compile: str = "off"
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:

@@ -112,6 +112,12 @@ class LLM:
             self.engine = self._build_engine(loaded, level, quant_backend)
             #: how decode steps run: compiled per batch bucket, or eager and why (``EngineConfig.compile``)
             self.compile_status = self.engine.runner.enable_compile(self.config.compile)
+            #: whether decode steps replay from CUDA graphs, and why not (``EngineConfig.cuda_graphs``)
+            self.graph_status = "off (cuda_graphs=False)"
+            if self.config.cuda_graphs:
+                self.graph_status = self.engine.runner.enable_cuda_graphs(
+                    self.config.max_batch_size, self.engine.max_model_len
+                )
             if progress is not None:
                 progress(0.95, "warm up")
             self._warm_up()

@@ -1,7 +1,9 @@
 """The KV pool: per layer, K and V for every slot of every block, preallocated once.
 
 A token's slot is ``block_id * block_size + offset``; the block manager (``engine/core/block_manager.py``) hands
-out the block ids. Block ``NULL_BLOCK`` is never handed out and stays zero: padded attention reads point at it.
+out the block ids. Block ``NULL_BLOCK`` is never handed out: padded attention reads point at it, under a
+mask that gives it zero weight. It starts zero and stays finite (the padding rows of a CUDA-graph step,
+``cuda_graphs.py``, write their K/V to its first slot).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class KVCache:
     def __init__(self, config: Any, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device):
         _, num_kv_heads, head_dim = architectures.attention_shape(config)
         shape = (config.num_hidden_layers, num_blocks * block_size, num_kv_heads, head_dim)
-        # empty, not zeros: untouched pages are never committed on the CPU. Only the null block must be zero.
+        # empty, not zeros: untouched pages are never committed on the CPU. Only the null block must be finite.
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
         null = slice(NULL_BLOCK * block_size, (NULL_BLOCK + 1) * block_size)

@@ -29,7 +29,8 @@ from engine.model.compiled import (
     linear_spec,
     mark_dynamic,
 )
-from engine.model.kv_cache import KVCache
+from engine.model.cuda_graphs import GraphedDecode
+from engine.model.kv_cache import NULL_BLOCK, KVCache
 from engine.model.quantization import DenseLinear
 
 #: ``linear(role, names, weight, bias)``: role is qkv/o/gate_up/down/lm_head, names the HF parameters fused in it
@@ -148,6 +149,8 @@ class FusedDecoder:
         self._quantized = quantized
         #: compiled decode steps, once ``enable_compile`` is called
         self.compiled: CompiledDecode | None = None
+        #: decode steps replayed from CUDA graphs, once ``enable_graphs`` is called
+        self.graphs: GraphedDecode | None = None
         self.num_heads, self.num_kv_heads, self.head_dim = attention_shape(model.config)
         self._q_dim = self.num_heads * self.head_dim
         self._kv_dim = self.num_kv_heads * self.head_dim
@@ -202,12 +205,28 @@ class FusedDecoder:
     ) -> torch.Tensor | None:
         """Run every layer over the packed step (writing its K/V); logits of the ``keep`` rows, if any."""
         stack = self._stack
+        if self.graphs is not None and ctx.num_decode == ids.shape[0]:
+            logits = self.graphs.run(ids, pos, ctx)
+            if logits is not None:
+                return None if keep is None else logits[keep]
         hidden = None
         if self.compiled is not None and ctx.num_decode == ids.shape[0] and not ctx.prefills and not ctx.invariant:
             hidden = self._compiled_layers(self.compiled, stack, ids, pos, kv, ctx)
         if hidden is None:
             hidden = self._layers(stack, ids, pos, kv, ctx)
         return None if keep is None else stack.lm_head(hidden[keep])
+
+    # --- CUDA graphs (engine/model/cuda_graphs.py) ----------------------------------------------------------------
+    def enable_graphs(self, kv: KVCache, max_batch: int, max_context: int, capture: bool = True) -> GraphedDecode:
+        """Replay decode-only steps from CUDA graphs from now on (captured lazily per batch and context bucket)."""
+        stack = self._stack
+
+        def step(ids: torch.Tensor, pos: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+            return stack.lm_head(self._layers(stack, ids, pos, kv, ctx))
+
+        null_slot = NULL_BLOCK * kv.block_size
+        self.graphs = GraphedDecode(step, kv.k.device, stack.dtype, null_slot, max_batch, max_context, capture)
+        return self.graphs
 
     # --- compiled decode steps (engine/model/compiled.py) ------------------------------------------------------
     def enable_compile(self, mode: str, kv: KVCache, signature: str) -> str | None:

@@ -35,6 +35,7 @@ from engine.model.attention import (
 )
 from engine.model.autotune import Choice, PlanCache, Tuner
 from engine.model.compiled import CompiledDecode
+from engine.model.cuda_graphs import GraphedDecode
 from engine.model.kernels import KernelBuilder
 from engine.model.kv_cache import NULL_BLOCK, KVCache
 from engine.model.llama import FusedDecoder
@@ -161,6 +162,25 @@ class ModelRunner:
             why = problem
         log.info("decode steps run eager (compile=%s): %s", mode, why)
         return f"eager: {why}"
+
+    def enable_cuda_graphs(self, max_batch: int, max_context: int, capture: bool = True) -> str:
+        """Replay decode steps from CUDA graphs (``EngineConfig.cuda_graphs``); returns how steps run, for the log.
+
+        ``capture=False`` runs the graphs' static buffers and padding eagerly, on any device (tests on a CPU).
+        """
+        if capture and self.device.type != "cuda":
+            return f"no CUDA graphs on {self.device.type}"
+        if self._decoder is None:
+            return "no CUDA graphs: the HF-module path runs eager"
+        if self.deterministic:
+            return "no CUDA graphs in deterministic mode"
+        self._decoder.enable_graphs(self.kv, max_batch, max_context, capture)
+        return "decode steps replayed from CUDA graphs, per batch and context bucket"
+
+    @property
+    def cuda_graphs(self) -> GraphedDecode | None:
+        """The CUDA-graph replay of decode steps, when ``enable_cuda_graphs`` turned it on."""
+        return None if self._decoder is None else self._decoder.graphs
 
     # --- weights -----------------------------------------------------------------------------------------------
     def _kernel_builder(self, model: torch.nn.Module) -> KernelBuilder:

@@ -89,7 +89,7 @@ def _hf_generate(model: Any, tokenizer: Any, indices: list[int], max_tokens: int
     from transformers import LogitsProcessorList
 
     clock = _Clock()
-    inputs = _hf_inputs(tokenizer, indices)
+    inputs = {k: v.to(model.device) for k, v in _hf_inputs(tokenizer, indices).items()}
     with torch.inference_mode():
         model.generate(
             **inputs,
@@ -219,6 +219,32 @@ def _median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return dict(sorted(rows, key=lambda r: r["tok_s"])[(len(rows) - 1) // 2])
 
 
+def _bench_cuda_graphs(llm: LLM, levels: list[int], max_tokens: int, repeats: int) -> dict[tuple[str, int], Any]:
+    """Our engine with its CUDA graphs and without, in alternating rounds (each row the median round)."""
+    graphs = llm.engine.runner.cuda_graphs
+    if graphs is None:
+        raise SystemExit(f"--cuda-graphs: this engine replays no CUDA graphs ({llm.graph_status})")
+    rows: dict[tuple[str, int], Any] = {}
+    for c in levels:
+        rounds: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
+        for paused in (False, True):  # capture this batch shape's graphs, warm the eager path
+            graphs.paused = paused
+            bench_engine(llm, c, max_tokens)
+        for _ in range(max(1, repeats)):
+            for paused in (False, True):
+                graphs.paused = paused
+                rounds[not paused].append(bench_engine(llm, c, max_tokens).row("hearth", c))
+        graphs.paused = False
+        for on, name in ((True, "hearth"), (False, "hearth_no_cuda_graphs")):
+            row = _median_row(rounds[on])
+            row.update(system=name, level=llm.quantization, rounds_tok_s=[r["tok_s"] for r in rounds[on]])
+            rows[(name, c)] = row
+            _emit(row)
+        _emit({"system": "cuda_graphs", "concurrency": c, "captured": graphs.captured,
+               "disabled_reason": graphs.disabled_reason})
+    return rows
+
+
 def _bench_compiled(llm: LLM, mode: str, levels: list[int], max_tokens: int) -> dict[tuple[str, int], Any]:
     """Our engine again with compiled decode steps (each bucket compiled before it is timed)."""
     status = llm.engine.runner.enable_compile(mode)
@@ -255,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gguf", default=None, help="the GGUF llama-server runs (default: the model's own)")
     parser.add_argument("--compile", default="off", metavar="MODE",
                         help="also measure our engine with decode steps compiled in MODE (auto, default, max-autotune)")
+    parser.add_argument("--device", default="auto", help="ours and HF's: auto, cpu, cuda or cuda:N (default: auto)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="also measure our engine with CUDA graphs off, in rounds alternating with on (a GPU)")
     parser.add_argument("--structured", action="store_true",
                         help="only constrained (JSON schema) against free decoding (engine/tools/bench_structured.py)")
     parser.add_argument("--repeats", type=int, default=4,
@@ -296,10 +325,14 @@ def main(argv: list[str] | None = None) -> int:
         bench_structured.main(llm, levels, args.repeats, args.max_tokens)
         llm.close()
         return 0
-    llm = LLM(args.model, start_loop=False, max_batch_size=max(levels + [16]), **precision)
+    llm = LLM(args.model, start_loop=False, max_batch_size=max(levels + [16]), device=args.device, **precision)
+    _emit({"system": "hearth_setup", "device": llm.device, "dtype": llm.dtype, "level": llm.quantization,
+           "decode_steps": llm.graph_status if llm.device.startswith("cuda") else llm.compile_status})
     results: dict[tuple[str, int], dict[str, Any]] = {}
     if args.llama_server:
         results.update(_bench_against_llama_server(llm, args, levels))
+    elif args.cuda_graphs:
+        results.update(_bench_cuda_graphs(llm, levels, args.max_tokens, args.repeats))
     else:
         for c in levels:
             bench_engine(llm, c, 4)  # warm this batch shape
@@ -314,10 +347,11 @@ def main(argv: list[str] | None = None) -> int:
 
         path = llm.path
         tokenizer = llm.tokenizer
+        device = llm.device
         llm.close()
         hf_dtype = getattr(torch, args.dtype)
         for dtype_name, dtype in {args.dtype: hf_dtype, "float32": torch.float32}.items():
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval().to(device)
             _hf_generate(model, tokenizer, [0], 4)  # warm up
             for c in levels:
                 name = f"hf_sequential_{dtype_name}"
@@ -328,11 +362,12 @@ def main(argv: list[str] | None = None) -> int:
                 results[(name, c)] = row = bench_hf_static(model, tokenizer, c, args.max_tokens).row(name, c)
                 _emit(row)
             del model
-        llm = LLM(args.model, dtype=args.dtype, start_loop=False)
+        llm = LLM(args.model, dtype=args.dtype, start_loop=False, device=args.device)
 
     if not args.skip_multi_turn:
         for cached in (True, False):
-            run = llm if cached else LLM(args.model, dtype=args.dtype, start_loop=False, enable_prefix_caching=False)
+            run = llm if cached else LLM(args.model, dtype=args.dtype, start_loop=False, enable_prefix_caching=False,
+                                         device=args.device)
             ttfts = bench_multi_turn(run, args.turns, 32)
             _emit(
                 {
@@ -359,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
         theirs, mine = results.get(("llama_server", c)), results.get(("hearth", c))
         if theirs and mine:
             summary[f"c{c}_vs_llama_server"] = round(mine["tok_s"] / theirs["tok_s"], 2)
+        eager = results.get(("hearth_no_cuda_graphs", c))
+        if eager and mine:
+            summary[f"c{c}_cuda_graphs_vs_eager"] = round(mine["tok_s"] / eager["tok_s"], 2)
         compiled = results.get(("hearth_compiled", c))
         if compiled and mine:
             summary[f"c{c}_compiled_vs_eager"] = round(compiled["tok_s"] / mine["tok_s"], 2)

@@ -23,7 +23,7 @@ def hf_greedy(model: Any, prompt_ids: list[int], max_new_tokens: int) -> tuple[l
 
 
 def _generate(model: Any, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
-    ids = torch.tensor([prompt_ids])
+    ids = torch.tensor([prompt_ids], device=model.device)
     with torch.inference_mode():
         out = model.generate(
             ids,
@@ -34,7 +34,7 @@ def _generate(model: Any, prompt_ids: list[int], max_new_tokens: int) -> tuple[l
             return_dict_in_generate=True,
             pad_token_id=model.generation_config.eos_token_id,
         )
-    return out.sequences[0, len(prompt_ids) :].tolist(), [step[0].float() for step in out.logits]
+    return out.sequences[0, len(prompt_ids) :].tolist(), [step[0].float().cpu() for step in out.logits]
 
 
 def assert_matches_hf(model: Any, prompt_ids: list[int], ours: list[int], max_new_tokens: int) -> str:

@@ -1,8 +1,11 @@
-"""Command line for the engine: ``python -m engine info MODEL [--device auto] [--dtype auto] [--quantization L]``.
+"""Command line for the engine: ``python -m engine info MODEL [--device auto] [--dtype auto] [--quantization L]
+[--retune]``.
 
 ``info`` loads the model, prints what it is and where it runs, and, with ``--quantization`` (default "auto"), builds
 the engine and prints which kernel each weight shape runs per batch bucket, with the timings behind the choice
-(``engine/model/autotune.py``). ``--quantization off`` skips the engine (the loader's facts only).
+(``engine/model/autotune.py``). ``--quantization off`` skips the engine (the loader's facts only). ``--retune``
+first removes the kernel plans cached for this CPU (say, ones measured while the machine was busy), so this load
+measures them again.
 """
 
 from __future__ import annotations
@@ -28,7 +31,18 @@ def _parser() -> argparse.ArgumentParser:
         default="auto",
         help="level whose kernels to show: auto, bf16, int8, int4, ... or 'off'",
     )
+    info.add_argument("--retune", action="store_true", help="remove this CPU's cached kernel plans first")
     return parser
+
+
+def _retune() -> None:
+    """Remove this CPU's cached kernel plans and say how many."""
+    from engine.model.autotune import PlanCache
+    from engine.system.hardware import detect
+
+    cache = PlanCache()
+    removed = cache.forget_machine()
+    print(f"retune:       removed {removed} kernel plans for {detect().cpu_model} from {cache.path}")
 
 
 def _kernels(model: str, device: str, dtype: str, level: str) -> None:
@@ -52,6 +66,8 @@ def _kernels(model: str, device: str, dtype: str, level: str) -> None:
             plan = choice.plan
             rows = ", ".join(f"{b}: {k}" for b, k in zip(BUCKET_NAMES, plan.kernels, strict=True))
             source = "cached" if plan.cached else "measured"
+            if plan.noise is not None:
+                source += f", noise {plan.noise:.0%}{'' if plan.trusted else ', not cached'}"
             print(f"kernels:      {choice.role} {choice.shape[0]}x{choice.shape[1]}  rows {rows}  ({source})")
             print(f"              why: {plan.reason}")
             for name, times in plan.timings_us.items():
@@ -60,11 +76,13 @@ def _kernels(model: str, device: str, dtype: str, level: str) -> None:
         llm.close()
 
 
-def _info(model: str, device: str, dtype: str, level: str = "auto") -> int:
-    """Load ``model`` and print the facts about it."""
+def _info(model: str, device: str, dtype: str, level: str = "auto", retune: bool = False) -> int:
+    """Load ``model`` and print the facts about it (after removing this CPU's kernel plans, if ``retune``)."""
     from engine.loading.loader import load_model
     from engine.loading.validate import inspect_model
 
+    if retune:
+        _retune()
     info = inspect_model(model)
     loaded = load_model(model, device=device, dtype=dtype)
     print(f"model:        {loaded.path}")
@@ -96,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         return 2
     try:
-        return _info(args.model, args.device, args.dtype, args.quantization)
+        return _info(args.model, args.device, args.dtype, args.quantization, args.retune)
     except (ModelLoadError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

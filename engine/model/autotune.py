@@ -19,9 +19,21 @@ sizes, bitwise equal), padding calls to a multiple of 2, 4, 8 or 16 rows where t
 kernels often treat a partial block of rows differently); only invariant candidates are timed, and one kernel
 runs every bucket.
 
+**Noise.** On a shared machine other processes may hold the cores while a load measures, and a plan built on
+timings several times off would be used by every later load. So :func:`measure` keeps every call, and a plan
+records its *noise*: how far the median call is from the best one, the worst over its timings (small on a quiet
+machine, several-fold under contention). A plan chosen on the best calls is too noisy to separate the candidates
+when its noise exceeds :data:`MAX_NOISE` and the median calls would choose another plan: it runs this load, its
+reason (logged at INFO) says it was not cached, and the next load measures again. The measurement costs what it
+did (the same calls), and a clear winner is still cached on a busy machine.
+
 Plans are cached in ``data_dir()/autotune.json`` per CPU model, torch version, thread count, shape and
-candidate set, so later loads measure nothing. Every plan records its timings and a reason;
-``python -m engine info`` prints them.
+candidate set, so later loads measure nothing. Every plan records its timings, noise and a reason;
+``python -m engine info`` prints them, and ``python -m engine info MODEL --retune`` first removes this CPU's
+plans (:meth:`PlanCache.forget_machine`), so that load measures every shape again.
+
+Long because measuring, judging the measurement, choosing, checking row invariance and caching are one decision
+made per shape at load; split apart, each part would need the others' constants and types.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import statistics
 import tempfile
 import threading
 import time
@@ -51,7 +64,9 @@ BUCKET_NAMES = ("1", "2-4", "5-16", "17+")
 MIN_GAIN = 0.15
 CACHE_FILENAME = "autotune.json"
 #: Part of every cache key: bump it when the way plans are measured or chosen changes.
-PLAN_VERSION = "v4"
+PLAN_VERSION = "v5"
+#: Noise (median call / best call - 1) up to which the best calls are trusted whatever the median calls choose.
+MAX_NOISE = 0.5
 _WARMUP, _REPEATS, _ROUNDS = 5, 5, 3
 #: Row paddings tried, in order, to make a kernel row-invariant: every call then runs a multiple of that many rows.
 ROW_MULTIPLES = (1, 2, 4, 8, 16)
@@ -81,6 +96,8 @@ class Plan:
     reason: str
     cached: bool = False
     row_multiple: int = 1  # calls are padded to a multiple of this many rows (deterministic mode)
+    noise: float | None = None  # see Measurement.noise; None when nothing was timed
+    trusted: bool = True  # its timings separate the candidates (see the module doc); only trusted plans are cached
 
     @property
     def used(self) -> list[str]:
@@ -164,8 +181,8 @@ def _release_flush_buffer() -> None:
     _flush_buffer = None
 
 
-def time_kernel(kernel: Kernel, rows: int, in_features: int, dtype: torch.dtype) -> float:
-    """Best-of-several time of one call on ``rows`` random rows, in microseconds (casts included, as run).
+def time_kernel(kernel: Kernel, rows: int, in_features: int, dtype: torch.dtype) -> list[float]:
+    """The times of :data:`_REPEATS` calls on ``rows`` random rows, in microseconds (casts included, as run).
 
     The caches are flushed before every timed call: a model's layers together outgrow them, so in a real step
     each weight comes from memory, and a warm-cache timing would flatter small matrices.
@@ -182,13 +199,61 @@ def time_kernel(kernel: Kernel, rows: int, in_features: int, dtype: torch.dtype)
     with torch.inference_mode():
         for _ in range(_WARMUP):
             call()
-        best = float("inf")
+        times = []
         for _ in range(_REPEATS):
             _evict_caches()
             start = time.perf_counter()
             call()
-            best = min(best, time.perf_counter() - start)
-    return best * 1e6
+            times.append((time.perf_counter() - start) * 1e6)
+    return times
+
+
+@dataclass(slots=True)
+class Measurement:
+    """Each candidate's best and median call per bucket (microseconds, :data:`BUCKETS` order), over all rounds."""
+
+    best: dict[str, list[float]]
+    median: dict[str, list[float]]
+
+    @property
+    def noise(self) -> float:
+        """How far the median call is from the best one (``median / best - 1``), the worst over all timings."""
+        pairs = (zip(self.best[name], self.median[name], strict=True) for name in self.best)
+        return max(m / max(b, 1e-9) - 1 for pair in pairs for b, m in pair)
+
+
+def measure(kernels: Mapping[str, Kernel], in_features: int, dtype: torch.dtype) -> Measurement:
+    """Time every kernel at every bucket's row count, :data:`_ROUNDS` times.
+
+    The rounds interleave the candidates, so a passing disturbance does not decide the plan alone; the median
+    is taken over the calls of all rounds, so a disturbance lasting most of them shows in it.
+    """
+    samples: dict[str, list[list[float]]] = {name: [[] for _ in BUCKETS] for name in kernels}
+    for _ in range(_ROUNDS):
+        for name, kernel in kernels.items():
+            for b, rows in enumerate(BUCKETS):
+                samples[name][b].extend(time_kernel(kernel, rows, in_features, dtype))
+    _release_flush_buffer()
+    best = {name: [min(times) for times in by_bucket] for name, by_bucket in samples.items()}
+    return Measurement(best, {name: [statistics.median(t) for t in by_b] for name, by_b in samples.items()})
+
+
+def judge(plan: Plan, measured: Measurement, by_median: tuple[str, ...]) -> Plan:
+    """Record ``plan``'s noise, and whether its timings separate the candidates well enough to cache it.
+
+    Args:
+        plan: The plan chosen on the best calls.
+        measured: The timings behind it.
+        by_median: The kernels per bucket that the median calls choose.
+    """
+    plan.noise = measured.noise
+    if plan.noise > MAX_NOISE and by_median != plan.kernels:
+        plan.trusted = False
+        plan.reason += (
+            f"; not cached, too noisy to separate the candidates (median calls up to {plan.noise:.0%} slower than"
+            f" the best; by them: {', '.join(by_median)})"
+        )
+    return plan
 
 
 class PaddedRows:
@@ -314,8 +379,9 @@ class PlanCache:
             if not entry:
                 return None
             multiple = int(entry.get("row_multiple", 1))
-            return Plan(tuple(entry["kernels"]), entry["timings_us"], entry["reason"], True, multiple)
-        except (KeyError, TypeError):
+            noise = None if entry.get("noise") is None else float(entry["noise"])
+            return Plan(tuple(entry["kernels"]), entry["timings_us"], entry["reason"], True, multiple, noise)
+        except (KeyError, TypeError, ValueError):
             return None
 
     def put(self, key: str, plan: Plan) -> None:
@@ -323,6 +389,26 @@ class PlanCache:
         data[key] = {"kernels": list(plan.kernels), "timings_us": plan.timings_us, "reason": plan.reason}
         if plan.row_multiple != 1:
             data[key]["row_multiple"] = plan.row_multiple
+        if plan.noise is not None:
+            data[key]["noise"] = round(plan.noise, 3)
+        self._write(data)
+
+    def forget_machine(self) -> int:
+        """Remove every plan measured on this CPU model (any torch version, thread count or plan version).
+
+        Returns:
+            How many plans were removed; the next load measures their shapes again.
+        """
+        data = self._load()
+        mine = f"|{hardware.detect().cpu_model}|torch "
+        gone = [key for key in data if mine in key]
+        for key in gone:
+            del data[key]
+        if gone:
+            self._write(data)
+        return len(gone)
+
+    def _write(self, data: dict[str, Any]) -> None:
         with self._lock:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -392,24 +478,18 @@ class Tuner:
             plan = self.cache.get(key)
         if self.deterministic and (plan is None or any(name not in kernels for name in plan.kernels)):
             plan = self._invariant_plan(shape, kernels, preferred)
-            if self.cache is not None:
+            if self.cache is not None and plan.trusted:
                 self.cache.put(key, plan)
         elif plan is None or any(name not in kernels for name in plan.kernels):
-            # rounds interleave the candidates, so a passing disturbance does not decide the plan alone
-            timings = {name: [float("inf")] * len(BUCKETS) for name in names}
-            for _ in range(_ROUNDS):
-                for name in names:
-                    for b, rows in enumerate(BUCKETS):
-                        t = time_kernel(kernels[name], rows, shape[1], self.dtype)
-                        timings[name][b] = min(timings[name][b], t)
-            _release_flush_buffer()
+            measured = measure({name: kernels[name] for name in names}, shape[1], self.dtype)
             copies = 1 if role == "lm_head" else self.layers
 
             def may_add(name: str) -> bool:
                 return name in free or kernels[name].nbytes * copies <= self.budget
 
-            plan = choose(timings, preferred, may_add)
-            if self.cache is not None:
+            by_median = choose(measured.median, preferred, may_add).kernels
+            plan = judge(choose(measured.best, preferred, may_add), measured, by_median)
+            if self.cache is not None and plan.trusted:
                 self.cache.put(key, plan)
         for name in plan.used:
             if name != plan.kernels[0] and name not in free:
@@ -427,20 +507,16 @@ class Tuner:
             log.warning("no row-invariant kernel for %dx%d: greedy replies may vary with batching", *shape)
             return Plan((preferred,) * len(BUCKETS), {}, f"{preferred}; no candidate is row-invariant")
         first = preferred if preferred in ok else min(ok)
-        timings: dict[str, list[float]] = {}
+        measured, by_median = None, first
         if self.timed and len(ok) > 1:
-            padded = {name: PaddedRows(kernels[name], m) for name, m in ok.items()}
-            timings = {name: [float("inf")] * len(BUCKETS) for name in ok}
-            for _ in range(_ROUNDS):
-                for name, kernel in padded.items():
-                    for b, rows in enumerate(BUCKETS):
-                        timings[name][b] = min(timings[name][b], time_kernel(kernel, rows, shape[1], self.dtype))
-            _release_flush_buffer()
-            first = choose(timings, first, lambda name: False).kernels[0]
+            measured = measure({name: PaddedRows(kernels[name], m) for name, m in ok.items()}, shape[1], self.dtype)
+            by_median = choose(measured.median, first, lambda name: False).kernels[0]
+            first = choose(measured.best, first, lambda name: False).kernels[0]
         pad = ok[first]
         left_out = sorted(set(kernels) - set(ok))
         why = f"{first} for every bucket (row-invariant{f' on multiples of {pad} rows' if pad > 1 else ''})"
         if left_out:
             why += f"; {', '.join(left_out)} not row-invariant"
-        timings = {n: [round(t, 1) for t in ts] for n, ts in timings.items()}
-        return Plan((first,) * len(BUCKETS), timings, why, row_multiple=pad)
+        timings = {n: [round(t, 1) for t in ts] for n, ts in measured.best.items()} if measured else {}
+        plan = Plan((first,) * len(BUCKETS), timings, why, row_multiple=pad)
+        return plan if measured is None else judge(plan, measured, (by_median,) * len(BUCKETS))

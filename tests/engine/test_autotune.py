@@ -1,14 +1,18 @@
-"""Kernel choice by measurement: the plan logic on fake timings, per-bucket dispatch, and the on-disk cache."""
+"""Kernel choice by measurement: the plan logic on fake timings, per-bucket dispatch, the on-disk cache, plans too
+noisy to cache, and ``python -m engine info --retune``."""
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from engine.model import autotune
-from engine.model.autotune import BUCKETS, PlanCache, TunedLinear, Tuner, bucket_index, choose
+from engine.model.autotune import BUCKETS, Measurement, PlanCache, TunedLinear, Tuner, bucket_index, choose
 
 
 def _always(name: str) -> bool:
@@ -82,17 +86,17 @@ def test_plans_are_cached_per_machine_and_shape(tmp_path: Path, monkeypatch: pyt
     fake = {"int4": [10.0, 20.0, 300.0, 900.0], "dense": [30.0, 35.0, 50.0, 100.0]}
     measured: list[str] = []
 
-    def fake_time(kernel: _Fake, rows: int, in_features: int, dtype: torch.dtype) -> float:
+    def fake_time(kernel: _Fake, rows: int, in_features: int, dtype: torch.dtype) -> list[float]:
         name = "int4" if kernel.value == 4 else "dense"
         measured.append(name)
-        return fake[name][BUCKETS.index(rows)]
+        return [fake[name][BUCKETS.index(rows)]] * autotune._REPEATS  # steady: every call alike
 
     monkeypatch.setattr(autotune, "time_kernel", fake_time)
     cache = PlanCache(tmp_path / "autotune.json")
     kernels = {"int4": _Fake(4), "dense": _Fake(16)}
     tuner = Tuner(torch.bfloat16, cache, extra_budget=10_000, layers=30)
     plan = tuner.plan_for("qkv", (8, 4), kernels, "int4", frozenset())
-    assert plan.kernels == ("int4", "int4", "dense", "dense") and not plan.cached
+    assert plan.kernels == ("int4", "int4", "dense", "dense") and not plan.cached and plan.noise == 0
     assert len(measured) == 8 * autotune._ROUNDS  # 2 kernels x 4 buckets, per round
     assert tuner.plan_for("qkv", (8, 4), kernels, "int4", frozenset()) is plan  # once per shape and role
     assert tuner.budget == 10_000 - 100 * 30  # the second kernel is held by every layer
@@ -115,7 +119,7 @@ class _CountsRows(_Fake):
 def test_deterministic_plans_run_one_row_invariant_kernel_everywhere(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(autotune, "time_kernel", lambda kernel, rows, in_features, dtype: 1.0)
+    monkeypatch.setattr(autotune, "time_kernel", lambda kernel, rows, in_features, dtype: [1.0] * autotune._REPEATS)
     kernels = {"fast": _CountsRows(1.0), "steady": _Fake(2.0)}
     tuner = Tuner(torch.bfloat16, PlanCache(tmp_path / "autotune.json"), 10_000, 30, deterministic=True)
     plan = tuner.plan_for("qkv", (8, 4), kernels, "fast", frozenset())
@@ -125,3 +129,94 @@ def test_deterministic_plans_run_one_row_invariant_kernel_everywhere(
     # the usual plans are cached apart: they may keep the faster kernel
     usual = Tuner(torch.bfloat16, PlanCache(tmp_path / "autotune.json"), 10_000, 30)
     assert not usual.plan_for("qkv", (8, 4), kernels, "fast", frozenset()).cached
+
+
+def test_noise_is_how_far_the_median_call_is_from_the_best() -> None:
+    quiet = Measurement({"a": [10.0, 20.0], "b": [5.0, 5.0]}, {"a": [11.0, 21.0], "b": [5.0, 5.0]})
+    assert quiet.noise == pytest.approx(0.1)
+    assert Measurement({"a": [10.0, 20.0]}, {"a": [11.0, 60.0]}).noise == pytest.approx(2.0)
+
+
+def test_a_near_tie_measured_with_little_noise_is_trusted_whichever_kernel_wins() -> None:
+    measured = Measurement({"dense": [100.0] * 4, "fp16": [99.0] * 4}, {"dense": [101.0] * 4, "fp16": [104.0] * 4})
+    by_median = choose(measured.median, "dense", _always).kernels
+    plan = autotune.judge(choose(measured.best, "dense", _always), measured, by_median)
+    assert plan.used == ["fp16"] and by_median == ("dense",) * 4
+    assert plan.trusted and plan.noise == pytest.approx(0.0505, abs=1e-3)
+
+
+class _Timings:
+    """Fake call times of the int4 (value 4) and dense (16) kernels: during the first ``busy_rounds`` rounds,
+    the calls of the kernels in ``slowed`` run ``factor`` times slower."""
+
+    def __init__(self, busy_rounds: int = 0, factor: float = 1.0, slowed: tuple[int, ...] = (4, 16)) -> None:
+        self.base = {4: [10.0, 20.0, 300.0, 900.0], 16: [30.0, 35.0, 50.0, 100.0]}
+        self.busy_rounds, self.factor, self.slowed, self.calls = busy_rounds, factor, slowed, 0
+
+    def __call__(self, kernel: Any, rows: int, in_features: int, dtype: torch.dtype) -> list[float]:
+        value = int(getattr(kernel, "kernel", kernel).value)  # a deterministic plan times PaddedRows(kernel)
+        busy = self.calls // 8 < self.busy_rounds and value in self.slowed  # 2 kernels x 4 buckets per round
+        self.calls += 1
+        return [self.base[value][BUCKETS.index(rows)] * (self.factor if busy else 1.0)] * 5
+
+
+def _plan(path: Path) -> autotune.Plan:
+    kernels = {"int4": _Fake(4), "dense": _Fake(16)}
+    return Tuner(torch.bfloat16, PlanCache(path), 10_000, 30).plan_for("qkv", (8, 4), kernels, "int4", frozenset())
+
+
+def test_a_plan_too_noisy_to_separate_the_candidates_runs_this_load_but_is_measured_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two rounds of three ran while the cores were busy, slowing the dense kernel: its median calls would
+    choose int4 for 5-16 rows. The best calls still choose this load's plan, but it is not cached."""
+    monkeypatch.setattr(autotune, "time_kernel", _Timings(busy_rounds=2, factor=6.0, slowed=(16,)))
+    path = tmp_path / "autotune.json"
+    with caplog.at_level(logging.INFO, logger="engine"):
+        plan = _plan(path)
+    assert plan.kernels == ("int4", "int4", "dense", "dense") and not plan.trusted  # used for this load
+    assert plan.noise == pytest.approx(5.0) and plan.noise > autotune.MAX_NOISE
+    assert "not cached, too noisy to separate the candidates" in caplog.text and "500%" in caplog.text
+    assert not path.exists()
+    # the next load measures again; quiet now, its plan is cached and read back by the load after
+    quiet = _Timings()
+    monkeypatch.setattr(autotune, "time_kernel", quiet)
+    again = _plan(path)
+    assert not again.cached and again.trusted and again.noise == 0 and quiet.calls == 8 * autotune._ROUNDS
+    third = _plan(path)
+    assert third.cached and third.kernels == again.kernels and third.noise == 0
+    assert quiet.calls == 8 * autotune._ROUNDS  # read back, nothing measured
+
+
+def test_noise_that_cannot_change_the_plan_does_not_stop_caching(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every kernel slowed alike for most of the measurement: the median calls choose the same plan
+    monkeypatch.setattr(autotune, "time_kernel", _Timings(busy_rounds=2, factor=6.0))
+    plan = _plan(tmp_path / "busy.json")
+    assert plan.noise == pytest.approx(5.0) and plan.trusted and _plan(tmp_path / "busy.json").cached
+    # one disturbed round of three: the median call is a quiet one
+    monkeypatch.setattr(autotune, "time_kernel", _Timings(busy_rounds=1, factor=6.0, slowed=(16,)))
+    assert _plan(tmp_path / "once.json").noise == 0 and _plan(tmp_path / "once.json").cached
+
+
+def test_retune_removes_this_machines_plans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], default_model_dir: Path
+) -> None:
+    from engine.__main__ import main
+
+    monkeypatch.setenv("HEARTH_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "time_kernel", _Timings())
+    path = tmp_path / autotune.CACHE_FILENAME
+    _plan(path)
+    Tuner(torch.bfloat16, PlanCache(), 10_000, 30, deterministic=True).plan_for(
+        "qkv", (8, 4), {"int4": _Fake(4), "dense": _Fake(16)}, "int4", frozenset()
+    )
+    other = "v5|Another CPU|torch 2.0|4 threads|qkv|8x4|bfloat16|dense,int4"
+    path.write_text(json.dumps({**json.loads(path.read_text()), other: {"kernels": ["dense"] * 4}}))
+
+    assert main(["info", str(default_model_dir), "--quantization", "off", "--retune"]) == 0
+    out = capsys.readouterr().out
+    assert "removed 2 kernel plans" in out and str(path) in out
+    assert list(json.loads(path.read_text())) == [other]  # another machine's plans stay
+    assert not _plan(path).cached

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -95,12 +94,12 @@ def describe_gguf(path: Path, name: str, source: Source, hardware: HardwareInfo)
                 f"llama.cpp's `llama-gguf-split --merge {path.name} merged.gguf`."
             )
             return found
-    found.reason = _loader_verdict(path)
+    found.reason = _inspect(path)
     found.runnable = not found.reason
     if found.runnable:
-        # a .gguf path, so that a file whose own blocks a level runs is recommended that level (an Ollama blob,
-        # which has no suffix, is estimated from its config)
-        _add_fit(found, str(path) if path.suffix == ".gguf" else gguf_config(metadata, tensors), hardware)
+        # the path, not its config, so that a file whose own blocks a level runs is recommended that level
+        # (recommend knows a GGUF by its magic bytes too, so an Ollama blob gets the verdict of the same .gguf)
+        _add_fit(found, str(path), hardware)
     return found
 
 
@@ -154,25 +153,9 @@ def gguf_config(metadata: dict[str, Any], tensors: list[tuple[str, int, str, int
     return cfg
 
 
-def _loader_verdict(path: Path) -> str:
-    """The loader's objection to ``path`` as a GGUF, or "" when it would load it.
-
-    The loader takes GGUF files by their ``.gguf`` name; a blob without one is checked through a
-    temporary link with that name, and the link's name is replaced by the real one in the message.
-    """
-    if path.suffix.lower() == ".gguf":
-        return _inspect(path)
-    with tempfile.TemporaryDirectory(prefix="hearth-gguf-") as tmp:
-        link = Path(tmp) / f"{path.name}.gguf"
-        try:
-            link.symlink_to(path.resolve())
-        except OSError:
-            return ""  # no links allowed here: the header was already read, so say nothing against it
-        message = _inspect(link)
-    return message.replace(str(link), str(path)).replace(link.name, path.name)
-
-
 def _inspect(path: Path) -> str:
+    """The loader's objection to ``path``, or "" when it would load it (the loader knows a GGUF by its magic bytes
+    too, so an Ollama blob is checked as it is)."""
     try:
         inspect_model(path)
     except ModelLoadError as exc:

@@ -32,6 +32,7 @@ from engine.loading.describe import (
     read_model_config,
     unreadable,
 )
+from engine.loading.gguf_reader import is_gguf_file
 
 logger = logging.getLogger("engine")
 
@@ -130,10 +131,14 @@ def _walk(root: Path, max_depth: int) -> Iterator[tuple[str, Path]]:
     """Yield ("gguf", file) and ("folder", model folder) below ``root``, each folder once.
 
     Folders are followed through symlinks but visited once each (by device and inode), so link loops
-    end; hidden folders are skipped; at most :data:`MAX_ENTRIES` entries are looked at.
+    end; hidden folders are skipped; at most :data:`MAX_ENTRIES` entries are looked at. A file given as
+    ``root`` is a GGUF by its name or its magic bytes (an Ollama blob added by hand); files inside folders
+    by their ``.gguf`` name only, so that a scan opens no other file (and a blob store added as a folder
+    does not list each blob a second time beside its Ollama tag).
     """
-    if root.is_file() and root.suffix.lower() == ".gguf":
-        yield "gguf", root
+    if root.is_file():
+        if root.suffix.lower() == ".gguf" or is_gguf_file(root):
+            yield "gguf", root
         return
     seen: set[tuple[int, int]] = set()
     stack = [(root, 0)]
@@ -243,7 +248,9 @@ def _jan_imports(root: Path) -> Iterator[tuple[str, Path, str]]:
             url = str(item.get("url", "")) if isinstance(item, dict) else ""
             local = Path(url.removeprefix("file://"))
             inside = local.resolve().is_relative_to(model_json.parent.resolve())
-            if local.is_absolute() and local.suffix.lower() == ".gguf" and local.is_file() and not inside:
+            if not local.is_absolute() or inside or not local.is_file():
+                continue
+            if local.suffix.lower() == ".gguf" or is_gguf_file(local):  # by its magic: a blob has no extension
                 yield "gguf", local, model_json.parent.name
 
 

@@ -1,7 +1,8 @@
 """Which quantization to load a model at, from its config and the memory measured free on this machine.
 
 Called as ``engine.system.hardware.recommend(model, hardware=None, context_length=None)``; ``model`` is a model
-folder, a ``.gguf`` file, "default" or a config. Everything is estimated from the config (and a GGUF's header)
+folder, a GGUF file (by its ``.gguf`` name or its magic bytes: Ollama's blobs have no extension), "default" or a
+config. Everything is estimated from the config (and a GGUF's header)
 alone, before any weight is read, with the formulas of the model registry (``engine.model.architectures``, plain
 data that this lower layer may read):
 
@@ -16,7 +17,7 @@ without avx512_bf16). Without either, int8 through torch's packed kernel is the 
 moves 25-37 GB/s against fp32's ~17 GB/s), and fp32 is kept for models small enough that speed is not the issue.
 
 One exception on a CPU: decoder weights that come from a GGUF file whose linear tensors are all Q4_0/Q4_1/Q4_K
-(or all Q8_0), given as the .gguf path or as a folder converted from one (the default model's folder, whose marker
+(or all Q8_0), given as the GGUF file's path or as a folder converted from one (the default model's folder, whose marker
 records its source: :func:`gguf_source`). bf16 would only hold the file's 4-bit values dequantized, while int4 runs
 those very values through torch's int4 packed kernel (``engine/loading/gguf_weights.py``; the converted folder's
 bf16 copy requantizes to the same 4-bit codes) at about a third of bf16's bytes per weight, so int4 (int8 for Q8_0)
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.api import BYTES_PER_PARAM, Recommendation
+from engine.loading.gguf_reader import is_gguf_file
 from engine.model.architectures import count_parameters, execution_path, kv_bytes_per_token, ties_embeddings
 
 _GIB = 1 << 30  # the app shows every size in GiB
@@ -78,9 +80,14 @@ def _config_dict(model: Any) -> dict[str, Any]:
     path = Path(model)
     if path.is_dir():
         return _read_config(path)
-    if path.suffix == ".gguf":
+    if path.suffix.lower() == ".gguf" or is_gguf_file(path):
         return _gguf_config(path)
-    raise ValueError(f"model: {model!r} is not a config, a model folder, a .gguf file or 'default'")
+    raise ValueError(f"model: {model!r} is not a config, a model folder, a GGUF file or 'default'")
+
+
+def _is_gguf(path: Path) -> bool:
+    """Whether ``path`` is a GGUF file: by its ``.gguf`` name, or by its magic bytes (Ollama's blobs)."""
+    return path.is_file() and (path.suffix.lower() == ".gguf" or is_gguf_file(path))
 
 
 def _gguf_config(path: Path) -> dict[str, Any]:
@@ -122,8 +129,9 @@ class FileBlocks:
 
 
 def gguf_source(model: Any) -> Path | None:
-    """The GGUF file ``model``'s decoder weights come from: the .gguf itself, or the file a converted folder (the
-    default model's, whose marker records its source) was made from; None for other models and for configs."""
+    """The GGUF file ``model``'s decoder weights come from: the GGUF file itself (whatever its name), or the file a
+    converted folder (the default model's, whose marker records its source) was made from; None for other models
+    and for configs."""
     from engine.api import ModelLoadError
     from engine.loading import default_model
 
@@ -133,7 +141,7 @@ def gguf_source(model: Any) -> Path | None:
             return bundled
     elif isinstance(model, str | Path):
         path = Path(model).expanduser()
-        if path.suffix == ".gguf" and path.is_file():
+        if _is_gguf(path):
             return path
         if not path.is_dir() or not default_model.is_converted(path):
             return None

@@ -133,6 +133,9 @@ def _check_default_gguf(model: FoundModel) -> None:
     assert model.size_bytes == source_gguf_path().stat().st_size
     assert model.fits == "yes"
     assert model.context_length == 8192
+    # the file's own Q4_1 blocks run at int4, whatever the file is called (an Ollama blob has no extension)
+    assert model.recommended_level == "int4", model.fit_reason
+    assert f"Q4_1 blocks in {model.path.name}" in model.fit_reason
 
 
 def test_each_app_layout_is_found(found: dict[tuple[str, str], FoundModel]) -> None:
@@ -167,8 +170,27 @@ def test_ollama_blob_without_extension(found: dict[tuple[str, str], FoundModel])
     assert not missing.runnable and "ollama pull gone:latest" in missing.reason
     clip = found["ollama", "clippy:latest"]
     assert (clip.quantization, clip.model_type, clip.runnable) == ("F16", "clip", False)
-    # the message names the blob, not the temporary link the check went through
+    # the message names the blob itself
     assert f"Unsupported architecture 'clip' (clip) in {clip.path}." in clip.reason
+
+
+def test_blobs_outside_ollama_are_known_by_their_magic_bytes(tmp_path: Path) -> None:
+    """An extension-less GGUF added by hand, or imported by Jan from Ollama's store, is a GGUF like any other."""
+    blobs = tmp_path / "blobs"
+    added = _link(source_gguf_path(), blobs / f"sha256-{GGUF_SHA256}")
+    imported = _link(source_gguf_path(), blobs / ("sha256-" + "d" * 64))
+    notes = blobs / ("sha256-" + "e" * 64)
+    notes.write_text("not a model")
+    jan = tmp_path / "home" / "jan" / "models" / "from-ollama"
+    jan.mkdir(parents=True)
+    (jan / "model.json").write_text(json.dumps({"sources": [{"url": f"file://{imported}"}, {"url": str(notes)}]}))
+    models = discover_models(tmp_path / "home", [added, notes], hardware=HARDWARE)
+    assert [(m.source, m.name, m.path) for m in models] == [
+        ("jan", "from-ollama", imported),
+        ("user", added.name, added),
+    ]
+    for model in models:
+        _check_default_gguf(model)
 
 
 def test_broken_and_unsupported_models_say_why(found: dict[tuple[str, str], FoundModel]) -> None:

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,35 @@ def test_inspect_gguf_without_loading() -> None:
     assert info.num_parameters == 134_515_008
 
 
+def test_an_ollama_blob_loads_like_its_gguf(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, default_model_dir: Path
+) -> None:
+    """Ollama keeps a GGUF as ``blobs/sha256-<hex>``, without an extension: the loader knows it by its magic bytes,
+    converts its config and tokenizer as for a .gguf, and the int4/int8 levels find its blocks through it.
+    (Only the steps that see the file's name: dequantizing the weights reads them by their offsets alone, and
+    takes far longer; ``test_native_loader.py`` loads the .gguf itself.)"""
+    from engine.loading import native
+    from engine.loading.default_model import GGUF_SHA256
+    from engine.loading.gguf_weights import GgufWeights
+
+    monkeypatch.setenv("HEARTH_DATA_DIR", str(tmp_path / "data"))  # the converted side files are cached there
+    blob = tmp_path / "blobs" / f"sha256-{GGUF_SHA256}"
+    blob.parent.mkdir()
+    shutil.copyfile(source_gguf_path(), blob)
+    gguf = inspect_model(source_gguf_path())
+    assert inspect_model(blob) == replace(gguf, path=blob, weight_files=[blob])
+    assert (gguf.format, gguf.stored_dtype) == ("gguf", "Q4_1")
+    side = native.gguf_side_folder(blob)
+    assert side.is_relative_to(tmp_path / "data")
+    config = native.read_config(side)
+    expected = json.loads((default_model_dir / "config.json").read_text())  # converted from the same file
+    shared = set(config) & set(expected)
+    assert {"model_type", "num_hidden_layers", "hidden_size", "vocab_size"} <= shared
+    assert {k: config[k] for k in shared} == {k: expected[k] for k in shared}
+    weights = GgufWeights(blob, native.make_config(config))
+    assert weights.supported and weights.kind("model.layers.0.mlp.down_proj.weight") == "Q4_1"
+
+
 def test_default_model_loads_offline_with_sockets_blocked(
     default_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -152,7 +182,7 @@ def test_default_model_loads_offline_with_sockets_blocked(
     # the default model is built natively (engine/loading/native.py), so it answers through the engine
     engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(), 64, torch.bfloat16, 1024, "bf16")
     handle = engine.submit(
-        [{"role": "user", "content": "What is the capital of France?"}], SamplingParams(max_tokens=8, temperature=0)
+        [{"role": "user", "content": "Name the capital city of France."}], SamplingParams(max_tokens=10, temperature=0)
     )
     while not handle.done():
         engine.step()

@@ -186,7 +186,8 @@ class GraphedDecode:
         if entry.graph is None:
             inputs = entry.inputs
             return self._step(inputs.ids, inputs.positions, inputs.context())[:rows]
-        entry.graph.replay()
+        with torch.cuda.device(self.device):
+            entry.graph.replay()
         assert entry.logits is not None
         return entry.logits[:rows]
 
@@ -210,14 +211,15 @@ class GraphedDecode:
         def step() -> torch.Tensor:
             return self._step(inputs.ids, inputs.positions, inputs.context())
 
-        current = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):  # warm-up runs allocate their workspaces outside the graph
-            for _ in range(self._warmup):
-                step()
-        current.wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            logits = step()
+        with torch.cuda.device(self.device):  # capture on the model's GPU, whichever is current
+            current = torch.cuda.current_stream()
+            side = torch.cuda.Stream()
+            side.wait_stream(current)
+            with torch.cuda.stream(side):  # warm-up runs allocate their workspaces outside the graph
+                for _ in range(self._warmup):
+                    step()
+            current.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                logits = step()
         return _Graph(inputs, graph, logits)

@@ -83,10 +83,18 @@ def paged_attention(
         keys = _decode_kv(k_pool, ctx).to(dt).transpose(1, 2)  # [B, KVH, L, D]
         values = _decode_kv(v_pool, ctx).to(dt).transpose(1, 2)
         mask = None if ctx.decode_mask is None else ctx.decode_mask.to(dt)
-        o = F.scaled_dot_product_attention(
-            q[:nd].unsqueeze(2).to(dt), keys, values, attn_mask=mask, scale=scale, enable_gqa=True
-        )
-        decoded = o.squeeze(2)
+        if q.device.type == "cpu" and nd > 1:
+            # each KV head's query heads as that head's rows (HF's repeat_kv order): with the gather, 5-11 % faster
+            # than SDPA's GQA at 2-16 decodes, and slower for a lone one at long contexts (torch 2.13, 2 threads)
+            kvh = keys.shape[1]
+            grouped = q[:nd].to(dt).view(nd, kvh, -1, q.shape[-1])
+            o = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=scale)
+            decoded = o.view(nd, -1, q.shape[-1])
+        else:
+            o = F.scaled_dot_product_attention(
+                q[:nd].unsqueeze(2).to(dt), keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+            )
+            decoded = o.squeeze(2)
         if nd == q.shape[0]:  # a decode-only step
             return decoded.to(q.dtype)
     out = torch.empty_like(q)

@@ -97,8 +97,8 @@ def test_default_gguf_runs_its_own_blocks_and_answers(gguf_int4: Any, default_mo
 
     runner = gguf_int4.engine.runner
     assert runner.weights_from_gguf == 4 * int(runner.config.num_hidden_layers)  # qkv, o, gate_up, down
-    answer = gguf_int4.chat(
-        [{"role": "user", "content": "What is the capital of France?"}],
+    answer = gguf_int4.chat(  # not "What is the capital of France?", whose first token is a near-tie
+        [{"role": "user", "content": "Name the capital city of France."}],
         SamplingParams(max_tokens=16, temperature=0),
     )
     assert "Paris" in answer.text

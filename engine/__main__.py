@@ -60,7 +60,7 @@ def _kernels(model: str, device: str, dtype: str, level: str) -> None:
             print(
                 f"gguf blocks:  {runner.weights_from_gguf} fused weights run the file's own quantized blocks"
             )
-        print(f"decode steps: {llm.graph_status if runner.device.type == 'cuda' else llm.compile_status}")
+        print(f"decode steps: {llm.decode_status}")
         if not runner.kernel_choices:
             print("kernels:      one per layer, not measured (fp32, CUDA, or HEARTH_AUTOTUNE=off)")
         for choice in runner.kernel_choices:

@@ -223,6 +223,11 @@ class LLM:
                 self.engine.step()
         return [h.result() for h in handles]  # a dying loop fails every request, so this always returns
 
+    @property
+    def decode_status(self) -> str:
+        """How decode steps run: CUDA graphs on a GPU, compiled or eager on a CPU (and why)."""
+        return self.graph_status if self.device.startswith("cuda") else self.compile_status
+
     def metrics(self) -> dict[str, float]:
         return self.engine.metrics()
 

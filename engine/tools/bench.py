@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     llm = LLM(args.model, start_loop=False, max_batch_size=max(levels + [16]), device=args.device, **precision)
     _emit({"system": "hearth_setup", "device": llm.device, "dtype": llm.dtype, "level": llm.quantization,
-           "decode_steps": llm.graph_status if llm.device.startswith("cuda") else llm.compile_status})
+           "decode_steps": llm.decode_status})
     results: dict[tuple[str, int], dict[str, Any]] = {}
     if args.llama_server:
         results.update(_bench_against_llama_server(llm, args, levels))

@@ -299,6 +299,10 @@ class EngineConfig:
         compile: decode steps compiled with torch.compile (``engine/model/compiled.py``): ``"off"``,
             ``"default"`` or ``"max-autotune"`` (inductor's modes), or ``"auto"``: compiled where a measurement
             on this machine finds it faster (cached). Needs a C++ compiler; eager otherwise, and in a frozen bundle.
+        native: native decode steps (``engine/model/native.py``): every layer of a decode-only step in one C++
+            call, built once per machine with its C++ compiler. ``"auto"``: per batch bucket where a measurement
+            on this machine finds it faster (cached), not at fp32; ``"on"``: wherever it can run; ``"off"``.
+            Eager while the first build runs, where there is no compiler, and in a frozen bundle.
         cuda_graphs: on a CUDA GPU, replay decode steps from CUDA graphs captured per batch and context bucket
             (``engine/model/cuda_graphs.py``); ignored on a CPU.
     """
@@ -317,6 +321,7 @@ class EngineConfig:
     speculative: str | dict[str, str] = "off"
     num_speculative_tokens: int = 4
     compile: str = "off"
+    native: str = "auto"
     cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
@@ -341,11 +346,15 @@ class EngineConfig:
             raise ValueError(f"num_speculative_tokens must be in [1, 16], got {self.num_speculative_tokens}")
         if self.compile not in COMPILE_MODES:
             raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
+        if self.native not in NATIVE_MODES:
+            raise ValueError(f"native must be one of {', '.join(NATIVE_MODES)}, got {self.native!r}")
 
 
 SPECULATIVE_METHODS = ("off", "ngram", "self-int4")
 #: ``EngineConfig.compile`` values
 COMPILE_MODES = ("auto", "off", "default", "max-autotune")
+#: ``EngineConfig.native`` values
+NATIVE_MODES = ("auto", "on", "off")
 
 
 def check_speculative(value: object) -> None:

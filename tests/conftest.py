@@ -25,3 +25,17 @@ def default_model_dir() -> Path:
 def repo_root() -> Path:
     """The repository root (the working directory for ``python -m`` subprocesses)."""
     return REPO_ROOT
+
+
+@pytest.fixture(scope="session", autouse=True)
+def native_decode_step() -> None:
+    """Build (or load) the native decode step before any engine starts, so that no test sees it appear mid-run.
+
+    The first build on a machine takes some seconds; later sessions load it from the data dir.
+    """
+    import torch
+
+    from engine.model.native import EXTENSION, native_problem
+
+    if native_problem(torch.device("cpu"), torch.float32) is None:
+        EXTENSION.start(wait=True)

@@ -112,6 +112,7 @@ class LLM:
             self.engine = self._build_engine(loaded, level, quant_backend)
             #: how decode steps run: compiled per batch bucket, or eager and why (``EngineConfig.compile``)
             self.compile_status = self.engine.runner.enable_compile(self.config.compile)
+            self.engine.runner.enable_native(self.config.native)
             #: whether decode steps replay from CUDA graphs, and why not (``EngineConfig.cuda_graphs``)
             self.graph_status = "off (cuda_graphs=False)"
             if self.config.cuda_graphs:
@@ -225,8 +226,10 @@ class LLM:
 
     @property
     def decode_status(self) -> str:
-        """How decode steps run: CUDA graphs on a GPU, compiled or eager on a CPU (and why)."""
-        return self.graph_status if self.device.startswith("cuda") else self.compile_status
+        """How decode steps run: CUDA graphs on a GPU; natively, compiled or eager on a CPU (and why)."""
+        if self.device.startswith("cuda"):
+            return self.graph_status
+        return f"{self.engine.runner.native_status}; torch.compile: {self.compile_status}"
 
     def metrics(self) -> dict[str, float]:
         return self.engine.metrics()

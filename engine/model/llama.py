@@ -31,6 +31,7 @@ from engine.model.compiled import (
 )
 from engine.model.cuda_graphs import GraphedDecode
 from engine.model.kv_cache import NULL_BLOCK, KVCache
+from engine.model.native import NativeDecode, native_problem
 from engine.model.quantization import DenseLinear
 
 #: ``linear(role, names, weight, bias)``: role is qkv/o/gate_up/down/lm_head, names the HF parameters fused in it
@@ -149,6 +150,8 @@ class FusedDecoder:
         self._quantized = quantized
         #: compiled decode steps, once ``enable_compile`` is called
         self.compiled: CompiledDecode | None = None
+        #: native decode steps (one C++ call for every layer), once ``enable_native`` is called
+        self.native: NativeDecode | None = None
         #: decode steps replayed from CUDA graphs, once ``enable_graphs`` is called
         self.graphs: GraphedDecode | None = None
         self.num_heads, self.num_kv_heads, self.head_dim = attention_shape(model.config)
@@ -210,7 +213,9 @@ class FusedDecoder:
             if logits is not None:
                 return None if keep is None else logits[keep]
         hidden = None
-        if self.compiled is not None and ctx.num_decode == ids.shape[0] and not ctx.prefills and not ctx.invariant:
+        if self.native is not None and ctx.num_decode == ids.shape[0] and not ctx.prefills and not ctx.invariant:
+            hidden = self._native_layers(self.native, stack, ids, pos, kv, ctx)
+        if hidden is None and self.compiled is not None and ctx.num_decode == ids.shape[0] and not ctx.prefills and not ctx.invariant:
             hidden = self._compiled_layers(self.compiled, stack, ids, pos, kv, ctx)
         if hidden is None:
             hidden = self._layers(stack, ids, pos, kv, ctx)
@@ -227,6 +232,39 @@ class FusedDecoder:
         null_slot = NULL_BLOCK * kv.block_size
         self.graphs = GraphedDecode(step, kv.k.device, stack.dtype, null_slot, max_batch, max_context, capture)
         return self.graphs
+
+    # --- native decode steps (engine/model/native.py) ----------------------------------------------------------
+    def enable_native(self, mode: str, kv: KVCache, signature: str) -> str | None:
+        """Run decode-only steps natively in ``mode`` from now on (per batch bucket); why not, if they cannot."""
+        problem = native_problem(kv.k.device, kv.dtype)
+        if problem is not None:
+            return problem
+        shape = LayerShape(self._q_dim, self._kv_dim, self.head_dim, self.num_heads, self._eps, self._scale)
+        hidden = int(self._stack.final_norm.shape[0])
+        layout = (len(self._stack.layers), self.num_kv_heads, self.head_dim)
+        self.native = NativeDecode(
+            mode, shape, self._compiled_weights, hidden, self._stack.dtype, layout, self._rotary, signature
+        )
+        return None
+
+    def _native_layers(
+        self, native: NativeDecode, stack: _Stack, ids: torch.Tensor, pos: torch.Tensor, kv: KVCache,
+        ctx: AttentionContext,
+    ) -> torch.Tensor | None:
+        """The layers of a decode-only step in one native call; None while its bucket runs eager."""
+        t = ids.shape[0]
+        flat = native.weights_for(t)
+        if flat is None or ctx.decode_slots is None or ctx.decode_lens is None:
+            return None
+        x = self._inner.embed_tokens(ids).to(stack.dtype)
+        cos, sin = self._rotary(x, pos)
+        lens = torch.tensor(ctx.decode_lens, dtype=torch.long)
+        try:
+            x = native.run(flat, x, cos, sin, kv.k, kv.v, ctx.slot_mapping, ctx.decode_slots, lens)
+        except Exception as exc:  # noqa: BLE001 -- the step reruns eager (rewriting the same K/V slots)
+            native.fail(t, exc)
+            return None
+        return _rms_norm(x, stack.final_norm, self._eps)
 
     # --- compiled decode steps (engine/model/compiled.py) ------------------------------------------------------
     def enable_compile(self, mode: str, kv: KVCache, signature: str) -> str | None:

@@ -39,6 +39,7 @@ from engine.model.cuda_graphs import GraphedDecode
 from engine.model.kernels import KernelBuilder
 from engine.model.kv_cache import NULL_BLOCK, KVCache
 from engine.model.llama import FusedDecoder
+from engine.model.native import EXTENSION, native_problem
 from engine.model.quantization import DenseLinear, Linear, make_linear
 
 log = logging.getLogger("engine")
@@ -113,6 +114,7 @@ class ModelRunner:
         self._quant_backend = quant_backend
         #: row-invariant kernels and attention, so greedy replies repeat whatever shares the step (CPU only)
         self.deterministic = deterministic and self.device.type == "cpu"
+        self._native_off = "not enabled"  # why decode steps do not run natively (``enable_native``)
         if deterministic and not self.deterministic:
             log.warning("deterministic mode is implemented for the CPU only; %s replies may vary", self.device)
         self._decoder: FusedDecoder | None = None
@@ -162,6 +164,35 @@ class ModelRunner:
             why = problem
         log.info("decode steps run eager (compile=%s): %s", mode, why)
         return f"eager: {why}"
+
+    def enable_native(self, mode: str) -> str:
+        """Native decode steps in ``mode`` (``EngineConfig.native``); returns how steps run, for the log."""
+        if self._decoder is not None:
+            self._decoder.native = None
+        why: str | None
+        if mode == "off":
+            why = "native=off"
+        elif self._decoder is None or self.deterministic:
+            why = "the HF-module path" if self._decoder is None else "deterministic mode"
+        elif mode == "auto" and self.dtype == torch.float32:
+            why = "fp32 runs torch's own ops, token for token as HF (native='on' runs it natively)"
+        else:
+            why = native_problem(self.device, self.kv.dtype) or EXTENSION.start(wait=False)
+            if why in (None, "building"):
+                c = self.config
+                signature = f"{c.model_type} {c.hidden_size}x{c.num_hidden_layers} {self.weight_quantization or self.dtype}"
+                why = self._decoder.enable_native(mode, self.kv, signature)
+                if why is None:
+                    return self.native_status
+        self._native_off = why or "unknown"
+        log.info("native decode steps off: %s", why)
+        return self.native_status
+
+    @property
+    def native_status(self) -> str:
+        """How decode steps run natively now: per bucket once decided, or why they do not."""
+        native = None if self._decoder is None else self._decoder.native
+        return f"eager: {self._native_off}" if native is None else native.status()
 
     def enable_cuda_graphs(self, max_batch: int, max_context: int, capture: bool = True) -> str:
         """Replay decode steps from CUDA graphs (``EngineConfig.cuda_graphs``); returns how steps run, for the log.

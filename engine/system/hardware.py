@@ -20,7 +20,7 @@ logger = logging.getLogger("engine")
 _GB = 1e9
 
 
-def _cpu_flags_and_model() -> tuple[set[str], str]:
+def cpu_flags_and_model() -> tuple[set[str], str]:
     """Read CPU flags and the model name (from /proc/cpuinfo on Linux, best effort elsewhere)."""
     flags: set[str] = set()
     model = ""
@@ -111,7 +111,7 @@ def detect() -> HardwareInfo:
         A :class:`HardwareInfo`. GPU detection failures are not errors: ``gpus`` is then empty and
         ``gpu_reason`` says why in plain words.
     """
-    flags, model = _cpu_flags_and_model()
+    flags, model = cpu_flags_and_model()
     physical, logical = _physical_cores()
     memory = psutil.virtual_memory()
     is_cpu_build = torch.version.cuda is None

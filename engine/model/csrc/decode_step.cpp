@@ -1,0 +1,434 @@
+// Hearth's native decode step: every layer of the fused decoder, for a decode-only step, in one call.
+//
+// On a small model an eager decode step is mostly per-op overhead: some twenty torch calls per layer from Python,
+// a few microseconds each. Here the layer loop runs in C++. The matmuls stay torch's own kernels (packed int4,
+// int8, or dense), called through ATen; the small ops between them (RMSNorm, rotary embedding, the K/V writes,
+// paged decode attention, SiLU-and-multiply) are a few fused loops over the step's rows.
+//
+// Numerics follow the eager layer (engine/model/llama.py): activations rounded to the model dtype where eager
+// rounds them, norms with fp32 statistics, attention in fp32 over the fp32 KV pool. Each row (sequence) is
+// computed on its own, so a row's result does not depend on the other rows of the step.
+//
+// Built and loaded by engine/model/native.py; registered as torch.ops.hearth.decode_layers.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kTensorsPerLayer = 16;
+constexpr int64_t kKindsPerLayer = 8;
+enum LinearKind : int64_t { kInt4 = 0, kInt8 = 1, kDense = 2 };
+
+template <typename T>
+inline float f32(T v) {
+  return static_cast<float>(v);
+}
+
+template <typename T>
+inline T rounded(float v) {
+  return static_cast<T>(v);
+}
+
+constexpr int kLanes = 16;  // one AVX-512 register of floats; written as plain loops the compiler vectorizes
+
+inline float hsum(const float* acc) {
+  float s = 0.f;
+  for (int j = 0; j < kLanes; ++j) s += acc[j];
+  return s;
+}
+
+template <typename T>
+inline float sum_squares(const T* __restrict x, int64_t n) {
+  float acc[kLanes] = {0.f};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      const float v = f32(x[i + j]);
+      acc[j] += v * v;
+    }
+  }
+  float s = hsum(acc);
+  for (; i < n; ++i) s += f32(x[i]) * f32(x[i]);
+  return s;
+}
+
+// e^x for x <= 0 to within ~2e-7 relative (Cephes' exp2f polynomial), in plain arithmetic that vectorizes
+inline float exp_neg(float x) {
+  x = std::max(x, -87.f);
+  const float t = x * 1.44269504088896341f;
+  const float n = (t + 12582912.f) - 12582912.f;  // round to nearest (1.5 * 2^23)
+  const float f = t - n;                           // [-0.5, 0.5]
+  float p = 1.535336188319500e-4f;
+  p = p * f + 1.339887440266574e-3f;
+  p = p * f + 9.618437357674640e-3f;
+  p = p * f + 5.550332471162809e-2f;
+  p = p * f + 2.402264791363012e-1f;
+  p = p * f + 6.931472028550421e-1f;
+  p = p * f + 1.f;
+  int32_t bits;
+  std::memcpy(&bits, &p, sizeof bits);
+  bits += static_cast<int32_t>(n) * (1 << 23);
+  std::memcpy(&p, &bits, sizeof p);
+  return p;
+}
+
+inline float silu(float x) {
+  // x * sigmoid(x) with the exponent of a non-positive argument only
+  const float e = exp_neg(-std::fabs(x));
+  const float sig = x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
+  return x * sig;
+}
+
+// RMSNorm as HF's LlamaRMSNorm: fp32 statistics, normalized value rounded to T, then times the weight
+template <typename T>
+void rms_norm(const T* x, const T* w, T* out, int64_t rows, int64_t n, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * n;
+    T* o = out + r * n;
+    const float rstd = 1.f / std::sqrt(sum_squares(xr, n) / static_cast<float>(n) + eps);
+    for (int64_t i = 0; i < n; ++i) o[i] = rounded<T>(f32(rounded<T>(f32(xr[i]) * rstd)) * f32(w[i]));
+  }
+}
+
+// One head's vector: optional RMSNorm (Qwen3's q/k norms), then the rotary embedding in rotate-half layout
+// (x * cos + rotate_half(x) * sin, each product rounded to T as eager rounds it). Result rounded to T.
+template <typename T>
+void rotate_head(const T* in, const T* norm, float eps, const float* cos, const float* sin, int64_t d, float* out) {
+  float buf[512];
+  for (int64_t i = 0; i < d; ++i) buf[i] = f32(in[i]);
+  if (norm != nullptr) {
+    float ss = 0.f;
+    for (int64_t i = 0; i < d; ++i) ss += buf[i] * buf[i];
+    const float rstd = 1.f / std::sqrt(ss / static_cast<float>(d) + eps);
+    for (int64_t i = 0; i < d; ++i) buf[i] = f32(rounded<T>(f32(rounded<T>(buf[i] * rstd)) * f32(norm[i])));
+  }
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < d; ++i) {
+    const float rot = i < half ? -buf[i + half] : buf[i - half];
+    const float a = f32(rounded<T>(buf[i] * cos[i]));
+    out[i] = f32(rounded<T>(a + rot * sin[i]));
+  }
+}
+
+// Rotates queries into q_out (fp32 [B, H*D]) and keys, and writes keys and values into the pool at each row's slot.
+template <typename T>
+void rope_and_store(const T* qkv, int64_t rows, int64_t nh, int64_t kvh, int64_t d, const T* q_norm,
+                    const T* k_norm, float eps, const float* cos, const float* sin, const int64_t* slot_mapping,
+                    float* k_pool, float* v_pool, float* q_out) {
+  const int64_t width = (nh + 2 * kvh) * d;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = qkv + r * width;
+    const float* c = cos + r * d;
+    const float* s = sin + r * d;
+    for (int64_t h = 0; h < nh; ++h) rotate_head(row + h * d, q_norm, eps, c, s, d, q_out + (r * nh + h) * d);
+    float* k_dst = k_pool + slot_mapping[r] * kvh * d;
+    float* v_dst = v_pool + slot_mapping[r] * kvh * d;
+    for (int64_t h = 0; h < kvh; ++h) rotate_head(row + (nh + h) * d, k_norm, eps, c, s, d, k_dst + h * d);
+    const T* v = row + (nh + kvh) * d;
+    for (int64_t i = 0; i < kvh * d; ++i) v_dst[i] = f32(v[i]);
+  }
+}
+
+// --- decode attention -------------------------------------------------------------------------------------
+// Explicit 16-float vectors (GCC/Clang vector extensions: AVX-512 registers here, pairs or quads of narrower
+// ones elsewhere), for head sizes known at compile time; other head sizes take plain loops.
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+
+inline v16 load16(const float* p) { return *reinterpret_cast<const v16u*>(p); }
+inline void store16(float* p, v16 v) { *reinterpret_cast<v16u*>(p) = v; }
+inline float hsum16(v16 v) {
+  const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+// scores[i * len + j] = scale * (q_i . key_j) for G query heads that share one KV head
+template <int D, int G>
+void group_scores(const float* q, const float* k_base, const int64_t* slots, int64_t stride, int64_t len,
+                  float scale, float* scores) {
+  constexpr int C = D / 16;
+  v16 qv[G][C];
+  for (int i = 0; i < G; ++i)
+    for (int c = 0; c < C; ++c) qv[i][c] = load16(q + i * D + c * 16);
+  for (int64_t j = 0; j < len; ++j) {
+    const float* key = k_base + slots[j] * stride;
+    v16 kv[C];
+    for (int c = 0; c < C; ++c) kv[c] = load16(key + c * 16);
+    for (int i = 0; i < G; ++i) {
+      v16 acc = qv[i][0] * kv[0];
+      for (int c = 1; c < C; ++c) acc += qv[i][c] * kv[c];
+      scores[i * len + j] = hsum16(acc) * scale;
+    }
+  }
+}
+
+// out_i = sum_j p[i * len + j] * value_j, for G query heads that share one KV head
+template <int D, int G>
+void group_values(const float* p, const float* v_base, const int64_t* slots, int64_t stride, int64_t len,
+                  float* out) {
+  constexpr int C = D / 16;
+  v16 acc[G][C];
+  for (int i = 0; i < G; ++i)
+    for (int c = 0; c < C; ++c) acc[i][c] = v16{};
+  for (int64_t j = 0; j < len; ++j) {
+    const float* value = v_base + slots[j] * stride;
+    v16 vv[C];
+    for (int c = 0; c < C; ++c) vv[c] = load16(value + c * 16);
+    for (int i = 0; i < G; ++i) {
+      const float w = p[i * len + j];
+      for (int c = 0; c < C; ++c) acc[i][c] += w * vv[c];
+    }
+  }
+  for (int i = 0; i < G; ++i)
+    for (int c = 0; c < C; ++c) store16(out + i * D + c * 16, acc[i][c]);
+}
+
+// the same for any head size and group, in plain loops
+void any_scores(const float* q, int64_t group, int64_t d, const float* k_base, const int64_t* slots, int64_t stride,
+                int64_t len, float scale, float* scores) {
+  for (int64_t j = 0; j < len; ++j) {
+    const float* key = k_base + slots[j] * stride;
+    for (int64_t i = 0; i < group; ++i) {
+      float dot = 0.f;
+      for (int64_t e = 0; e < d; ++e) dot += q[i * d + e] * key[e];
+      scores[i * len + j] = dot * scale;
+    }
+  }
+}
+
+void any_values(const float* p, int64_t group, int64_t d, const float* v_base, const int64_t* slots, int64_t stride,
+                int64_t len, float* out) {
+  std::fill(out, out + group * d, 0.f);
+  for (int64_t j = 0; j < len; ++j) {
+    const float* value = v_base + slots[j] * stride;
+    for (int64_t i = 0; i < group; ++i) {
+      const float w = p[i * len + j];
+      for (int64_t e = 0; e < d; ++e) out[i * d + e] += w * value[e];
+    }
+  }
+}
+
+template <int D>
+void chunk_scores(int64_t g, const float* q, const float* k, const int64_t* s, int64_t st, int64_t len, float sc,
+                  float* out) {
+  switch (g) {
+    case 1: return group_scores<D, 1>(q, k, s, st, len, sc, out);
+    case 2: return group_scores<D, 2>(q, k, s, st, len, sc, out);
+    case 3: return group_scores<D, 3>(q, k, s, st, len, sc, out);
+    default: return group_scores<D, 4>(q, k, s, st, len, sc, out);
+  }
+}
+
+template <int D>
+void chunk_values(int64_t g, const float* p, const float* v, const int64_t* s, int64_t st, int64_t len, float* out) {
+  switch (g) {
+    case 1: return group_values<D, 1>(p, v, s, st, len, out);
+    case 2: return group_values<D, 2>(p, v, s, st, len, out);
+    case 3: return group_values<D, 3>(p, v, s, st, len, out);
+    default: return group_values<D, 4>(p, v, s, st, len, out);
+  }
+}
+
+// softmax of each of `group` rows of `len` scores, in place; returns nothing, writes each row's sum to total
+void softmax_rows(float* scores, int64_t group, int64_t len, float* total) {
+  for (int64_t i = 0; i < group; ++i) {
+    float* __restrict s = scores + i * len;
+    float top[kLanes];
+    std::fill(top, top + kLanes, -INFINITY);
+    int64_t j = 0;
+    for (; j + kLanes <= len; j += kLanes) {
+      for (int l = 0; l < kLanes; ++l) top[l] = std::max(top[l], s[j + l]);
+    }
+    float m = -INFINITY;
+    for (int l = 0; l < kLanes; ++l) m = std::max(m, top[l]);
+    for (; j < len; ++j) m = std::max(m, s[j]);
+    for (j = 0; j < len; ++j) s[j] = exp_neg(s[j] - m);
+    float part[kLanes] = {0.f};
+    for (j = 0; j + kLanes <= len; j += kLanes) {
+      for (int l = 0; l < kLanes; ++l) part[l] += s[j + l];
+    }
+    float sum = hsum(part);
+    for (; j < len; ++j) sum += s[j];
+    total[i] = sum;
+  }
+}
+
+// Decode attention over the paged pool: row r's query heads attend to the keys at slots[r, :lens[r]].
+// Work items are (row, KV head); each item's query heads (HF's repeat_kv order) share one pass over the keys,
+// four at a time.
+template <typename T>
+void decode_attention(const float* q, const float* k_pool, const float* v_pool, const int64_t* slots,
+                      int64_t max_len, const int64_t* lens, int64_t rows, int64_t nh, int64_t kvh, int64_t d,
+                      float scale, T* out) {
+  const int64_t group = nh / kvh, stride = kvh * d;
+  int64_t longest = 0;
+  for (int64_t r = 0; r < rows; ++r) longest = std::max(longest, lens[r]);
+  // run inline below ~64k multiply-adds per thread: a fork costs more than it saves there
+  const int64_t per_item = std::max<int64_t>(1, longest * group * d * 2);
+  const int64_t grain = std::max<int64_t>(1, 65536 / per_item);
+  at::parallel_for(0, rows * kvh, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    std::vector<float> acc(group * d);
+    std::vector<float> total(group);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t r = item / kvh, g = item % kvh, len = lens[r];
+      const int64_t* row_slots = slots + r * max_len;
+      const float* k_base = k_pool + g * d;
+      const float* v_base = v_pool + g * d;
+      const float* qg = q + (r * nh + g * group) * d;
+      scores.resize(group * len);
+      for (int64_t i = 0; i < group; i += 4) {
+        const int64_t n = std::min<int64_t>(4, group - i);
+        float* s = scores.data() + i * len;
+        if (d == 64) chunk_scores<64>(n, qg + i * d, k_base, row_slots, stride, len, scale, s);
+        else if (d == 128) chunk_scores<128>(n, qg + i * d, k_base, row_slots, stride, len, scale, s);
+        else any_scores(qg + i * d, n, d, k_base, row_slots, stride, len, scale, s);
+      }
+      softmax_rows(scores.data(), group, len, total.data());
+      for (int64_t i = 0; i < group; i += 4) {
+        const int64_t n = std::min<int64_t>(4, group - i);
+        const float* p = scores.data() + i * len;
+        if (d == 64) chunk_values<64>(n, p, v_base, row_slots, stride, len, acc.data() + i * d);
+        else if (d == 128) chunk_values<128>(n, p, v_base, row_slots, stride, len, acc.data() + i * d);
+        else any_values(p, n, d, v_base, row_slots, stride, len, acc.data() + i * d);
+      }
+      T* o = out + (r * nh + g * group) * d;
+      for (int64_t i = 0; i < group; ++i) {
+        const float inv = 1.f / total[i];
+        for (int64_t e = 0; e < d; ++e) o[i * d + e] = rounded<T>(acc[i * d + e] * inv);
+      }
+    }
+  });
+}
+
+// silu(gate) * up, each rounded to T as eager rounds it; gate_up is [B, 2I], out [B, I]
+template <typename T>
+void silu_mul(const T* gate_up, int64_t rows, int64_t inter, T* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* g = gate_up + r * 2 * inter;
+    const T* u = g + inter;
+    T* o = out + r * inter;
+    for (int64_t i = 0; i < inter; ++i) {
+      const float act = f32(rounded<T>(silu(f32(g[i]))));
+      o[i] = rounded<T>(act * f32(u[i]));
+    }
+  }
+}
+
+at::Tensor linear(const at::Tensor& x, int64_t kind, int64_t group, const at::Tensor& w, const at::Tensor& s,
+                  const at::Tensor& bias) {
+  at::Tensor y;
+  if (kind == kInt4) {
+    y = at::_weight_int4pack_mm_for_cpu(x, w, group, s);
+  } else if (kind == kInt8) {
+    y = at::_weight_int8pack_mm(x, w, s);
+  } else {
+    return bias.numel() ? at::linear(x, w, bias) : at::linear(x, w);
+  }
+  return bias.numel() ? y.add_(bias) : y;
+}
+
+const void* maybe_data(const at::Tensor& t) { return t.numel() ? t.data_ptr() : nullptr; }
+
+}  // namespace
+
+// x: [B, hidden] embedded tokens; cos, sin: [B, head_dim]; k_pool, v_pool: fp32 [layers, slots, kv_heads, head_dim];
+// slot_mapping: [B] slot each row writes; slots: [B, L] slots each row reads, lens: [B] how many of them.
+// weights: 16 per layer (input_norm, q_norm, k_norm, post_norm, then weight, scales, bias of qkv, o, gate_up,
+// down; an absent one is an empty tensor); kinds: 8 per layer (kind and group size of each linear).
+// Returns the hidden states after the last layer (before the final norm).
+at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos_in, const at::Tensor& sin_in,
+                         at::Tensor k_pool, at::Tensor v_pool, const at::Tensor& slot_mapping,
+                         const at::Tensor& slots_in, const at::Tensor& lens_in, at::TensorList weights,
+                         at::IntArrayRef kinds, double eps_d, double scale_d, int64_t nh) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.device().is_cpu(), "x must be a CPU tensor [rows, hidden]");
+  TORCH_CHECK(k_pool.scalar_type() == at::kFloat && v_pool.scalar_type() == at::kFloat, "the KV pool must be fp32");
+  TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous() && k_pool.sizes() == v_pool.sizes() &&
+                  k_pool.dim() == 4,
+              "K and V pools must be contiguous [layers, slots, kv_heads, head_dim]");
+  const int64_t layers = k_pool.size(0), num_slots = k_pool.size(1), kvh = k_pool.size(2), d = k_pool.size(3);
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * kTensorsPerLayer, "expected ", kTensorsPerLayer,
+              " weight tensors per layer");
+  TORCH_CHECK(static_cast<int64_t>(kinds.size()) == layers * kKindsPerLayer, "expected ", kKindsPerLayer,
+              " kinds per layer");
+  TORCH_CHECK(nh % kvh == 0 && d % 2 == 0 && d <= 512, "unsupported attention shape");
+  const int64_t rows = x_in.size(0);
+  at::Tensor slot_map = slot_mapping.to(at::kLong).contiguous();
+  at::Tensor slots = slots_in.to(at::kLong).contiguous();
+  at::Tensor lens = lens_in.to(at::kLong).contiguous();
+  TORCH_CHECK(slot_map.numel() == rows && lens.numel() == rows && slots.dim() == 2 && slots.size(0) == rows,
+              "one slot, one context length and one row of slots per row");
+  const int64_t max_len = slots.size(1);
+  {  // indices come from the block manager; a bad one would read or write outside the pool
+    const int64_t* sm = slot_map.data_ptr<int64_t>();
+    const int64_t* sl = slots.data_ptr<int64_t>();
+    const int64_t* ln = lens.data_ptr<int64_t>();
+    for (int64_t r = 0; r < rows; ++r) {
+      TORCH_CHECK(sm[r] >= 0 && sm[r] < num_slots, "slot out of range");
+      TORCH_CHECK(ln[r] >= 1 && ln[r] <= max_len, "context length out of range");
+      for (int64_t j = 0; j < ln[r]; ++j) TORCH_CHECK(sl[r * max_len + j] >= 0 && sl[r * max_len + j] < num_slots,
+                                                      "slot out of range");
+    }
+  }
+  at::Tensor cos = cos_in.to(at::kFloat).reshape({rows, d}).contiguous();
+  at::Tensor sin = sin_in.to(at::kFloat).reshape({rows, d}).contiguous();
+  const float eps = static_cast<float>(eps_d), scale = static_cast<float>(scale_d);
+  const int64_t hidden = x_in.size(1), qd = nh * d;
+
+  at::Tensor x = x_in.contiguous().clone();
+  at::Tensor h = at::empty_like(x);
+  at::Tensor q = at::empty({rows, qd}, x.options().dtype(at::kFloat));
+  at::Tensor attn = at::empty({rows, qd}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "decode_layers", [&] {
+    using T = scalar_t;
+    for (int64_t l = 0; l < layers; ++l) {
+      const at::Tensor* w = weights.data() + l * kTensorsPerLayer;
+      const int64_t* k = kinds.data() + l * kKindsPerLayer;
+      for (int i = 0; i < 4; ++i) {
+        TORCH_CHECK(w[i].numel() == 0 || (w[i].scalar_type() == x.scalar_type() && w[i].is_contiguous()),
+                    "norm weights must be contiguous in the activation dtype");
+      }
+      TORCH_CHECK(w[0].numel() == hidden && w[3].numel() == hidden, "norm weights must be [hidden]");
+      TORCH_CHECK(w[1].numel() == 0 || w[1].numel() == d, "q/k norm weights must be [head_dim]");
+      TORCH_CHECK(w[2].numel() == 0 || w[2].numel() == d, "q/k norm weights must be [head_dim]");
+      rms_norm(x.data_ptr<T>(), w[0].data_ptr<T>(), h.data_ptr<T>(), rows, hidden, eps);
+      at::Tensor qkv = linear(h, k[0], k[1], w[4], w[5], w[6]).contiguous();
+      TORCH_CHECK(qkv.size(1) == (nh + 2 * kvh) * d && qkv.scalar_type() == x.scalar_type(), "qkv has the wrong shape");
+      rope_and_store(qkv.data_ptr<T>(), rows, nh, kvh, d, static_cast<const T*>(maybe_data(w[1])),
+                     static_cast<const T*>(maybe_data(w[2])), eps, cos.data_ptr<float>(), sin.data_ptr<float>(),
+                     slot_map.data_ptr<int64_t>(), k_pool[l].data_ptr<float>(), v_pool[l].data_ptr<float>(),
+                     q.data_ptr<float>());
+      decode_attention(q.data_ptr<float>(), k_pool[l].data_ptr<float>(), v_pool[l].data_ptr<float>(),
+                       slots.data_ptr<int64_t>(), max_len, lens.data_ptr<int64_t>(), rows, nh, kvh, d, scale,
+                       attn.data_ptr<T>());
+      x.add_(linear(attn, k[2], k[3], w[7], w[8], w[9]));
+      rms_norm(x.data_ptr<T>(), w[3].data_ptr<T>(), h.data_ptr<T>(), rows, hidden, eps);
+      at::Tensor gate_up = linear(h, k[4], k[5], w[10], w[11], w[12]).contiguous();
+      TORCH_CHECK(gate_up.scalar_type() == x.scalar_type() && gate_up.size(1) % 2 == 0, "gate_up has the wrong shape");
+      const int64_t inter = gate_up.size(1) / 2;
+      at::Tensor act = at::empty({rows, inter}, x.options());
+      silu_mul(gate_up.data_ptr<T>(), rows, inter, act.data_ptr<T>());
+      x.add_(linear(act, k[6], k[7], w[13], w[14], w[15]));
+    }
+  });
+  return x;
+}
+
+TORCH_LIBRARY(hearth, m) {
+  m.def(
+      "decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor(a!) k_pool, Tensor(b!) v_pool, Tensor slot_mapping, "
+      "Tensor slots, Tensor lens, Tensor[] weights, int[] kinds, float eps, float scale, int num_heads) -> Tensor",
+      &decode_layers);
+}

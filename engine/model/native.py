@@ -1,0 +1,354 @@
+"""Native decode steps: every layer of a decode-only step in one C++ call (``csrc/decode_step.cpp``).
+
+On a small model an eager decode step is mostly per-op overhead: some twenty torch calls per layer from Python.
+The native step runs the layer loop in C++: torch's own matmul kernels (packed int4, int8 or dense) through
+ATen, and fused loops for the small ops between them (RMSNorm, rotary embedding, K/V writes, paged decode
+attention, SiLU-and-multiply). The embedding, final norm and lm_head stay in Python.
+
+The extension is compiled once per machine with the system's C++ compiler, for this CPU (``-march=native``), and
+kept in ``data_dir()/native`` under a key of its source, the torch version, the compiler and the CPU's flags.
+The first start builds it in the background (steps run eager meanwhile); later starts load it in milliseconds.
+Where there is no compiler (a frozen bundle, a machine without one) or the build fails, steps run eager, with
+the reason logged and shown by ``python -m engine info``.
+
+``EngineConfig.native``:
+
+* ``"auto"``: per batch bucket, the native step is timed against the eager layer the first time a step lands in
+  that bucket, and kept where it is at least :data:`MIN_GAIN` faster; the verdict is cached per machine with the
+  compile verdicts (``engine/model/compiled.py``). fp32 models stay eager: that level promises HF's own ops.
+* ``"on"``: native wherever it can run (fp32 too: tests check it against HF ``generate``).
+* ``"off"``: eager.
+
+Steps with a prefill chunk, speculative verification, deterministic mode, a non-fp32 KV pool and CUDA run eager.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from engine.model.autotune import BUCKETS, bucket_index
+from engine.model.compiled import LayerShape, LayerWeights, LinearSpec, VerdictCache, decode_layer
+from engine.system import hardware
+from engine.system.paths import data_dir
+
+log = logging.getLogger("engine")
+
+SOURCE = Path(__file__).parent / "csrc" / "decode_step.cpp"
+#: ``auto`` keeps the native step for a bucket only where it is at least this much faster than eager.
+MIN_GAIN = 0.05
+_FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w"]
+_KINDS = {"int4": 0, "int8": 1, "dense": 2}
+_SCRATCH_CONTEXT = 64  # context length of the timing calls
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CXX"), sysconfig.get_config_var("CXX"), "c++", "g++", "clang++"):
+        if name:
+            path = shutil.which(name.split()[0])
+            if path is not None:
+                return path
+    return None
+
+
+def native_problem(device: torch.device, kv_dtype: torch.dtype) -> str | None:
+    """Why native decode steps cannot run here, or None when they can (once built)."""
+    if device.type != "cpu":
+        return f"native steps are implemented for the CPU only, not {device.type}"
+    if kv_dtype != torch.float32:
+        return f"native steps read an fp32 KV pool, not {kv_dtype}"
+    if getattr(sys, "frozen", False):
+        return "a frozen bundle carries no C++ compiler"
+    if sys.platform == "win32":
+        return "native steps are built on Linux and macOS only"
+    if _compiler() is None:
+        return "no C++ compiler found (set CXX, or install g++)"
+    return None
+
+
+def _build_key(compiler: str) -> str:
+    """Names one build: the source, torch, the compiler and flags, and the CPU it is tuned for."""
+    flags, model = hardware.cpu_flags_and_model()
+    try:
+        version = subprocess.run([compiler, "--version"], check=False, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = compiler
+    parts = [SOURCE.read_text(), torch.__version__, version, " ".join(_FLAGS), model, " ".join(sorted(flags))]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def library_path() -> Path:
+    """Where this machine's build of the extension lives (it may not exist yet)."""
+    compiler = _compiler()
+    return data_dir() / "native" / f"decode_step-{_build_key(compiler or 'none')}.so"
+
+
+def build(path: Path) -> None:
+    """Compile the extension into ``path`` (atomically: a half-written library is never loaded)."""
+    compiler = _compiler()
+    if compiler is None:
+        raise RuntimeError("no C++ compiler found")
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp.so")
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    cmd = [compiler, *_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+    cmd += [f"-I{p}" for p in include_paths()]
+    cmd += [str(SOURCE), "-o", str(tmp)]
+    for lib in library_paths():
+        cmd += [f"-L{lib}", f"-Wl,-rpath,{lib}"]
+    cmd += ["-lc10", "-ltorch_cpu"]
+    try:
+        result = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
+        if result.returncode != 0:
+            lines = (result.stderr or result.stdout).strip().splitlines()
+            raise RuntimeError(f"the C++ build failed: {lines[-1] if lines else result.returncode}")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class _Extension:
+    """The process's one copy of the extension: absent, building, ready, or failed with a reason."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.ready = False
+        self.problem: str | None = None
+
+    def op(self) -> Callable[..., torch.Tensor]:
+        return torch.ops.hearth.decode_layers
+
+    def start(self, wait: bool) -> str | None:
+        """Load the extension, building it first if this machine has no build (in the background unless ``wait``).
+
+        Returns None when it is loaded, else "building" or why it cannot be.
+        """
+        with self._lock:
+            if self.ready or self.problem is not None:
+                return self.problem
+            path = library_path()
+            if path.exists():
+                self._load(path)
+                return self.problem
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._build, args=(path,), name="hearth-native", daemon=True)
+                self._thread.start()
+            thread = self._thread
+        if not wait:
+            return "building"
+        thread.join()
+        return self.problem
+
+    def _build(self, path: Path) -> None:
+        start = time.perf_counter()
+        log.info("building the native decode step (once per machine) into %s", path.parent)
+        try:
+            build(path)
+        except Exception as exc:  # noqa: BLE001 -- no build: eager, with the reason
+            self.problem = f"the native step did not build ({exc})"
+            log.warning("%s; decode steps run eager", self.problem)
+            return
+        with self._lock:
+            self._load(path)
+        if self.ready:
+            log.info("native decode step built in %.0f s", time.perf_counter() - start)
+
+    def _load(self, path: Path) -> None:
+        try:
+            torch.ops.load_library(str(path))
+            self.ready = True
+        except Exception as exc:  # noqa: BLE001 -- a broken build: eager, with the reason
+            self.problem = f"the native step did not load ({exc})"
+            log.warning("%s; decode steps run eager", self.problem)
+
+
+EXTENSION = _Extension()
+
+
+def _spec_args(spec: LinearSpec) -> tuple[list[torch.Tensor], list[int]]:
+    empty = torch.empty(0)
+    tensors = [spec.weight, empty if spec.scales is None else spec.scales, empty if spec.bias is None else spec.bias]
+    return tensors, [_KINDS[spec.kind], spec.group_size]
+
+
+def flatten(weights: list[LayerWeights], dtype: torch.dtype) -> tuple[list[torch.Tensor], list[int]]:
+    """Every layer's weights as the native op takes them: 16 tensors and 8 integers per layer."""
+    tensors: list[torch.Tensor] = []
+    kinds: list[int] = []
+    empty = torch.empty(0, dtype=dtype)
+    for w in weights:
+        norms = (w.input_norm, w.q_norm, w.k_norm, w.post_norm)
+        tensors += [empty if n is None else n.to(dtype).contiguous() for n in norms]
+        for spec in (w.qkv, w.o, w.gate_up, w.down):
+            t, k = _spec_args(spec)
+            tensors += t
+            kinds += k
+    return tensors, kinds
+
+
+Rotary = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class NativeDecode:
+    """The native decode step of one fused decoder: per batch bucket, native or eager, decided on first use.
+
+    Args:
+        mode: "auto" (timed against eager per bucket, cached) or "on".
+        shape: the layer's constants.
+        layers: every layer's weights, per bucket: ``layers(bucket)`` (None where a kernel has no native form).
+        hidden: the hidden size; dtype: the activation dtype.
+        kv_layout: ``(layers, kv_heads, head_dim)`` of the pool.
+        rotary: ``rotary(x, positions)`` -> cos, sin as the eager path computes them ([T, 1, D]).
+        signature: names the model and its kernels, for ``auto``'s cache.
+    """
+
+    def __init__(
+        self,
+        mode: str,
+        shape: LayerShape,
+        layers: Callable[[int], list[LayerWeights] | None],
+        hidden: int,
+        dtype: torch.dtype,
+        kv_layout: tuple[int, int, int],
+        rotary: Rotary,
+        signature: str,
+    ) -> None:
+        self.mode = mode
+        self.shape = shape
+        self._layers = layers
+        self._hidden, self._dtype, self._kv_layout, self._rotary = hidden, dtype, kv_layout, rotary
+        self.signature = f"native {_source_digest()} {signature}"
+        self._ready: dict[int, tuple[list[torch.Tensor], list[int]]] = {}
+        #: decode steps run natively so far
+        self.steps = 0
+        #: why each bucket runs as it does, for logs and ``python -m engine info``
+        self.reasons: dict[int, str] = {}
+
+    def status(self) -> str:
+        """One line: how each bucket seen so far runs."""
+        if not EXTENSION.ready:
+            return "eager: " + (EXTENSION.problem or "the native step is being built")
+        if not self.reasons:
+            return "native, per batch bucket on first use"
+        names = ("1", "2-4", "5-16", "17+")
+        return "; ".join(f"{names[b]} rows: {r}" for b, r in sorted(self.reasons.items()))
+
+    def weights_for(self, rows: int) -> tuple[list[torch.Tensor], list[int]] | None:
+        """The flattened weights of the bucket of ``rows``, once it runs native; None while it runs eager."""
+        bucket = bucket_index(rows)
+        ready = self._ready.get(bucket)
+        if ready is not None or bucket in self.reasons or not EXTENSION.ready:
+            return ready
+        self.reasons[bucket] = self._decide(bucket)
+        log.info("decode steps of %s rows: %s", rows, self.reasons[bucket])
+        return self._ready.get(bucket)
+
+    def fail(self, rows: int, exc: BaseException) -> None:
+        """A native step raised: that bucket runs eager from now on."""
+        bucket = bucket_index(rows)
+        self._ready.pop(bucket, None)
+        self.reasons[bucket] = f"eager: the native step failed ({type(exc).__name__}: {exc})"
+        log.warning("native decode step for %s rows failed; eager from now on: %s", rows, exc)
+
+    def run(
+        self,
+        flat: tuple[list[torch.Tensor], list[int]],
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        slots: torch.Tensor,
+        lens: torch.Tensor,
+    ) -> torch.Tensor:
+        """Hidden states after the last layer ([B, hidden]), writing each row's K/V into the pools."""
+        s = self.shape
+        tensors, kinds = flat
+        out = EXTENSION.op()(
+            x, cos, sin, k_pool, v_pool, slot_mapping, slots, lens, tensors, kinds, s.eps, s.scale, s.num_heads
+        )
+        self.steps += 1
+        return out
+
+    # --- the verdict per bucket ----------------------------------------------------------------------------------
+    def _decide(self, bucket: int) -> str:
+        weights = self._layers(bucket)
+        if weights is None:
+            return "eager: a kernel of this bucket has no native form"
+        flat = flatten(weights, self._dtype)
+        if self.mode == "on":
+            self._ready[bucket] = flat
+            return "native"
+        cache = VerdictCache()
+        key = VerdictCache.key(self.signature, bucket)
+        verdict = cache.get(key)
+        if verdict is None:
+            try:
+                eager_s, native_s = self._time(bucket, weights, flat)
+            except Exception as exc:  # noqa: BLE001 -- a step that cannot run is a step that stays eager
+                return f"eager: the native step failed a trial run ({type(exc).__name__}: {exc})"
+            gain = eager_s / native_s - 1
+            reason = f"{gain:+.0%} per step against eager ({eager_s * 1e3:.2f} vs {native_s * 1e3:.2f} ms)"
+            verdict = {"compiled": gain >= MIN_GAIN, "reason": reason, "eager_us": eager_s * 1e6}
+            verdict["compiled_us"] = native_s * 1e6
+            cache.put(key, verdict)
+        else:
+            reason = f"{verdict['reason']} (cached)"
+        if not verdict["compiled"]:
+            return f"eager: {reason}"
+        self._ready[bucket] = flat
+        return f"native: {reason}"
+
+    def _time(
+        self, bucket: int, weights: list[LayerWeights], flat: tuple[list[torch.Tensor], list[int]]
+    ) -> tuple[float, float]:
+        """Best-of-rounds time of one step's layers, eager and native, interleaved (seconds per step)."""
+        rows, length = BUCKETS[bucket], _SCRATCH_CONTEXT
+        num_layers, heads, head_dim = self._kv_layout
+        pools = [torch.zeros(num_layers, length + rows, heads, head_dim) for _ in range(2)]
+        x = torch.randn(rows, self._hidden).to(self._dtype)
+        pos = torch.full((rows,), length - 1, dtype=torch.long)
+        cos, sin = self._rotary(x, pos)
+        slot_mapping = torch.arange(length, length + rows)
+        slots = torch.cat([torch.arange(length - 1).repeat(rows, 1), slot_mapping[:, None]], dim=1)
+        lens = torch.full((rows,), length, dtype=torch.long)
+        mask = torch.zeros(rows, 1, 1, length)
+
+        def eager() -> None:
+            h = x
+            for i, w in enumerate(weights):
+                h = decode_layer(self.shape, h, cos, sin, w, pools[0][i], pools[1][i], slot_mapping, slots, mask)
+
+        def native() -> None:
+            self.run(flat, x, cos, sin, pools[0], pools[1], slot_mapping, slots, lens)
+
+        best = {"eager": float("inf"), "native": float("inf")}
+        runs = {"eager": eager, "native": native}
+        with torch.inference_mode():
+            native()  # a first call that raises stops here
+            for _ in range(5):
+                for name, run in runs.items():
+                    start = time.perf_counter()
+                    run()
+                    best[name] = min(best[name], time.perf_counter() - start)
+        return best["eager"], best["native"]
+
+
+def _source_digest() -> str:
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+

@@ -253,14 +253,14 @@ class FusedDecoder:
     ) -> torch.Tensor | None:
         """The layers of a decode-only step in one native call; None while its bucket runs eager."""
         t = ids.shape[0]
-        flat = native.weights_for(t)
-        if flat is None or ctx.decode_slots is None or ctx.decode_lens is None:
+        handle = native.weights_for(t)
+        if handle is None or ctx.decode_slots is None or ctx.decode_lens is None:
             return None
         x = self._inner.embed_tokens(ids).to(stack.dtype)
         cos, sin = self._rotary(x, pos)
         lens = torch.tensor(ctx.decode_lens, dtype=torch.long)
         try:
-            x = native.run(flat, x, cos, sin, kv.k, kv.v, ctx.slot_mapping, ctx.decode_slots, lens)
+            x = native.run(handle, x, cos, sin, kv.k, kv.v, ctx.slot_mapping, ctx.decode_slots, lens)
         except Exception as exc:  # noqa: BLE001 -- the step reruns eager (rewriting the same K/V slots)
             native.fail(t, exc)
             return None

@@ -33,6 +33,7 @@ import sys
 import sysconfig
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -131,6 +132,16 @@ class _Extension:
 
     def op(self) -> Callable[..., torch.Tensor]:
         return torch.ops.hearth.decode_layers
+
+    def pin(self, weights: list[torch.Tensor], kinds: list[int]) -> int:
+        """Hand every layer's weights to the extension once (as C++-owned aliases); returns their handle."""
+        return int(torch.ops.hearth.pin_weights(weights, kinds))
+
+    def unpin(self, handles: list[int]) -> None:
+        if self.ready:
+            for handle in handles:
+                torch.ops.hearth.unpin_weights(handle)
+        handles.clear()
 
     def start(self, wait: bool) -> str | None:
         """Load the extension, building it first if this machine has no build (in the background unless ``wait``).
@@ -232,7 +243,10 @@ class NativeDecode:
         self._layers = layers
         self._hidden, self._dtype, self._kv_layout, self._rotary = hidden, dtype, kv_layout, rotary
         self.signature = f"native {_source_digest()} {signature}"
-        self._ready: dict[int, tuple[list[torch.Tensor], list[int]]] = {}
+        self._ready: dict[int, int] = {}  # bucket -> handle of its pinned weights
+        self._handles: list[int] = []
+        # unpin when this decoder goes: the extension's aliases would otherwise keep the weights alive
+        weakref.finalize(self, EXTENSION.unpin, self._handles)
         #: decode steps run natively so far
         self.steps = 0
         #: why each bucket runs as it does, for logs and ``python -m engine info``
@@ -247,8 +261,8 @@ class NativeDecode:
         names = ("1", "2-4", "5-16", "17+")
         return "; ".join(f"{names[b]} rows: {r}" for b, r in sorted(self.reasons.items()))
 
-    def weights_for(self, rows: int) -> tuple[list[torch.Tensor], list[int]] | None:
-        """The flattened weights of the bucket of ``rows``, once it runs native; None while it runs eager."""
+    def weights_for(self, rows: int) -> int | None:
+        """The handle of the pinned weights of the bucket of ``rows``, once it runs native; None while eager."""
         bucket = bucket_index(rows)
         ready = self._ready.get(bucket)
         if ready is not None or bucket in self.reasons or not EXTENSION.ready:
@@ -266,7 +280,7 @@ class NativeDecode:
 
     def run(
         self,
-        flat: tuple[list[torch.Tensor], list[int]],
+        handle: int,
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
@@ -278,10 +292,7 @@ class NativeDecode:
     ) -> torch.Tensor:
         """Hidden states after the last layer ([B, hidden]), writing each row's K/V into the pools."""
         s = self.shape
-        tensors, kinds = flat
-        out = EXTENSION.op()(
-            x, cos, sin, k_pool, v_pool, slot_mapping, slots, lens, tensors, kinds, s.eps, s.scale, s.num_heads
-        )
+        out = EXTENSION.op()(handle, x, cos, sin, k_pool, v_pool, slot_mapping, slots, lens, s.eps, s.scale, s.num_heads)
         self.steps += 1
         return out
 
@@ -290,16 +301,17 @@ class NativeDecode:
         weights = self._layers(bucket)
         if weights is None:
             return "eager: a kernel of this bucket has no native form"
-        flat = flatten(weights, self._dtype)
+        handle = EXTENSION.pin(*flatten(weights, self._dtype))
+        self._handles.append(handle)
         if self.mode == "on":
-            self._ready[bucket] = flat
+            self._ready[bucket] = handle
             return "native"
         cache = VerdictCache()
         key = VerdictCache.key(self.signature, bucket)
         verdict = cache.get(key)
         if verdict is None:
             try:
-                eager_s, native_s = self._time(bucket, weights, flat)
+                eager_s, native_s = self._time(bucket, weights, handle)
             except Exception as exc:  # noqa: BLE001 -- a step that cannot run is a step that stays eager
                 return f"eager: the native step failed a trial run ({type(exc).__name__}: {exc})"
             gain = eager_s / native_s - 1
@@ -311,12 +323,10 @@ class NativeDecode:
             reason = f"{verdict['reason']} (cached)"
         if not verdict["compiled"]:
             return f"eager: {reason}"
-        self._ready[bucket] = flat
+        self._ready[bucket] = handle
         return f"native: {reason}"
 
-    def _time(
-        self, bucket: int, weights: list[LayerWeights], flat: tuple[list[torch.Tensor], list[int]]
-    ) -> tuple[float, float]:
+    def _time(self, bucket: int, weights: list[LayerWeights], handle: int) -> tuple[float, float]:
         """Best-of-rounds time of one step's layers, eager and native, interleaved (seconds per step)."""
         rows, length = BUCKETS[bucket], _SCRATCH_CONTEXT
         num_layers, heads, head_dim = self._kv_layout
@@ -335,7 +345,7 @@ class NativeDecode:
                 h = decode_layer(self.shape, h, cos, sin, w, pools[0][i], pools[1][i], slot_mapping, slots, mask)
 
         def native() -> None:
-            self.run(flat, x, cos, sin, pools[0], pools[1], slot_mapping, slots, lens)
+            self.run(handle, x, cos, sin, pools[0], pools[1], slot_mapping, slots, lens)
 
         best = {"eager": float("inf"), "native": float("inf")}
         runs = {"eager": eager, "native": native}

@@ -121,10 +121,17 @@ def _settings(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Gua
     return rules, limits
 
 
+#: The GIL switch interval while serving (Python's default is 5 ms).
+SWITCH_INTERVAL_S = 0.0005
+
+
 def main(argv: list[str] | None = None) -> int:
     """Load the model and serve until interrupted. Returns 2 on bad settings, or when the model cannot be
     loaded or the port bound."""
     args = _parser().parse_args(argv)
+    # the engine's loop thread and the event loop share the GIL: with the default 5 ms switch interval, each time
+    # one hands it to the other mid-work the other may wait up to 5 ms for it back (the convoy effect)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)-7s %(name)s %(message)s")
     try:
         rules, limits = _settings(args, os.environ)

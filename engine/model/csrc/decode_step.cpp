@@ -19,6 +19,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -342,32 +345,83 @@ at::Tensor linear(const at::Tensor& x, int64_t kind, int64_t group, const at::Te
 
 const void* maybe_data(const at::Tensor& t) { return t.numel() ? t.data_ptr() : nullptr; }
 
+// --- pinned weights -----------------------------------------------------------------------------------------
+// A tensor that Python also holds has a Python object attached: every reference count change an ATen call makes
+// on it may take the GIL, and while another Python thread runs (the server's event loop, the app's GUI), each such
+// hand-off waits for that thread's switch interval. So a model's weights are pinned once, as C++-owned aliases
+// (views of the same memory, with no Python object), and every step's inputs are aliased on entry.
+struct Pinned {
+  std::vector<at::Tensor> weights;  // 16 per layer (see decode_layers)
+  std::vector<int64_t> kinds;       // 8 per layer
+};
+
+std::mutex g_pinned_mutex;
+std::unordered_map<int64_t, std::shared_ptr<const Pinned>> g_pinned;
+int64_t g_next_handle = 1;
+
+int64_t pin_weights(at::TensorList weights, at::IntArrayRef kinds) {
+  TORCH_CHECK(weights.size() % kTensorsPerLayer == 0 && kinds.size() == weights.size() / kTensorsPerLayer * kKindsPerLayer,
+              "expected ", kTensorsPerLayer, " weight tensors and ", kKindsPerLayer, " kinds per layer");
+  auto pinned = std::make_shared<Pinned>();
+  pinned->weights.reserve(weights.size());
+  for (const at::Tensor& w : weights) {
+    TORCH_CHECK(w.device().is_cpu(), "weights must be on the CPU");
+    pinned->weights.push_back(w.alias());
+  }
+  pinned->kinds.assign(kinds.begin(), kinds.end());
+  for (size_t i = 0; i < pinned->kinds.size(); i += 2) {
+    TORCH_CHECK(pinned->kinds[i] >= kInt4 && pinned->kinds[i] <= kDense, "unknown linear kind");
+  }
+  std::lock_guard<std::mutex> lock(g_pinned_mutex);
+  const int64_t handle = g_next_handle++;
+  g_pinned[handle] = std::move(pinned);
+  return handle;
+}
+
+void unpin_weights(int64_t handle) {
+  std::shared_ptr<const Pinned> gone;  // released outside the lock
+  std::lock_guard<std::mutex> lock(g_pinned_mutex);
+  auto it = g_pinned.find(handle);
+  if (it != g_pinned.end()) {
+    gone = it->second;
+    g_pinned.erase(it);
+  }
+}
+
 }  // namespace
 
+// handle: weights pinned by pin_weights: 16 per layer (input_norm, q_norm, k_norm, post_norm, then weight, scales,
+// bias of qkv, o, gate_up, down; an absent one is an empty tensor) and 8 integers per layer (kind and group size
+// of each linear).
 // x: [B, hidden] embedded tokens; cos, sin: [B, head_dim]; k_pool, v_pool: fp32 [layers, slots, kv_heads, head_dim];
 // slot_mapping: [B] slot each row writes; slots: [B, L] slots each row reads, lens: [B] how many of them.
-// weights: 16 per layer (input_norm, q_norm, k_norm, post_norm, then weight, scales, bias of qkv, o, gate_up,
-// down; an absent one is an empty tensor); kinds: 8 per layer (kind and group size of each linear).
 // Returns the hidden states after the last layer (before the final norm).
-at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos_in, const at::Tensor& sin_in,
-                         at::Tensor k_pool, at::Tensor v_pool, const at::Tensor& slot_mapping,
-                         const at::Tensor& slots_in, const at::Tensor& lens_in, at::TensorList weights,
-                         at::IntArrayRef kinds, double eps_d, double scale_d, int64_t nh) {
+at::Tensor decode_layers(int64_t handle, const at::Tensor& x_py, const at::Tensor& cos_py, const at::Tensor& sin_py,
+                         const at::Tensor& k_py, const at::Tensor& v_py, const at::Tensor& slot_mapping,
+                         const at::Tensor& slots_in, const at::Tensor& lens_in, double eps_d, double scale_d,
+                         int64_t nh) {
+  std::shared_ptr<const Pinned> pinned;
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mutex);
+    auto it = g_pinned.find(handle);
+    TORCH_CHECK(it != g_pinned.end(), "unknown weights handle ", handle);
+    pinned = it->second;
+  }
+  const at::Tensor x_in = x_py.alias(), cos_in = cos_py.alias(), sin_in = sin_py.alias();
+  const at::Tensor k_pool = k_py.alias(), v_pool = v_py.alias();
   TORCH_CHECK(x_in.dim() == 2 && x_in.device().is_cpu(), "x must be a CPU tensor [rows, hidden]");
   TORCH_CHECK(k_pool.scalar_type() == at::kFloat && v_pool.scalar_type() == at::kFloat, "the KV pool must be fp32");
   TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous() && k_pool.sizes() == v_pool.sizes() &&
                   k_pool.dim() == 4,
               "K and V pools must be contiguous [layers, slots, kv_heads, head_dim]");
   const int64_t layers = k_pool.size(0), num_slots = k_pool.size(1), kvh = k_pool.size(2), d = k_pool.size(3);
-  TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * kTensorsPerLayer, "expected ", kTensorsPerLayer,
-              " weight tensors per layer");
-  TORCH_CHECK(static_cast<int64_t>(kinds.size()) == layers * kKindsPerLayer, "expected ", kKindsPerLayer,
-              " kinds per layer");
+  TORCH_CHECK(static_cast<int64_t>(pinned->weights.size()) == layers * kTensorsPerLayer,
+              "the pinned weights are for another number of layers");
   TORCH_CHECK(nh % kvh == 0 && d % 2 == 0 && d <= 512, "unsupported attention shape");
   const int64_t rows = x_in.size(0);
-  at::Tensor slot_map = slot_mapping.to(at::kLong).contiguous();
-  at::Tensor slots = slots_in.to(at::kLong).contiguous();
-  at::Tensor lens = lens_in.to(at::kLong).contiguous();
+  at::Tensor slot_map = slot_mapping.alias().to(at::kLong).contiguous();
+  at::Tensor slots = slots_in.alias().to(at::kLong).contiguous();
+  at::Tensor lens = lens_in.alias().to(at::kLong).contiguous();
   TORCH_CHECK(slot_map.numel() == rows && lens.numel() == rows && slots.dim() == 2 && slots.size(0) == rows,
               "one slot, one context length and one row of slots per row");
   const int64_t max_len = slots.size(1);
@@ -386,6 +440,8 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos_in, const
   at::Tensor sin = sin_in.to(at::kFloat).reshape({rows, d}).contiguous();
   const float eps = static_cast<float>(eps_d), scale = static_cast<float>(scale_d);
   const int64_t hidden = x_in.size(1), qd = nh * d;
+  const std::vector<at::Tensor>& weights = pinned->weights;
+  const std::vector<int64_t>& kinds = pinned->kinds;
 
   at::Tensor x = x_in.contiguous().clone();
   at::Tensor h = at::empty_like(x);
@@ -396,6 +452,8 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos_in, const
     for (int64_t l = 0; l < layers; ++l) {
       const at::Tensor* w = weights.data() + l * kTensorsPerLayer;
       const int64_t* k = kinds.data() + l * kKindsPerLayer;
+      float* k_layer = k_pool.data_ptr<float>() + l * num_slots * kvh * d;
+      float* v_layer = v_pool.data_ptr<float>() + l * num_slots * kvh * d;
       for (int i = 0; i < 4; ++i) {
         TORCH_CHECK(w[i].numel() == 0 || (w[i].scalar_type() == x.scalar_type() && w[i].is_contiguous()),
                     "norm weights must be contiguous in the activation dtype");
@@ -408,9 +466,8 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos_in, const
       TORCH_CHECK(qkv.size(1) == (nh + 2 * kvh) * d && qkv.scalar_type() == x.scalar_type(), "qkv has the wrong shape");
       rope_and_store(qkv.data_ptr<T>(), rows, nh, kvh, d, static_cast<const T*>(maybe_data(w[1])),
                      static_cast<const T*>(maybe_data(w[2])), eps, cos.data_ptr<float>(), sin.data_ptr<float>(),
-                     slot_map.data_ptr<int64_t>(), k_pool[l].data_ptr<float>(), v_pool[l].data_ptr<float>(),
-                     q.data_ptr<float>());
-      decode_attention(q.data_ptr<float>(), k_pool[l].data_ptr<float>(), v_pool[l].data_ptr<float>(),
+                     slot_map.data_ptr<int64_t>(), k_layer, v_layer, q.data_ptr<float>());
+      decode_attention(q.data_ptr<float>(), k_layer, v_layer,
                        slots.data_ptr<int64_t>(), max_len, lens.data_ptr<int64_t>(), rows, nh, kvh, d, scale,
                        attn.data_ptr<T>());
       x.add_(linear(attn, k[2], k[3], w[7], w[8], w[9]));
@@ -427,8 +484,10 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos_in, const
 }
 
 TORCH_LIBRARY(hearth, m) {
+  m.def("pin_weights(Tensor[] weights, int[] kinds) -> int", &pin_weights);
+  m.def("unpin_weights(int handle) -> ()", &unpin_weights);
   m.def(
-      "decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor(a!) k_pool, Tensor(b!) v_pool, Tensor slot_mapping, "
-      "Tensor slots, Tensor lens, Tensor[] weights, int[] kinds, float eps, float scale, int num_heads) -> Tensor",
+      "decode_layers(int handle, Tensor x, Tensor cos, Tensor sin, Tensor(a!) k_pool, Tensor(b!) v_pool, "
+      "Tensor slot_mapping, Tensor slots, Tensor lens, float eps, float scale, int num_heads) -> Tensor",
       &decode_layers);
 }

@@ -6,7 +6,7 @@ ATen, and fused loops for the small ops between them (RMSNorm, rotary embedding,
 attention, SiLU-and-multiply). The embedding, final norm and lm_head stay in Python.
 
 The extension is compiled once per machine with the system's C++ compiler, for this CPU (``-march=native``), and
-kept in ``data_dir()/native`` under a key of its source, the torch version, the compiler and the CPU's flags.
+kept in ``build_cache_dir()/native`` (shared by every data dir) under a key of its source, the torch version, the compiler and the CPU's flags.
 The first start builds it in the background (steps run eager meanwhile); later starts load it in milliseconds.
 Where there is no compiler (a frozen bundle, a machine without one) or the build fails, steps run eager, with
 the reason logged and shown by ``python -m engine info``.
@@ -42,7 +42,7 @@ import torch
 from engine.model.autotune import BUCKETS, bucket_index
 from engine.model.compiled import LayerShape, LayerWeights, LinearSpec, VerdictCache, decode_layer
 from engine.system import hardware
-from engine.system.paths import data_dir
+from engine.system.paths import build_cache_dir
 
 log = logging.getLogger("engine")
 
@@ -92,7 +92,7 @@ def _build_key(compiler: str) -> str:
 def library_path() -> Path:
     """Where this machine's build of the extension lives (it may not exist yet)."""
     compiler = _compiler()
-    return data_dir() / "native" / f"decode_step-{_build_key(compiler or 'none')}.so"
+    return build_cache_dir() / "native" / f"decode_step-{_build_key(compiler or 'none')}.so"
 
 
 def build(path: Path) -> None:

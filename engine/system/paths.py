@@ -40,3 +40,13 @@ def models_dir() -> Path:
 def cache_dir() -> Path:
     """Return the folder for files Hearth can rebuild (converted GGUF configs and tokenizers): ``data_dir()/cache``."""
     return data_dir() / "cache"
+
+
+def build_cache_dir() -> Path:
+    """Return the folder for machine-wide build artifacts (the native decode step's compiled library).
+
+    Shared by every data dir (the app's and the tests' temporary ones too): a build is named by a hash of all it
+    depends on. The platform's per-user cache folder for "Hearth" (e.g. ``~/.cache/Hearth`` on Linux).
+    """
+    return Path(platformdirs.user_cache_dir("Hearth", appauthor=False))
+

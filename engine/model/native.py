@@ -6,10 +6,12 @@ ATen, and fused loops for the small ops between them (RMSNorm, rotary embedding,
 attention, SiLU-and-multiply). The embedding, final norm and lm_head stay in Python.
 
 The extension is compiled once per machine with the system's C++ compiler, for this CPU (``-march=native``), and
-kept in ``build_cache_dir()/native`` (shared by every data dir) under a key of its source, the torch version, the compiler and the CPU's flags.
-The first start builds it in the background (steps run eager meanwhile); later starts load it in milliseconds.
-Where there is no compiler (a frozen bundle, a machine without one) or the build fails, steps run eager, with
-the reason logged and shown by ``python -m engine info``.
+kept in ``build_cache_dir()/native`` (shared by every data dir) under a key of its source, the torch version, the
+compiler and the CPU's flags. The first start builds it in the background (about 12 s on 2 cores; steps run eager
+meanwhile); later starts load it in milliseconds. The offline bundle carries a copy built when the bundle is
+(``packaging/hearth.spec``), for any x86-64 CPU with AVX2 and FMA, and checks the running CPU's flags before
+loading it. Where there is no compiler, the build fails or the CPU lacks those flags, steps run eager, with the
+reason logged and shown by ``python -m engine info``.
 
 ``EngineConfig.native``:
 
@@ -51,6 +53,11 @@ SOURCE = Path(__file__).parent / "csrc" / "decode_step.cpp"
 MIN_GAIN = 0.05
 _FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w"]
 _KINDS = {"int4": 0, "int8": 1, "dense": 2}
+#: The offline bundle's prebuilt copy: where it lies in the bundle, what it is built for, and the CPU flags
+#: (as /proc/cpuinfo names them) that this needs.
+BUNDLED_LIBRARY = "native/decode_step.so"
+PORTABLE_MARCH = "-march=x86-64-v3"
+PORTABLE_CPU_FLAGS = ("avx2", "fma", "f16c", "bmi2")
 _SCRATCH_CONTEXT = 64  # context length of the timing calls
 
 
@@ -70,7 +77,12 @@ def native_problem(device: torch.device, kv_dtype: torch.dtype) -> str | None:
     if kv_dtype != torch.float32:
         return f"native steps read an fp32 KV pool, not {kv_dtype}"
     if getattr(sys, "frozen", False):
-        return "a frozen bundle carries no C++ compiler"
+        if bundled_library() is None:
+            return "a frozen bundle carries no C++ compiler, and this one no prebuilt native step"
+        missing = sorted(set(PORTABLE_CPU_FLAGS) - hardware.cpu_flags_and_model()[0])
+        if missing:
+            return f"this CPU lacks {', '.join(missing)}, which the bundle's prebuilt native step needs"
+        return None
     if sys.platform == "win32":
         return "native steps are built on Linux and macOS only"
     if _compiler() is None:
@@ -89,14 +101,28 @@ def _build_key(compiler: str) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
+def bundled_library() -> Path | None:
+    """The native step prebuilt into a frozen bundle (``packaging/hearth.spec``), if it has one."""
+    root = getattr(sys, "_MEIPASS", None)
+    path = Path(root if root is not None else Path(sys.executable).parent) / BUNDLED_LIBRARY
+    return path if path.is_file() else None
+
+
 def library_path() -> Path:
-    """Where this machine's build of the extension lives (it may not exist yet)."""
+    """Where this process loads the extension from: the bundle's prebuilt one, or this machine's own build (which
+    may not exist yet)."""
+    if getattr(sys, "frozen", False):
+        return bundled_library() or Path(BUNDLED_LIBRARY)
     compiler = _compiler()
     return build_cache_dir() / "native" / f"decode_step-{_build_key(compiler or 'none')}.so"
 
 
-def build(path: Path) -> None:
-    """Compile the extension into ``path`` (atomically: a half-written library is never loaded)."""
+def build(path: Path, portable: bool = False) -> None:
+    """Compile the extension into ``path`` (atomically: a half-written library is never loaded).
+
+    ``portable`` builds for any x86-64 CPU with AVX2 and FMA (:data:`PORTABLE_CPU_FLAGS`) instead of this one: the
+    offline bundle's prebuilt copy.
+    """
     compiler = _compiler()
     if compiler is None:
         raise RuntimeError("no C++ compiler found")
@@ -105,7 +131,8 @@ def build(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp.so")
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    cmd = [compiler, *_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+    flags = [PORTABLE_MARCH if f == "-march=native" else f for f in _FLAGS] if portable else _FLAGS
+    cmd = [compiler, *flags, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
     cmd += [f"-I{p}" for p in include_paths()]
     cmd += [str(SOURCE), "-o", str(tmp)]
     for lib in library_paths():

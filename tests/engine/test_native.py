@@ -192,12 +192,61 @@ def test_auto_keeps_fp32_eager_and_reads_cached_verdicts(
         llm.close()
 
 
-def test_where_native_steps_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_where_native_steps_cannot_run() -> None:
     cpu = torch.device("cpu")
     assert native.native_problem(cpu, torch.bfloat16) == "native steps read an fp32 KV pool, not torch.bfloat16"
     assert native.native_problem(torch.device("cuda"), torch.float32).startswith("native steps are implemented")
+
+
+def test_a_frozen_bundle_loads_its_prebuilt_step_on_cpus_that_can_run_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.system import hardware
+
+    cpu = torch.device("cpu")
     monkeypatch.setattr(sys, "frozen", True, raising=False)
-    assert native.native_problem(cpu, torch.float32) == "a frozen bundle carries no C++ compiler"
+    monkeypatch.setattr(sys, "_MEIPASS", str(tmp_path), raising=False)
+    assert native.native_problem(cpu, torch.float32) == (
+        "a frozen bundle carries no C++ compiler, and this one no prebuilt native step"
+    )
+    prebuilt = tmp_path / native.BUNDLED_LIBRARY
+    prebuilt.parent.mkdir()
+    prebuilt.write_bytes(b"")
+    assert native.library_path() == prebuilt  # loaded from the bundle, never built
+    flags = {"avx2", "fma", "f16c", "bmi2", "sse4_2"}
+    monkeypatch.setattr(hardware, "cpu_flags_and_model", lambda: (flags, "a CPU"))
+    assert native.native_problem(cpu, torch.float32) is None
+    flags.discard("avx2")
+    assert native.native_problem(cpu, torch.float32) == (
+        "this CPU lacks avx2, which the bundle's prebuilt native step needs"
+    )
+
+
+@needs_native
+@pytest.mark.skipif(not set(native.PORTABLE_CPU_FLAGS) <= native.hardware.cpu_flags_and_model()[0],
+                    reason="this CPU cannot run the portable build")
+def test_the_portable_build_loads_and_runs(tmp_path: Path, tiny_model_dirs: dict[str, Path]) -> None:
+    """The bundle's copy (built for any AVX2 CPU), in a fresh process: it loads and matches this machine's own."""
+    import subprocess
+
+    portable = tmp_path / "decode_step.so"
+    native.build(portable, portable=True)
+    script = f"""
+import torch
+from engine import LLM, SamplingParams
+from engine.model import native
+native.EXTENSION._load(__import__("pathlib").Path({str(portable)!r}))
+assert native.EXTENSION.ready, native.EXTENSION.problem
+params = SamplingParams(max_tokens=12, temperature=0.0)
+for mode in ("on", "off"):
+    llm = LLM({str(tiny_model_dirs["llama"])!r}, dtype="float32", start_loop=False, kv_cache_bytes=8 << 20, native=mode)
+    print(mode, llm.generate(["Write a haiku about the sea."], params)[0].token_ids)
+    llm.close()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.startswith(("on ", "off ")))
+    assert lines["on"] == lines["off"], done.stdout
 
 
 def test_a_failed_build_leaves_steps_eager(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -31,7 +31,7 @@ from engine.model.compiled import (
 )
 from engine.model.cuda_graphs import GraphedDecode
 from engine.model.kv_cache import NULL_BLOCK, KVCache
-from engine.model.native import NativeDecode, native_problem
+from engine.model.native import EXTENSION, NativeDecode, native_problem
 from engine.model.quantization import DenseLinear
 
 #: ``linear(role, names, weight, bias)``: role is qkv/o/gate_up/down/lm_head, names the HF parameters fused in it
@@ -213,9 +213,10 @@ class FusedDecoder:
             if logits is not None:
                 return None if keep is None else logits[keep]
         hidden = None
-        if self.native is not None and ctx.num_decode == ids.shape[0] and not ctx.prefills and not ctx.invariant:
+        decode_only = ctx.num_decode == ids.shape[0] and not ctx.prefills and not ctx.invariant
+        if self.native is not None and decode_only:
             hidden = self._native_layers(self.native, stack, ids, pos, kv, ctx)
-        if hidden is None and self.compiled is not None and ctx.num_decode == ids.shape[0] and not ctx.prefills and not ctx.invariant:
+        if hidden is None and self.compiled is not None and decode_only:
             hidden = self._compiled_layers(self.compiled, stack, ids, pos, kv, ctx)
         if hidden is None:
             hidden = self._layers(stack, ids, pos, kv, ctx)
@@ -235,9 +236,12 @@ class FusedDecoder:
 
     # --- native decode steps (engine/model/native.py) ----------------------------------------------------------
     def enable_native(self, mode: str, kv: KVCache, signature: str) -> str | None:
-        """Run decode-only steps natively in ``mode`` from now on (per batch bucket); why not, if they cannot."""
-        problem = native_problem(kv.k.device, kv.dtype)
-        if problem is not None:
+        """Run decode-only steps natively in ``mode`` from now on (per batch bucket); why not, if they cannot.
+
+        The extension is loaded now, or built in the background on a machine that has no build yet.
+        """
+        problem = native_problem(kv.k.device, kv.dtype) or EXTENSION.start(wait=False)
+        if problem not in (None, "building"):
             return problem
         shape = LayerShape(self._q_dim, self._kv_dim, self.head_dim, self.num_heads, self._eps, self._scale)
         hidden = int(self._stack.final_norm.shape[0])

@@ -269,7 +269,7 @@ class NativeDecode:
         self.shape = shape
         self._layers = layers
         self._hidden, self._dtype, self._kv_layout, self._rotary = hidden, dtype, kv_layout, rotary
-        self.signature = f"native {_source_digest()} {signature}"
+        self.signature = f"native {_code_digest()} {signature}"
         self._ready: dict[int, int] = {}  # bucket -> handle of its pinned weights
         self._handles: list[int] = []
         # unpin when this decoder goes: the extension's aliases would otherwise keep the weights alive
@@ -386,6 +386,11 @@ class NativeDecode:
         return best["eager"], best["native"]
 
 
-def _source_digest() -> str:
-    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+def _code_digest() -> str:
+    """Names the native code that runs: its source, or in the bundle (which carries no sources) the prebuilt copy."""
+    path = SOURCE if SOURCE.is_file() else library_path()
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    except OSError:
+        return "unknown"
 

@@ -39,7 +39,6 @@ from engine.model.cuda_graphs import GraphedDecode
 from engine.model.kernels import KernelBuilder
 from engine.model.kv_cache import NULL_BLOCK, KVCache
 from engine.model.llama import FusedDecoder
-from engine.model.native import EXTENSION, native_problem
 from engine.model.quantization import DenseLinear, Linear, make_linear
 
 log = logging.getLogger("engine")
@@ -156,14 +155,17 @@ class ModelRunner:
         if self._decoder is None or self.deterministic:
             why = "the HF-module path" if self._decoder is None else "deterministic mode"
         else:
-            c = self.config
-            signature = f"{c.model_type} {c.hidden_size}x{c.num_hidden_layers} {self.weight_quantization or self.dtype}"
-            problem = self._decoder.enable_compile(mode, self.kv, signature)
+            problem = self._decoder.enable_compile(mode, self.kv, self._signature())
             if problem is None:
                 return f"compiled decode steps ({mode}), per batch bucket in the background"
             why = problem
         log.info("decode steps run eager (compile=%s): %s", mode, why)
         return f"eager: {why}"
+
+    def _signature(self) -> str:
+        """Names the model and its kernels, for the compile and native verdict caches."""
+        c = self.config
+        return f"{c.model_type} {c.hidden_size}x{c.num_hidden_layers} {self.weight_quantization or self.dtype}"
 
     def enable_native(self, mode: str) -> str:
         """Native decode steps in ``mode`` (``EngineConfig.native``); returns how steps run, for the log."""
@@ -177,14 +179,13 @@ class ModelRunner:
         elif mode == "auto" and self.dtype == torch.float32:
             why = "fp32 runs torch's own ops, token for token as HF (native='on' runs it natively)"
         else:
-            why = native_problem(self.device, self.kv.dtype) or EXTENSION.start(wait=False)
-            if why in (None, "building"):
-                c = self.config
-                signature = f"{c.model_type} {c.hidden_size}x{c.num_hidden_layers} {self.weight_quantization or self.dtype}"
-                why = self._decoder.enable_native(mode, self.kv, signature)
-                if why is None:
-                    return self.native_status
-        self._native_off = why or "unknown"
+            try:
+                why = self._decoder.enable_native(mode, self.kv, self._signature())
+            except Exception as exc:  # noqa: BLE001 -- a speed-up that cannot start must not stop the model loading
+                why = f"the native step did not start ({type(exc).__name__}: {exc})"
+            if why is None:
+                return self.native_status
+        self._native_off = why
         log.info("native decode steps off: %s", why)
         return self.native_status
 

@@ -259,6 +259,23 @@ def test_a_failed_build_leaves_steps_eager(tmp_path: Path, monkeypatch: pytest.M
     assert not extension.ready and list(tmp_path.iterdir()) == []
 
 
+def test_a_native_step_that_cannot_start_leaves_the_model_loading(
+    tiny_model_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.model.llama import FusedDecoder
+
+    def broken(*args: Any) -> str | None:
+        raise FileNotFoundError("decode_step.cpp")
+
+    monkeypatch.setattr(FusedDecoder, "enable_native", broken)
+    llm = LLM(tiny_model_dirs["llama"], dtype="float32", start_loop=False, kv_cache_bytes=8 << 20, native="on")
+    try:
+        assert "eager: the native step did not start (FileNotFoundError" in llm.decode_status
+        assert len(llm.generate(["Hi"], SamplingParams(max_tokens=4, temperature=0.0))[0].token_ids) == 4
+    finally:
+        llm.close()
+
+
 def test_native_mode_is_checked() -> None:
     with pytest.raises(ValueError, match="native"):
         EngineConfig(native="fast")

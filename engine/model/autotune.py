@@ -336,9 +336,10 @@ class TunedLinear:
             return self._by_bucket[b](x.to(cast)).to(x.dtype)
         return self._by_bucket[b](x)
 
-    def kernel_at(self, bucket: int) -> Kernel | None:
-        """The kernel ``bucket`` runs, when it runs bare (no input cast, no row padding); otherwise None."""
-        if self._casts[bucket] is not None or self.plan.row_multiple != 1:
+    def kernel_at(self, bucket: int, padded: bool = False) -> Kernel | None:
+        """The kernel ``bucket`` runs, when it runs with no input cast and (unless ``padded``, which returns the
+        :class:`PaddedRows` wrapper) no row padding; otherwise None."""
+        if self._casts[bucket] is not None or (self.plan.row_multiple != 1 and not padded):
             return None
         return self._by_bucket[bucket]
 

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from engine.model.autotune import BUCKETS, TunedLinear, bucket_index
+from engine.model.autotune import BUCKETS, PaddedRows, TunedLinear, bucket_index
 from engine.model.quantization import DenseLinear, Int4Linear, Int8Linear
 from engine.system import hardware
 from engine.system.paths import data_dir
@@ -62,12 +62,25 @@ class LinearSpec(NamedTuple):
     scales: torch.Tensor | None
     group_size: int
     bias: torch.Tensor | None
+    row_multiple: int = 1  # calls are padded to a multiple of this many rows (deterministic plans)
 
 
-def linear_spec(kernel: Any, bucket: int, dtype: torch.dtype) -> LinearSpec | None:
-    """``kernel`` as it runs in ``bucket``, in a form the compiled layer can call; None if it has none."""
+def linear_spec(kernel: Any, bucket: int, dtype: torch.dtype, padded: bool = False) -> LinearSpec | None:
+    """``kernel`` as it runs in ``bucket``, in a form the compiled layer can call; None if it has none.
+
+    ``padded`` also describes kernels that run on row-padded calls (their ``row_multiple``): the native step pads;
+    the compiled layer does not.
+    """
+    multiple = 1
     if isinstance(kernel, TunedLinear):
-        kernel = kernel.kernel_at(bucket)
+        kernel = kernel.kernel_at(bucket, padded)
+    if isinstance(kernel, PaddedRows) and padded:
+        multiple, kernel = kernel.multiple, kernel.kernel
+    spec = _bare_spec(kernel, dtype)
+    return spec if spec is None or multiple == 1 else spec._replace(row_multiple=multiple)
+
+
+def _bare_spec(kernel: Any, dtype: torch.dtype) -> LinearSpec | None:
     bias = None if getattr(kernel, "bias", None) is None else kernel.bias.to(dtype)
     if isinstance(kernel, Int4Linear):  # the scales the eager kernel caches per dtype, shared
         sz = kernel._sz_by_dtype.setdefault(dtype, kernel.scales_zeros.to(dtype))

@@ -11,6 +11,7 @@ Weights are built into one :class:`_Stack`, in the model dtype. Each linear laye
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,32 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
     moves from one factor to the other), in two ops fewer.
     """
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
+
+
+def _row_slots(ctx: AttentionContext, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The KV slots each token row of a step reads, [rows, longest] (padding past a row's length is never read),
+    and how many: a decode reads its sequence's slots; token i of a prefill chunk (or a draft being verified) the
+    slots of its context up to itself."""
+    lens: list[int] = list(ctx.decode_lens or [])[: ctx.num_decode]
+    parts: list[torch.Tensor] = []
+    if ctx.num_decode:
+        assert ctx.decode_slots is not None
+        parts.append(ctx.decode_slots)
+    for chunk in ctx.prefills:
+        s, n, length = chunk.start, chunk.num_tokens, chunk.context_len
+        context = ctx.slot_mapping[s : s + n] if chunk.slots is None else chunk.slots
+        parts.append(context[None, :].expand(n, -1))
+        lens.extend(range(length - n + 1, length + 1))
+    if len(parts) == 1:
+        table = parts[0]
+    else:
+        longest = max(p.shape[1] for p in parts)
+        table = torch.zeros(rows, longest, dtype=torch.long, device=ctx.slot_mapping.device)
+        at = 0
+        for p in parts:
+            table[at : at + p.shape[0], : p.shape[1]] = p
+            at += p.shape[0]
+    return table, torch.tensor(lens, dtype=torch.long)
 
 
 @dataclass(slots=True)
@@ -214,7 +241,7 @@ class FusedDecoder:
                 return None if keep is None else logits[keep]
         hidden = None
         decode_only = ctx.num_decode == ids.shape[0] and not ctx.prefills and not ctx.invariant
-        if self.native is not None and decode_only:
+        if self.native is not None and (decode_only or (self.native.every_step and ctx.invariant)):
             hidden = self._native_layers(self.native, stack, ids, pos, kv, ctx)
         if hidden is None and self.compiled is not None and decode_only:
             hidden = self._compiled_layers(self.compiled, stack, ids, pos, kv, ctx)
@@ -235,19 +262,23 @@ class FusedDecoder:
         return self.graphs
 
     # --- native decode steps (engine/model/native.py) ----------------------------------------------------------
-    def enable_native(self, mode: str, kv: KVCache, signature: str) -> str | None:
+    def enable_native(self, mode: str, kv: KVCache, signature: str, every_step: bool = False) -> str | None:
         """Run decode-only steps natively in ``mode`` from now on (per batch bucket); why not, if they cannot.
 
-        The extension is loaded now, or built in the background on a machine that has no build yet.
+        The extension is loaded now, or built in the background on a machine that has no build yet. With
+        ``every_step`` (deterministic mode) every step runs natively, from the first: only if it is loaded now.
         """
         problem = native_problem(kv.k.device, kv.dtype) or EXTENSION.start(wait=False)
+        if problem == "building" and every_step:
+            return "the native step is being built; deterministic mode runs eager until the next load"
         if problem not in (None, "building"):
             return problem
         shape = LayerShape(self._q_dim, self._kv_dim, self.head_dim, self.num_heads, self._eps, self._scale)
         hidden = int(self._stack.final_norm.shape[0])
         layout = (len(self._stack.layers), self.num_kv_heads, self.head_dim)
         self.native = NativeDecode(
-            mode, shape, self._compiled_weights, hidden, self._stack.dtype, layout, self._rotary, signature
+            mode, shape, functools.partial(self._compiled_weights, padded=True), hidden, self._stack.dtype, layout,
+            self._rotary, signature, every_step,
         )
         return None
 
@@ -255,16 +286,17 @@ class FusedDecoder:
         self, native: NativeDecode, stack: _Stack, ids: torch.Tensor, pos: torch.Tensor, kv: KVCache,
         ctx: AttentionContext,
     ) -> torch.Tensor | None:
-        """The layers of a decode-only step in one native call; None while its bucket runs eager."""
+        """The layers of a step in one native call (any step in ``every_step`` mode, else decode-only ones);
+        None while its bucket runs eager."""
         t = ids.shape[0]
         handle = native.weights_for(t)
-        if handle is None or ctx.decode_slots is None or ctx.decode_lens is None:
+        if handle is None:
             return None
+        slots, lens = _row_slots(ctx, t)
         x = self._inner.embed_tokens(ids).to(stack.dtype)
         cos, sin = self._rotary(x, pos)
-        lens = torch.tensor(ctx.decode_lens, dtype=torch.long)
         try:
-            x = native.run(handle, x, cos, sin, kv.k, kv.v, ctx.slot_mapping, ctx.decode_slots, lens)
+            x = native.run(handle, x, cos, sin, kv.k, kv.v, ctx.slot_mapping, slots, lens)
         except Exception as exc:  # noqa: BLE001 -- the step reruns eager (rewriting the same K/V slots)
             native.fail(t, exc)
             return None
@@ -284,11 +316,13 @@ class FusedDecoder:
         )
         return None
 
-    def _compiled_weights(self, bucket: int) -> list[LayerWeights] | None:
-        """Every layer's weights as the compiled layer takes them, for one bucket; None if a kernel cannot be."""
+    def _compiled_weights(self, bucket: int, padded: bool = False) -> list[LayerWeights] | None:
+        """Every layer's weights as the compiled layer (or, ``padded``, the native step) takes them, for one bucket;
+        None if a kernel cannot be."""
         out = []
         for layer in self._stack.layers:
-            specs = [linear_spec(k, bucket, self._stack.dtype) for k in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+            kernels = (layer.qkv, layer.o, layer.gate_up, layer.down)
+            specs = [linear_spec(k, bucket, self._stack.dtype, padded) for k in kernels]
             qkv, o, gate_up, down = specs
             if qkv is None or o is None or gate_up is None or down is None:
                 return None

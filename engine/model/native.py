@@ -220,11 +220,11 @@ EXTENSION = _Extension()
 def _spec_args(spec: LinearSpec) -> tuple[list[torch.Tensor], list[int]]:
     empty = torch.empty(0)
     tensors = [spec.weight, empty if spec.scales is None else spec.scales, empty if spec.bias is None else spec.bias]
-    return tensors, [_KINDS[spec.kind], spec.group_size]
+    return tensors, [_KINDS[spec.kind], spec.group_size, spec.row_multiple]
 
 
 def flatten(weights: list[LayerWeights], dtype: torch.dtype) -> tuple[list[torch.Tensor], list[int]]:
-    """Every layer's weights as the native op takes them: 16 tensors and 8 integers per layer."""
+    """Every layer's weights as the native op takes them: 16 tensors and 12 integers per layer."""
     tensors: list[torch.Tensor] = []
     kinds: list[int] = []
     empty = torch.empty(0, dtype=dtype)
@@ -264,8 +264,12 @@ class NativeDecode:
         kv_layout: tuple[int, int, int],
         rotary: Rotary,
         signature: str,
+        every_step: bool = False,
     ) -> None:
         self.mode = mode
+        #: every step runs natively, prefill chunks and draft verification too (deterministic mode): each token is
+        #: then computed the same way whatever step it is in. Decided once for all buckets, and never timed.
+        self.every_step = every_step
         self.shape = shape
         self._layers = layers
         self._hidden, self._dtype, self._kv_layout, self._rotary = hidden, dtype, kv_layout, rotary
@@ -290,7 +294,7 @@ class NativeDecode:
 
     def weights_for(self, rows: int) -> int | None:
         """The handle of the pinned weights of the bucket of ``rows``, once it runs native; None while eager."""
-        bucket = bucket_index(rows)
+        bucket = 0 if self.every_step else bucket_index(rows)
         ready = self._ready.get(bucket)
         if ready is not None or bucket in self.reasons or not EXTENSION.ready:
             return ready
@@ -299,8 +303,8 @@ class NativeDecode:
         return self._ready.get(bucket)
 
     def fail(self, rows: int, exc: BaseException) -> None:
-        """A native step raised: that bucket runs eager from now on."""
-        bucket = bucket_index(rows)
+        """A native step raised: that bucket (in ``every_step`` mode, every step) runs eager from now on."""
+        bucket = 0 if self.every_step else bucket_index(rows)
         self._ready.pop(bucket, None)
         self.reasons[bucket] = f"eager: the native step failed ({type(exc).__name__}: {exc})"
         log.warning("native decode step for %s rows failed; eager from now on: %s", rows, exc)
@@ -328,8 +332,13 @@ class NativeDecode:
         weights = self._layers(bucket)
         if weights is None:
             return "eager: a kernel of this bucket has no native form"
+        if self.every_step and any(not _same_kernels(weights, self._layers(b)) for b in range(1, len(BUCKETS))):
+            return "eager: the kernels differ between batch buckets"
         handle = EXTENSION.pin(*flatten(weights, self._dtype))
         self._handles.append(handle)
+        if self.every_step:
+            self._ready[bucket] = handle
+            return "native for every step (row-invariant: deterministic mode)"
         if self.mode == "on":
             self._ready[bucket] = handle
             return "native"
@@ -384,6 +393,18 @@ class NativeDecode:
                     run()
                     best[name] = min(best[name], time.perf_counter() - start)
         return best["eager"], best["native"]
+
+
+def _same_kernels(a: list[LayerWeights], b: list[LayerWeights] | None) -> bool:
+    """Whether two buckets' layers run the very same kernels (the same kinds over the same weight tensors)."""
+    if b is None:
+        return False
+    roles = ("qkv", "o", "gate_up", "down")
+    return all(
+        getattr(x, r).weight is getattr(y, r).weight and getattr(x, r).kind == getattr(y, r).kind
+        for x, y in zip(a, b, strict=True)
+        for r in roles
+    )
 
 
 def _code_digest() -> str:

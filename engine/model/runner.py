@@ -174,13 +174,13 @@ class ModelRunner:
         why: str | None
         if mode == "off":
             why = "native=off"
-        elif self._decoder is None or self.deterministic:
-            why = "the HF-module path" if self._decoder is None else "deterministic mode"
+        elif self._decoder is None:
+            why = "the HF-module path"
         elif mode == "auto" and self.dtype == torch.float32:
             why = "fp32 runs torch's own ops, token for token as HF (native='on' runs it natively)"
         else:
             try:
-                why = self._decoder.enable_native(mode, self.kv, self._signature())
+                why = self._decoder.enable_native(mode, self.kv, self._signature(), every_step=self.deterministic)
             except Exception as exc:  # noqa: BLE001 -- a speed-up that cannot start must not stop the model loading
                 why = f"the native step did not start ({type(exc).__name__}: {exc})"
             if why is None:

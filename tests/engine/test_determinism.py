@@ -95,7 +95,7 @@ def test_attention_of_a_query_is_the_same_in_a_prefill_a_chunk_and_a_decode_batc
 
 
 # --- the engine ------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module", params=["bf16", "int8"])
+@pytest.fixture(scope="module", params=["bf16", "int8", "int4"])
 def llm(request: pytest.FixtureRequest) -> Iterator[LLM]:
     engine = LLM("default", quantization=request.param, start_loop=False, deterministic=True)
     try:

@@ -69,18 +69,19 @@ def _tiny_llama(folder: Path, tokenizer_dir: Path, heads: int, kv_heads: int, he
     return folder
 
 
-def _matches_hf(folder: Path) -> None:
+def _matches_hf(folder: Path, deterministic: bool = False) -> None:
     from transformers import AutoModelForCausalLM
 
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
     llm = LLM(folder, dtype="float32", start_loop=False, kv_cache_bytes=8 << 20, max_num_batched_tokens=64,
-              native="on")
+              native="on", deterministic=deterministic)
     try:
         decode = _native(llm)
+        assert decode.every_step == deterministic
         prompts = [llm.engine.tokenize(p) for p in PROMPTS[1:7]]
         _check_greedy(llm, reference, prompts, 16)
         assert decode.steps > 16, decode.status()
-        assert all(reason == "native" for reason in decode.reasons.values()), decode.reasons
+        assert all(reason.startswith("native") for reason in decode.reasons.values()), decode.reasons
     finally:
         llm.close()
 
@@ -89,6 +90,38 @@ def _matches_hf(folder: Path) -> None:
 @pytest.mark.parametrize("family", FUSED)
 def test_native_steps_match_hf(family: str, tiny_model_dirs: dict[str, Path], extension: None) -> None:
     _matches_hf(tiny_model_dirs[family])
+
+
+@needs_native
+@pytest.mark.parametrize("family", FUSED)
+def test_every_step_native_matches_hf(family: str, tiny_model_dirs: dict[str, Path], extension: None) -> None:
+    """Deterministic mode runs every step natively, prefill chunks (64-token budget: long prompts are chunked)
+    and batched decodes alike; fp32 dense kernels there run on row-padded calls."""
+    _matches_hf(tiny_model_dirs[family], deterministic=True)
+
+
+@needs_native
+def test_deterministic_int4_runs_every_step_natively(extension: None) -> None:
+    """The app's default ("Repeatable replies", int4): prefill, decodes and prefix-cache hits all native."""
+    llm = LLM("default", quantization="int4", deterministic=True, start_loop=False, kv_cache_bytes=64 << 20)
+    try:
+        decode = _native(llm)
+        assert decode.every_step
+        params = SamplingParams(max_tokens=12, temperature=0.0)
+        question = [{"role": "user", "content": "Name the capital city of France."}]
+        before = decode.steps
+        alone = llm.chat(question, params).token_ids
+        assert decode.steps - before >= len(alone)  # the prefill and every decode
+        handles = [llm.engine.submit(question, params)] + [
+            llm.engine.submit([{"role": "user", "content": q}], params) for q in PROMPTS[1:4]
+        ]
+        while not all(h.done() for h in handles):
+            llm.engine.step()
+        assert handles[0].result().token_ids == alone  # a prefix-cache hit, inside a batch of four
+        assert "Paris" in llm.engine.tokenizer.decode(alone)
+        assert decode.reasons == {0: "native for every step (row-invariant: deterministic mode)"}
+    finally:
+        llm.close()
 
 
 @needs_native
@@ -264,7 +297,7 @@ def test_a_native_step_that_cannot_start_leaves_the_model_loading(
 ) -> None:
     from engine.model.llama import FusedDecoder
 
-    def broken(*args: Any) -> str | None:
+    def broken(*args: Any, **kwargs: Any) -> str | None:
         raise FileNotFoundError("decode_step.cpp")
 
     monkeypatch.setattr(FusedDecoder, "enable_native", broken)

@@ -27,7 +27,7 @@
 namespace {
 
 constexpr int64_t kTensorsPerLayer = 16;
-constexpr int64_t kKindsPerLayer = 8;
+constexpr int64_t kKindsPerLayer = 12;
 enum LinearKind : int64_t { kInt4 = 0, kInt8 = 1, kDense = 2 };
 
 template <typename T>
@@ -330,8 +330,16 @@ void silu_mul(const T* gate_up, int64_t rows, int64_t inter, T* out) {
   }
 }
 
-at::Tensor linear(const at::Tensor& x, int64_t kind, int64_t group, const at::Tensor& w, const at::Tensor& s,
+at::Tensor linear(const at::Tensor& x_in, const int64_t* spec, const at::Tensor& w, const at::Tensor& s,
                   const at::Tensor& bias) {
+  const int64_t kind = spec[0], group = spec[1], multiple = spec[2];
+  const int64_t rows = x_in.size(0), extra = multiple > 1 ? (multiple - rows % multiple) % multiple : 0;
+  if (extra) {  // a row-invariant plan: every call on a multiple of `multiple` rows, the padding's outputs dropped
+    at::Tensor padded = at::cat({x_in, at::zeros({extra, x_in.size(1)}, x_in.options())});
+    const int64_t unpadded[3] = {kind, group, 1};
+    return linear(padded, unpadded, w, s, bias).slice(0, 0, rows);
+  }
+  const at::Tensor& x = x_in;
   at::Tensor y;
   if (kind == kInt4) {
     y = at::_weight_int4pack_mm_for_cpu(x, w, group, s);
@@ -352,7 +360,7 @@ const void* maybe_data(const at::Tensor& t) { return t.numel() ? t.data_ptr() : 
 // (views of the same memory, with no Python object), and every step's inputs are aliased on entry.
 struct Pinned {
   std::vector<at::Tensor> weights;  // 16 per layer (see decode_layers)
-  std::vector<int64_t> kinds;       // 8 per layer
+  std::vector<int64_t> kinds;       // 12 per layer
 };
 
 std::mutex g_pinned_mutex;
@@ -369,8 +377,9 @@ int64_t pin_weights(at::TensorList weights, at::IntArrayRef kinds) {
     pinned->weights.push_back(w.alias());
   }
   pinned->kinds.assign(kinds.begin(), kinds.end());
-  for (size_t i = 0; i < pinned->kinds.size(); i += 2) {
+  for (size_t i = 0; i < pinned->kinds.size(); i += 3) {
     TORCH_CHECK(pinned->kinds[i] >= kInt4 && pinned->kinds[i] <= kDense, "unknown linear kind");
+    TORCH_CHECK(pinned->kinds[i + 2] >= 1 && pinned->kinds[i + 2] <= 64, "bad row multiple");
   }
   std::lock_guard<std::mutex> lock(g_pinned_mutex);
   const int64_t handle = g_next_handle++;
@@ -391,8 +400,8 @@ void unpin_weights(int64_t handle) {
 }  // namespace
 
 // handle: weights pinned by pin_weights: 16 per layer (input_norm, q_norm, k_norm, post_norm, then weight, scales,
-// bias of qkv, o, gate_up, down; an absent one is an empty tensor) and 8 integers per layer (kind and group size
-// of each linear).
+// bias of qkv, o, gate_up, down; an absent one is an empty tensor) and 12 integers per layer (kind, group size
+// and row multiple of each linear).
 // x: [B, hidden] embedded tokens; cos, sin: [B, head_dim]; k_pool, v_pool: fp32 [layers, slots, kv_heads, head_dim];
 // slot_mapping: [B] slot each row writes; slots: [B, L] slots each row reads, lens: [B] how many of them.
 // Returns the hidden states after the last layer (before the final norm).
@@ -462,7 +471,7 @@ at::Tensor decode_layers(int64_t handle, const at::Tensor& x_py, const at::Tenso
       TORCH_CHECK(w[1].numel() == 0 || w[1].numel() == d, "q/k norm weights must be [head_dim]");
       TORCH_CHECK(w[2].numel() == 0 || w[2].numel() == d, "q/k norm weights must be [head_dim]");
       rms_norm(x.data_ptr<T>(), w[0].data_ptr<T>(), h.data_ptr<T>(), rows, hidden, eps);
-      at::Tensor qkv = linear(h, k[0], k[1], w[4], w[5], w[6]).contiguous();
+      at::Tensor qkv = linear(h, k + 0, w[4], w[5], w[6]).contiguous();
       TORCH_CHECK(qkv.size(1) == (nh + 2 * kvh) * d && qkv.scalar_type() == x.scalar_type(), "qkv has the wrong shape");
       rope_and_store(qkv.data_ptr<T>(), rows, nh, kvh, d, static_cast<const T*>(maybe_data(w[1])),
                      static_cast<const T*>(maybe_data(w[2])), eps, cos.data_ptr<float>(), sin.data_ptr<float>(),
@@ -470,14 +479,14 @@ at::Tensor decode_layers(int64_t handle, const at::Tensor& x_py, const at::Tenso
       decode_attention(q.data_ptr<float>(), k_layer, v_layer,
                        slots.data_ptr<int64_t>(), max_len, lens.data_ptr<int64_t>(), rows, nh, kvh, d, scale,
                        attn.data_ptr<T>());
-      x.add_(linear(attn, k[2], k[3], w[7], w[8], w[9]));
+      x.add_(linear(attn, k + 3, w[7], w[8], w[9]));
       rms_norm(x.data_ptr<T>(), w[3].data_ptr<T>(), h.data_ptr<T>(), rows, hidden, eps);
-      at::Tensor gate_up = linear(h, k[4], k[5], w[10], w[11], w[12]).contiguous();
+      at::Tensor gate_up = linear(h, k + 6, w[10], w[11], w[12]).contiguous();
       TORCH_CHECK(gate_up.scalar_type() == x.scalar_type() && gate_up.size(1) % 2 == 0, "gate_up has the wrong shape");
       const int64_t inter = gate_up.size(1) / 2;
       at::Tensor act = at::empty({rows, inter}, x.options());
       silu_mul(gate_up.data_ptr<T>(), rows, inter, act.data_ptr<T>());
-      x.add_(linear(act, k[6], k[7], w[13], w[14], w[15]));
+      x.add_(linear(act, k + 9, w[13], w[14], w[15]));
     }
   });
   return x;

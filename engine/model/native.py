@@ -244,14 +244,10 @@ Rotary = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor
 class NativeDecode:
     """The native decode step of one fused decoder: per batch bucket, native or eager, decided on first use.
 
-    Args:
-        mode: "auto" (timed against eager per bucket, cached) or "on".
-        shape: the layer's constants.
-        layers: every layer's weights, per bucket: ``layers(bucket)`` (None where a kernel has no native form).
-        hidden: the hidden size; dtype: the activation dtype.
-        kv_layout: ``(layers, kv_heads, head_dim)`` of the pool.
-        rotary: ``rotary(x, positions)`` -> cos, sin as the eager path computes them ([T, 1, D]).
-        signature: names the model and its kernels, for ``auto``'s cache.
+    Takes what :class:`engine.model.compiled.CompiledDecode` takes (the same layer shape, per-bucket weights,
+    rotary and cache signature), except: ``mode`` is "auto" (timed against eager per bucket, cached) or "on";
+    ``kv_layout`` is ``(layers, kv_heads, head_dim)``; ``layers(bucket)`` may describe row-padded kernels; and
+    ``every_step`` (deterministic mode) runs every step natively.
     """
 
     def __init__(

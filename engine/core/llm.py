@@ -229,7 +229,8 @@ class LLM:
         """How decode steps run: CUDA graphs on a GPU; natively, compiled or eager on a CPU (and why)."""
         if self.device.startswith("cuda"):
             return self.graph_status
-        return f"{self.engine.runner.native_status}; torch.compile: {self.compile_status}"
+        compiled = "off" if self.config.compile == "off" else self.compile_status
+        return f"{self.engine.runner.native_status}; torch.compile: {compiled}"
 
     def metrics(self) -> dict[str, float]:
         return self.engine.metrics()

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from engine.model.autotune import BUCKETS, bucket_index
-from engine.model.compiled import LayerShape, LayerWeights, LinearSpec, VerdictCache, decode_layer
+from engine.model.compiled import LayerShape, LayerWeights, LinearSpec, Rotary, VerdictCache, decode_layer
 from engine.system import hardware
 from engine.system.paths import build_cache_dir
 
@@ -236,9 +236,6 @@ def flatten(weights: list[LayerWeights], dtype: torch.dtype) -> tuple[list[torch
             tensors += t
             kinds += k
     return tensors, kinds
-
-
-Rotary = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class NativeDecode:

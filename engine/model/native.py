@@ -51,7 +51,9 @@ log = logging.getLogger("engine")
 SOURCE = Path(__file__).parent / "csrc" / "decode_step.cpp"
 #: ``auto`` keeps the native step for a bucket only where it is at least this much faster than eager.
 MIN_GAIN = 0.05
-_FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w"]
+# -fopenmp at compile time only: at::parallel_for is OpenMP pragmas inlined from ATen's headers (serial without it),
+# and the library is linked without libgomp, so they bind to the OpenMP runtime torch already loaded (one pool)
+_FLAGS = ["-O3", "-march=native", "-std=c++17", "-fPIC", "-fopenmp", "-w"]
 _KINDS = {"int4": 0, "int8": 1, "dense": 2}
 #: The offline bundle's prebuilt copy: where it lies in the bundle, what it is built for, and the CPU flags
 #: (as /proc/cpuinfo names them) that this needs.
@@ -130,22 +132,26 @@ def build(path: Path, portable: bool = False) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp.so")
+    obj = tmp.with_suffix(".o")
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     flags = [PORTABLE_MARCH if f == "-march=native" else f for f in _FLAGS] if portable else _FLAGS
-    cmd = [compiler, *flags, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
-    cmd += [f"-I{p}" for p in include_paths()]
-    cmd += [str(SOURCE), "-o", str(tmp)]
+    compile_cmd = [compiler, *flags, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+    compile_cmd += [f"-I{p}" for p in include_paths()]
+    compile_cmd += ["-c", str(SOURCE), "-o", str(obj)]
+    link_cmd = [compiler, "-shared", str(obj), "-o", str(tmp)]
     for lib in library_paths():
-        cmd += [f"-L{lib}", f"-Wl,-rpath,{lib}"]
-    cmd += ["-lc10", "-ltorch_cpu"]
+        link_cmd += [f"-L{lib}", f"-Wl,-rpath,{lib}"]
+    link_cmd += ["-lc10", "-ltorch_cpu"]
     try:
-        result = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
-        if result.returncode != 0:
-            lines = (result.stderr or result.stdout).strip().splitlines()
-            raise RuntimeError(f"the C++ build failed: {lines[-1] if lines else result.returncode}")
+        for cmd in (compile_cmd, link_cmd):
+            result = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
+            if result.returncode != 0:
+                lines = (result.stderr or result.stdout).strip().splitlines()
+                raise RuntimeError(f"the C++ build failed: {lines[-1] if lines else result.returncode}")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+        obj.unlink(missing_ok=True)
 
 
 class _Extension:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from engine.model.autotune import BUCKETS, bucket_index
+from engine.model.autotune import BUCKET_NAMES, BUCKETS, bucket_index
 from engine.model.compiled import LayerShape, LayerWeights, LinearSpec, Rotary, VerdictCache, decode_layer
 from engine.system import hardware
 from engine.system.paths import build_cache_dir
@@ -288,8 +288,7 @@ class NativeDecode:
             return "eager: " + (EXTENSION.problem or "the native step is being built")
         if not self.reasons:
             return "native, per batch bucket on first use"
-        names = ("1", "2-4", "5-16", "17+")
-        return "; ".join(f"{names[b]} rows: {r}" for b, r in sorted(self.reasons.items()))
+        return "; ".join(f"{BUCKET_NAMES[b]} rows: {r}" for b, r in sorted(self.reasons.items()))
 
     def weights_for(self, rows: int) -> int | None:
         """The handle of the pinned weights of the bucket of ``rows``, once it runs native; None while eager."""
@@ -333,33 +332,42 @@ class NativeDecode:
             return "eager: a kernel of this bucket has no native form"
         if self.every_step and any(not _same_kernels(weights, self._layers(b)) for b in range(1, len(BUCKETS))):
             return "eager: the kernels differ between batch buckets"
-        handle = EXTENSION.pin(*flatten(weights, self._dtype))
-        self._handles.append(handle)
-        if self.every_step:
-            self._ready[bucket] = handle
-            return "native for every step (row-invariant: deterministic mode)"
-        if self.mode == "on":
-            self._ready[bucket] = handle
-            return "native"
+        if self.every_step or self.mode == "on":
+            self._ready[bucket] = self._pin(weights)
+            return "native for every step (row-invariant: deterministic mode)" if self.every_step else "native"
         cache = VerdictCache()
         key = VerdictCache.key(self.signature, bucket)
         verdict = cache.get(key)
+        if verdict is not None and not verdict["compiled"]:
+            return f"eager: {verdict['reason']} (cached)"
+        handle = self._pin(weights)
         if verdict is None:
             try:
                 eager_s, native_s = self._time(bucket, weights, handle)
             except Exception as exc:  # noqa: BLE001 -- a step that cannot run is a step that stays eager
+                self._unpin(handle)
                 return f"eager: the native step failed a trial run ({type(exc).__name__}: {exc})"
             gain = eager_s / native_s - 1
             reason = f"{gain:+.0%} per step against eager ({eager_s * 1e3:.2f} vs {native_s * 1e3:.2f} ms)"
             verdict = {"compiled": gain >= MIN_GAIN, "reason": reason, "eager_us": eager_s * 1e6}
             verdict["compiled_us"] = native_s * 1e6
             cache.put(key, verdict)
+            if not verdict["compiled"]:
+                self._unpin(handle)
+                return f"eager: {reason}"
         else:
             reason = f"{verdict['reason']} (cached)"
-        if not verdict["compiled"]:
-            return f"eager: {reason}"
         self._ready[bucket] = handle
         return f"native: {reason}"
+
+    def _pin(self, weights: list[LayerWeights]) -> int:
+        handle = EXTENSION.pin(*flatten(weights, self._dtype))
+        self._handles.append(handle)
+        return handle
+
+    def _unpin(self, handle: int) -> None:
+        self._handles.remove(handle)
+        EXTENSION.unpin([handle])
 
     def _time(self, bucket: int, weights: list[LayerWeights], handle: int) -> tuple[float, float]:
         """Best-of-rounds time of one step's layers, eager and native, interleaved (seconds per step)."""

@@ -76,7 +76,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         self.runner = ModelRunner(
-            model, num_blocks, config.block_size, kv_dtype, quantization, quant_backend, config.deterministic
+            model, num_blocks, config.block_size, kv_dtype, quantization, quant_backend, config.deterministic,
+            config.native,
         )
         self.sampler = Sampler()
         self.speculator = make_speculator(

@@ -345,8 +345,21 @@ class TunedLinear:
 
     @property
     def nbytes(self) -> int:
-        """Bytes this layer adds (kernels sharing memory held elsewhere count nothing)."""
-        return sum(k.nbytes for name, k in self.kernels.items() if name not in self.shared)
+        """Bytes this layer adds (kernels sharing memory held elsewhere count nothing; two kernels over one
+        kernel's memory count it once)."""
+        owners = {id(memory_owner(k)): memory_owner(k) for name, k in self.kernels.items() if name not in self.shared}
+        return sum(k.nbytes for k in owners.values())
+
+
+def memory_owner(kernel: Kernel) -> Kernel:
+    """The kernel whose memory ``kernel`` reads: its ``base`` where it runs another kernel's bytes, else itself."""
+    return getattr(kernel, "base", kernel)
+
+
+def _shares_memory(name: str, kernels: Mapping[str, Kernel]) -> bool:
+    """Whether candidate ``name`` reads another candidate's memory (or another reads its): it costs nothing more."""
+    owner = memory_owner(kernels[name])
+    return any(memory_owner(k) is owner for other, k in kernels.items() if other != name)
 
 
 class PlanCache:
@@ -486,14 +499,14 @@ class Tuner:
             copies = 1 if role == "lm_head" else self.layers
 
             def may_add(name: str) -> bool:
-                return name in free or kernels[name].nbytes * copies <= self.budget
+                return name in free or _shares_memory(name, kernels) or kernels[name].nbytes * copies <= self.budget
 
             by_median = choose(measured.median, preferred, may_add).kernels
             plan = judge(choose(measured.best, preferred, may_add), measured, by_median)
             if self.cache is not None and plan.trusted:
                 self.cache.put(key, plan)
         for name in plan.used:
-            if name != plan.kernels[0] and name not in free:
+            if name != plan.kernels[0] and name not in free and not _shares_memory(name, kernels):
                 self.budget -= kernels[name].nbytes * (1 if role == "lm_head" else self.layers)
         self.plans[(role, shape)] = plan
         self.choices.append(Choice(role, shape, plan))

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model.autotune import BUCKETS, PaddedRows, TunedLinear, bucket_index
-from engine.model.quantization import DenseLinear, Int4Linear, Int8Linear
+from engine.model.quantization import DenseLinear, Int4Linear, Int4VnniLinear, Int8Linear
 from engine.system import hardware
 from engine.system.paths import data_dir
 
@@ -57,7 +57,7 @@ _SCRATCH_CONTEXT = 64  # context length of the compile and timing calls (any len
 class LinearSpec(NamedTuple):
     """A linear layer as tensors and a kind, so that every layer's kernel is an argument of one graph."""
 
-    kind: str  # "int4", "int8" or "dense"
+    kind: str  # "int4", "int4_vnni" (native only), "int8" or "dense"
     weight: torch.Tensor
     scales: torch.Tensor | None
     group_size: int
@@ -76,6 +76,8 @@ def linear_spec(kernel: Any, bucket: int, dtype: torch.dtype, padded: bool = Fal
         kernel = kernel.kernel_at(bucket, padded)
     if isinstance(kernel, PaddedRows) and padded:
         multiple, kernel = kernel.multiple, kernel.kernel
+    if isinstance(kernel, Int4VnniLinear) and not padded:
+        return None  # the native extension's own op: the native step calls it, a compiled graph does not
     spec = _bare_spec(kernel, dtype)
     return spec if spec is None or multiple == 1 else spec._replace(row_multiple=multiple)
 
@@ -85,6 +87,10 @@ def _bare_spec(kernel: Any, dtype: torch.dtype) -> LinearSpec | None:
     if isinstance(kernel, Int4Linear):  # the scales the eager kernel caches per dtype, shared
         sz = kernel._sz_by_dtype.setdefault(dtype, kernel.scales_zeros.to(dtype))
         return LinearSpec("int4", kernel.packed, sz, kernel.group_size, bias)
+    if isinstance(kernel, Int4VnniLinear):
+        base = kernel.base
+        bias = None if base.bias is None else base.bias.to(dtype)
+        return LinearSpec("int4_vnni", base.packed, kernel.scales_zeros(dtype), base.group_size, bias)
     if isinstance(kernel, Int8Linear):
         scales = kernel._scales_by_dtype.setdefault(dtype, kernel.scales.to(dtype))
         return LinearSpec("int8", kernel.qweight, scales, 0, bias)
@@ -96,6 +102,8 @@ def _bare_spec(kernel: Any, dtype: torch.dtype) -> LinearSpec | None:
 def _linear(x: torch.Tensor, spec: LinearSpec) -> torch.Tensor:
     if spec.kind == "int4" and spec.scales is not None:
         y = torch._weight_int4pack_mm_for_cpu(x, spec.weight, spec.group_size, spec.scales)
+    elif spec.kind == "int4_vnni" and spec.scales is not None:
+        y = torch.ops.hearth.int4_vnni_mm(x, spec.weight, spec.group_size, spec.scales)
     elif spec.kind == "int8" and spec.scales is not None:
         y = torch._weight_int8pack_mm(x, spec.weight, spec.scales)
     else:

@@ -28,10 +28,12 @@ import torch
 
 from engine.loading.gguf_weights import GgufWeights, Int4Parts, matches
 from engine.model.autotune import Kernel, Plan, TunedLinear, Tuner
+from engine.model.native import int4_vnni_problem
 from engine.model.quantization import (
     INT4_GROUP_SIZE,
     DenseLinear,
     Int4Linear,
+    Int4VnniLinear,
     Int8AsInt4Pair,
     Int8Linear,
     PackedFp16Linear,
@@ -54,6 +56,8 @@ class KernelBuilder:
         backend: "auto", "torch" or "bitsandbytes" (see ``make_linear``).
         gguf: the GGUF file the model was read from, when its blocks may be used.
         tuner: measures and caches kernel plans; None runs each level's stored kernel.
+        native: ``EngineConfig.native``: unless "off", int4 layers may also run the native extension's VNNI kernel
+            over the same bytes (``Int4VnniLinear``), where the tuner measures it faster.
     """
 
     def __init__(
@@ -64,6 +68,7 @@ class KernelBuilder:
         backend: str,
         gguf: GgufWeights | None,
         tuner: Tuner | None,
+        native: str = "auto",
     ) -> None:
         self.level, self.dtype, self.device, self.backend = level, dtype, device, backend
         self.gguf = gguf
@@ -72,6 +77,10 @@ class KernelBuilder:
         self.deterministic = tuner is not None and tuner.deterministic
         on_cpu = device.type == "cpu" and backend in ("auto", "torch")
         self.tunable = on_cpu and (dtype != torch.float32 or self.deterministic)
+        self.int4_vnni = (
+            self.tunable and level == "int4" and native != "off" and dtype in Int4VnniLinear.dtypes
+            and int4_vnni_problem() is None
+        )
 
     def __call__(
         self, role: str, names: list[str], weight: torch.Tensor, bias: torch.Tensor | None
@@ -118,14 +127,22 @@ class KernelBuilder:
         # memory than the bf16 model itself: the level is chosen to save it
         parts = self._int4_parts(names, weight) if self.level == "int4" else None
         if parts is not None:
-            return {"int4": lambda: Int4Linear.from_parts(parts, bias)}, "int4", frozenset()
+            return self._int4(functools.cache(lambda: Int4Linear.from_parts(parts, bias)), weight)
         q8 = self.gguf.q8_parts(names) if self.gguf is not None else None
         if q8 is not None and matches(q8.dequantize(), weight):
             self.from_file += 1
             return {"int8": lambda: Int8Linear.from_q8(q8, bias)}, "int8", frozenset()
         if self.level == "int8" or weight.shape[1] % INT4_GROUP_SIZE:
             return {"int8": lambda: Int8Linear.quantize(weight, bias)}, "int8", frozenset()
-        return {"int4": lambda: Int4Linear.quantize(weight, bias)}, "int4", frozenset()
+        return self._int4(functools.cache(lambda: Int4Linear.quantize(weight, bias)), weight)
+
+    def _int4(self, build: Callable[[], Int4Linear], weight: torch.Tensor) -> tuple[dict[str, Build], str, frozenset[str]]:
+        """torch's int4 kernel, and the VNNI kernel over the very same bytes where it can run (no memory of its own:
+        the tuner sees it share ``build()``'s)."""
+        builds: dict[str, Build] = {"int4": build}
+        if self.int4_vnni and not weight.shape[0] % 64:  # its blocks of 64 output channels
+            builds["int4_vnni"] = lambda: Int4VnniLinear(build())
+        return builds, "int4", frozenset()
 
     def _int4_parts(self, names: list[str], weight: torch.Tensor) -> Int4Parts | None:
         """The GGUF file's int4 blocks for these tensors, if it has them and they match the loaded weight."""

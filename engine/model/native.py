@@ -54,7 +54,7 @@ MIN_GAIN = 0.05
 # -fopenmp at compile time only: at::parallel_for is OpenMP pragmas inlined from ATen's headers (serial without it),
 # and the library is linked without libgomp, so they bind to the OpenMP runtime torch already loaded (one pool)
 _FLAGS = ["-O3", "-march=native", "-std=c++17", "-fPIC", "-fopenmp", "-w"]
-_KINDS = {"int4": 0, "int8": 1, "dense": 2}
+_KINDS = {"int4": 0, "int8": 1, "dense": 2, "int4_vnni": 3}
 #: The offline bundle's prebuilt copy: where it lies in the bundle, what it is built for, and the CPU flags
 #: (as /proc/cpuinfo names them) that this needs.
 BUNDLED_LIBRARY = "native/decode_step.so"
@@ -147,7 +147,8 @@ def build(path: Path, portable: bool = False) -> None:
             result = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
             if result.returncode != 0:
                 lines = (result.stderr or result.stdout).strip().splitlines()
-                raise RuntimeError(f"the C++ build failed: {lines[-1] if lines else result.returncode}")
+                errors = [line for line in lines if "error" in line] or lines
+                raise RuntimeError(f"the C++ build failed: {errors[0] if errors else result.returncode}")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -221,6 +222,51 @@ class _Extension:
 
 
 EXTENSION = _Extension()
+
+_UNCHECKED = "unchecked"
+_int4_vnni_verdict: str | None = _UNCHECKED
+#: the int4 VNNI kernel must agree with torch's int4 kernel on a probe this closely (its int8 activations differ
+#: by about 1 %; a different packed layout gives noise, ~100 %)
+INT4_VNNI_MAX_REL_ERROR = 0.05
+
+
+def int4_vnni_problem() -> str | None:
+    """Why the extension's AVX512-VNNI int4 kernel cannot serve int4 layers here, or None when it can.
+
+    It needs the extension loaded (this starts loading or building it), a build for a CPU with AVX512-VNNI and
+    VBMI, and torch's packed int4 layout as it reads it: a probe matmul must agree with torch's own kernel.
+    The verdict is kept for the process, except "being built": a later load asks again.
+    """
+    global _int4_vnni_verdict
+    if _int4_vnni_verdict != _UNCHECKED:
+        return _int4_vnni_verdict
+    problem = native_problem(torch.device("cpu"), torch.float32) or EXTENSION.start(wait=False)
+    if problem == "building":
+        return "the native extension is being built (int4 layers use torch's kernel until the next load)"
+    if problem is None:
+        problem = _probe_int4_vnni()
+    _int4_vnni_verdict = problem
+    if problem is not None:
+        log.info("int4 VNNI kernel not offered: %s", problem)
+    return problem
+
+
+def _probe_int4_vnni() -> str | None:
+    from engine.model.quantization import Int4Linear, Int4VnniLinear
+
+    if not torch.ops.hearth.int4_vnni_available():
+        return "this CPU has no AVX512-VNNI and VBMI (or the extension was built without them)"
+    gen = torch.Generator().manual_seed(0)
+    base = Int4Linear.quantize(torch.randn(128, 96, generator=gen))
+    x = torch.randn(3, 96, generator=gen)
+    try:
+        ref, y = base(x), Int4VnniLinear(base)(x)
+    except Exception as exc:  # noqa: BLE001 -- any failure disqualifies the kernel the same way
+        return f"the int4 VNNI kernel failed a probe matmul ({type(exc).__name__}: {exc})"
+    err = float((y - ref).norm() / ref.norm())
+    if not err < INT4_VNNI_MAX_REL_ERROR:
+        return f"the int4 VNNI kernel disagrees with torch's int4 kernel (relative error {err:.2f}): torch packs differently"
+    return None
 
 
 def _spec_args(spec: LinearSpec) -> tuple[list[torch.Tensor], list[int]]:

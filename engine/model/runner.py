@@ -98,6 +98,7 @@ class ModelRunner:
         quantization: str = "fp32",
         quant_backend: str = "auto",
         deterministic: bool = False,
+        native: str = "auto",
     ):
         self.model = model
         self.config: Any = model.config
@@ -111,6 +112,7 @@ class ModelRunner:
         #: "int8" or "int4"; None when the weights stay dense
         self.weight_quantization: str | None = quantization if quantization in WEIGHT_LEVELS else None
         self._quant_backend = quant_backend
+        self._native_mode = native  # "off" also keeps int4 layers off the extension's VNNI kernel
         #: row-invariant kernels and attention, so greedy replies repeat whatever shares the step (CPU only)
         self.deterministic = deterministic and self.device.type == "cpu"
         self._native_off = "not enabled"  # why decode steps do not run natively (``enable_native``)
@@ -225,7 +227,9 @@ class ModelRunner:
             cache = PlanCache() if timed else None
             tuner = Tuner(self.dtype, cache, budget, layers, deterministic=self.deterministic, timed=timed)
         gguf = source_of(model) if self.weight_quantization is not None and self.device.type == "cpu" else None
-        return KernelBuilder(self.weight_quantization, self.dtype, self.device, self._quant_backend, gguf, tuner)
+        return KernelBuilder(
+            self.weight_quantization, self.dtype, self.device, self._quant_backend, gguf, tuner, self._native_mode
+        )
 
     def _linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
         if self.weight_quantization is None:

@@ -64,7 +64,7 @@ BUCKET_NAMES = ("1", "2-4", "5-16", "17+")
 MIN_GAIN = 0.15
 CACHE_FILENAME = "autotune.json"
 #: Part of every cache key: bump it when the way plans are measured or chosen changes.
-PLAN_VERSION = "v5"
+PLAN_VERSION = "v6"
 #: Noise (median call / best call - 1) up to which the best calls are trusted whatever the median calls choose.
 MAX_NOISE = 0.5
 _WARMUP, _REPEATS, _ROUNDS = 5, 5, 3

@@ -301,8 +301,10 @@ class EngineConfig:
             on this machine finds it faster (cached). Needs a C++ compiler; eager otherwise, and in a frozen bundle.
         native: native decode steps (``engine/model/native.py``): every layer of a decode-only step in one C++
             call, built once per machine with its C++ compiler. ``"auto"``: per batch bucket where a measurement
-            on this machine finds it faster (cached), not at fp32; ``"on"``: wherever it can run; ``"off"``.
-            Eager while the first build runs, where there is no compiler, and in a frozen bundle.
+            on this machine finds it faster (cached), not at fp32; ``"on"``: wherever it can run; ``"off"``, which
+            also keeps int4 layers off the extension's VNNI kernel (``engine/model/kernels.py``). Eager while the
+            first build runs, where there is no compiler, and in a frozen bundle on a CPU its prebuilt copy
+            cannot run.
         cuda_graphs: on a CUDA GPU, replay decode steps from CUDA graphs captured per batch and context bucket
             (``engine/model/cuda_graphs.py``); ignored on a CPU.
     """

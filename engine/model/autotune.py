@@ -7,10 +7,11 @@ candidate kernel at one row count per bucket (:data:`BUCKETS`), and :func:`choos
 bucket runs.
 
 The candidates never change the precision class the level fixes (``engine/model/quantization.py`` builds them):
-bf16/fp16 models choose between dense and packed fp16 (exact for bf16 weights); int8/int4 between their packed
-kernel and a dense copy of the same dequantized weights. A plan keeps one kernel per shape unless a second is at
-least :data:`MIN_GAIN` faster in some bucket and its memory is allowed; kernels that share memory already held
-(the lm_head reading the embedding) are free.
+bf16/fp16 models choose between dense and packed fp16 (exact for bf16 weights); int4 between torch's packed kernel
+and the native extension's VNNI kernel over the same bytes; the lm_head between int8 forms and the dense
+embedding. A plan keeps one kernel per shape unless a second is at least :data:`MIN_GAIN` faster in some bucket
+and its memory is allowed; kernels that share memory already held (the lm_head reading the embedding) are free,
+and so is a kernel that reads another candidate's bytes (its ``base``: :func:`memory_owner`).
 
 **Deterministic mode** (``Tuner(deterministic=True)``): a greedy reply must not depend on what else shares a
 step, so a row's result must not depend on how many rows share its matmul, nor on the bucket. Each candidate is

@@ -1,9 +1,13 @@
 """Native decode steps: every layer of a decode-only step in one C++ call (``csrc/decode_step.cpp``).
 
 On a small model an eager decode step is mostly per-op overhead: some twenty torch calls per layer from Python.
-The native step runs the layer loop in C++: torch's own matmul kernels (packed int4, int8 or dense) through
-ATen, and fused loops for the small ops between them (RMSNorm, rotary embedding, K/V writes, paged decode
-attention, SiLU-and-multiply). The embedding, final norm and lm_head stay in Python.
+The native step runs the layer loop in C++: each layer's tuned matmul kernels (torch's packed int4, int8 or dense
+through ATen, or the extension's own AVX512-VNNI int4 kernel), and fused loops for the small ops between them
+(RMSNorm, rotary embedding, K/V writes, paged decode attention, SiLU-and-multiply). The embedding, final norm
+and lm_head stay in Python.
+
+The extension also serves eager layers: ``torch.ops.hearth.int4_vnni_mm`` (``Int4VnniLinear``), offered to the
+tuner where :func:`int4_vnni_problem` finds nothing against it.
 
 The extension is compiled once per machine with the system's C++ compiler, for this CPU (``-march=native``), and
 kept in ``build_cache_dir()/native`` (shared by every data dir) under a key of its source, the torch version, the

@@ -1,0 +1,177 @@
+"""The AVX512-VNNI int4 kernel (``Int4VnniLinear``, ``torch.ops.hearth.int4_vnni_mm``) against torch's int4 kernel.
+
+It reads torch's own packed int4 bytes and quantizes activations to two int8 planes (about 16 bits), so it must
+agree with torch's kernel to within the activation dtype's rounding, compute each row alone, refuse shapes it
+cannot run, and serve int4 layers (and the native step) only where the tuner may pick it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.model import autotune, native
+from engine.model.autotune import PaddedRows, TunedLinear, Tuner
+from engine.model.kernels import KernelBuilder
+from engine.model.quantization import Int4Linear, Int4VnniLinear
+
+
+@pytest.fixture(scope="module")
+def vnni() -> None:
+    problem = native.EXTENSION.start(wait=True) or native.int4_vnni_problem()
+    if problem is not None:
+        pytest.skip(problem)
+
+
+def _layer(out_features: int, in_features: int, bias: bool = False, seed: int = 0) -> Int4Linear:
+    gen = torch.Generator().manual_seed(seed)
+    b = torch.randn(out_features, generator=gen) if bias else None
+    return Int4Linear.quantize(torch.randn(out_features, in_features, generator=gen) * 0.05, b)
+
+
+def _activations(rows: int, in_features: int, seed: int = 1) -> torch.Tensor:
+    """Normal activations with two channels 60x larger, as a norm's output often has."""
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(seed))
+    x[:, 3] *= 60
+    x[:, in_features // 2 + 7] *= -60
+    return x
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 16, 33])
+@pytest.mark.parametrize("bias", [False, True])
+def test_it_computes_what_torchs_int4_kernel_computes(rows: int, bias: bool, vnni: None) -> None:
+    base = _layer(192, 160, bias)
+    kernel = Int4VnniLinear(base)
+    x = _activations(rows, 160)
+    # fp32: only the activations' two int8 planes differ (about 1/32000 of each group's largest value); one plane
+    # alone gives ~1e-2 here, with the outlier channels
+    assert _rel(kernel(x), base(x)) < 2e-4
+    # bf16: as close as the two kernels' output rounding allows
+    xb = x.to(torch.bfloat16)
+    y = kernel(xb)
+    assert y.dtype == torch.bfloat16 and y.shape == (rows, 192)
+    assert _rel(y, base(xb)) < 4e-3
+
+
+def test_rows_are_computed_alone(vnni: None) -> None:
+    """Row-invariant: a row's output is bitwise the same alone or among any number of other rows."""
+    kernel = Int4VnniLinear(_layer(128, 96))
+    x = _activations(40, 96).to(torch.bfloat16)
+    together = kernel(x)
+    for r in (0, 1, 5, 39):
+        assert torch.equal(kernel(x[r : r + 1])[0], together[r])
+    assert torch.equal(kernel(x[:7]), together[:7])
+    assert autotune.row_multiple(kernel, 96, torch.bfloat16) == 1
+
+
+def test_shapes_it_cannot_run_raise(vnni: None) -> None:
+    base = _layer(96, 64)  # 96 output channels: not whole blocks of 64
+    with pytest.raises(RuntimeError, match="N % 64"):
+        Int4VnniLinear(base)(torch.randn(2, 64))
+    base = _layer(128, 64)
+    with pytest.raises(RuntimeError, match="dtype"):  # scales in bf16, activations in fp32
+        torch.ops.hearth.int4_vnni_mm(torch.randn(2, 64), base.packed, 32, base.scales_zeros.to(torch.bfloat16))
+    with pytest.raises(RuntimeError, match="bf16 or fp32"):
+        Int4VnniLinear(base)(torch.randn(2, 64, dtype=torch.float16))
+
+
+def test_a_packed_layout_it_does_not_read_is_caught(monkeypatch: pytest.MonkeyPatch, vnni: None) -> None:
+    """Should torch pack int4 differently (another release, another CPU capability), the probe matmul disagrees
+    and int4 layers keep torch's kernel."""
+    original = torch._weight_int4pack_mm_for_cpu
+
+    def other_layout(x: torch.Tensor, packed: torch.Tensor, group: int, sz: torch.Tensor) -> torch.Tensor:
+        return original(x, packed.roll(1, dims=1), group, sz)  # reads the same bytes another way
+
+    monkeypatch.setattr(torch, "_weight_int4pack_mm_for_cpu", other_layout)
+    monkeypatch.setattr(native, "_int4_vnni_verdict", native._UNCHECKED)
+    problem = native.int4_vnni_problem()
+    assert problem is not None and "disagrees with torch's int4 kernel" in problem
+    builder = KernelBuilder("int4", torch.bfloat16, torch.device("cpu"), "auto", None, None)
+    assert not builder.int4_vnni
+
+
+@pytest.mark.parametrize(("native_mode", "out_features", "offered"), [("auto", 128, True), ("off", 128, False),
+                                                                      ("auto", 96, False)])
+def test_the_builder_offers_it_beside_torchs_kernel(
+    native_mode: str, out_features: int, offered: bool, vnni: None
+) -> None:
+    builder = KernelBuilder("int4", torch.bfloat16, torch.device("cpu"), "auto", None, None, native_mode)
+    builds, preferred, free = builder._candidates("qkv", ["w"], torch.randn(out_features, 64), None)
+    assert preferred == "int4" and not free
+    assert ("int4_vnni" in builds) == offered
+    if offered:
+        kernel = builds["int4_vnni"]()
+        assert isinstance(kernel, Int4VnniLinear) and kernel.base is builds["int4"]()  # one copy of the bytes
+
+
+def test_beside_torchs_kernel_it_costs_no_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two kernels over one kernel's bytes: the tuner keeps both where each is faster, charging no memory budget,
+    and the layer counts the bytes once. (Fakes: no extension needed.)"""
+
+    class Fake:
+        def __init__(self, nbytes: int) -> None:
+            self.nbytes = nbytes
+
+        def __call__(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+    base = Fake(1000)
+    over = Fake(1000)
+    over.base = base  # type: ignore[attr-defined]
+
+    def fake_time(kernel: object, rows: int, in_features: int, dtype: torch.dtype) -> list[float]:
+        fast_at_one = kernel is base
+        return [(1.0 if (rows == 1) == fast_at_one else 3.0)] * autotune._REPEATS
+
+    monkeypatch.setattr(autotune, "time_kernel", fake_time)
+    tuner = Tuner(torch.bfloat16, None, extra_budget=10, layers=30)  # far less than another copy would need
+    plan = tuner.plan_for("gate_up", (8, 4), {"int4": base, "int4_vnni": over}, "int4", frozenset())
+    assert set(plan.used) == {"int4", "int4_vnni"} and plan.kernels[0] == "int4" and plan.kernels[2] == "int4_vnni"
+    assert tuner.budget == 10
+    assert TunedLinear({"int4": base, "int4_vnni": over}, plan).nbytes == 1000
+
+
+def test_native_steps_run_it_as_eager_layers_do(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, vnni: None
+) -> None:
+    """The default model at int4 with every decoder layer on the VNNI kernel: decode steps in the native step give
+    the same greedy tokens as eager ones, alone and in a batch."""
+
+    def fake_time(kernel: object, rows: int, in_features: int, dtype: torch.dtype) -> list[float]:
+        inner = kernel.kernel if isinstance(kernel, PaddedRows) else kernel
+        return [1.0 if isinstance(inner, Int4VnniLinear) else 5.0] * autotune._REPEATS
+
+    monkeypatch.setattr(autotune, "time_kernel", fake_time)
+    monkeypatch.setattr(autotune, "data_dir", lambda: tmp_path)  # plans from the fake timings stay here
+    llm = LLM("default", quantization="int4", native="on", start_loop=False, kv_cache_bytes=64 << 20)
+    try:
+        for choice in llm.engine.runner.kernel_choices:
+            if choice.role != "lm_head":
+                assert choice.plan.kernels == ("int4_vnni",) * 4, choice
+        params = SamplingParams(max_tokens=10, temperature=0.0)
+        prompts = ["Name the capital city of France.", "Count from one to five.", "What is a cat?"]
+        chats = [[{"role": "user", "content": p}] for p in prompts]
+
+        def run() -> list[list[int]]:
+            handles = [llm.engine.submit(chat, params) for chat in chats]
+            while not all(h.done() for h in handles):
+                llm.engine.step()
+            return [h.result().token_ids for h in handles]
+
+        decoder = llm.engine.runner._decoder
+        assert decoder is not None and decoder.native is not None
+        native_tokens = run()
+        assert decoder.native.steps > 0, llm.decode_status
+        assert "Paris" in llm.engine.tokenizer.decode(native_tokens[0])
+        llm.engine.runner.enable_native("off")
+        assert run() == native_tokens
+    finally:
+        llm.close()

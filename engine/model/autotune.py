@@ -105,13 +105,14 @@ class Plan:
         return list(dict.fromkeys(self.kernels))
 
 
-def choose(timings_us: Mapping[str, list[float]], preferred: str, may_add: Callable[[str], bool]) -> Plan:
+def choose(timings_us: Mapping[str, list[float]], preferred: str, may_add: Callable[[str, str], bool]) -> Plan:
     """The plan for one shape from its measured timings.
 
     Args:
         timings_us: Each candidate's time per bucket (microseconds), in :data:`BUCKETS` order.
         preferred: The kernel to keep when timings tie (the one the level stores anyway).
-        may_add: Whether a second kernel may be held beside the first (memory allows it, or it is free).
+        may_add: Whether a second kernel may be held beside the first: ``may_add(second, first)`` (memory allows
+            it, or it is free).
 
     Returns:
         One kernel for all buckets (the one with the least total slowdown against each bucket's best), plus a
@@ -135,7 +136,7 @@ def choose(timings_us: Mapping[str, list[float]], preferred: str, may_add: Calla
             gains[fastest] = max(gains.get(fastest, 0.0), gain)
     if gains:
         candidate = max(gains, key=lambda n: gains[n])
-        if may_add(candidate):
+        if may_add(candidate, main):
             second = candidate
             for b in range(len(BUCKETS)):
                 if timings_us[main][b] / max(timings_us[second][b], 1e-9) - 1 >= MIN_GAIN:
@@ -346,21 +347,24 @@ class TunedLinear:
 
     @property
     def nbytes(self) -> int:
-        """Bytes this layer adds (kernels sharing memory held elsewhere count nothing; two kernels over one
-        kernel's memory count it once)."""
-        owners = {id(memory_owner(k)): memory_owner(k) for name, k in self.kernels.items() if name not in self.shared}
-        return sum(k.nbytes for k in owners.values())
+        """Bytes this layer adds (kernels sharing memory held elsewhere count nothing; kernels over one kernel's
+        bytes count those once, plus what each holds of its own)."""
+        kept = [k for name, k in self.kernels.items() if name not in self.shared]
+        owners = {id(memory_owner(k)): memory_owner(k) for k in kept}
+        return sum(k.nbytes for k in owners.values()) + sum(k.nbytes - memory_owner(k).nbytes for k in kept)
 
 
 def memory_owner(kernel: Kernel) -> Kernel:
-    """The kernel whose memory ``kernel`` reads: its ``base`` where it runs another kernel's bytes, else itself."""
+    """The kernel whose memory ``kernel`` reads: its ``base`` where it runs another kernel's bytes, else itself.
+    Such a kernel's ``nbytes`` counts its base's bytes and its own."""
     return getattr(kernel, "base", kernel)
 
 
-def _shares_memory(name: str, kernels: Mapping[str, Kernel]) -> bool:
-    """Whether candidate ``name`` reads another candidate's memory (or another reads its): it costs nothing more."""
-    owner = memory_owner(kernels[name])
-    return any(memory_owner(k) is owner for other, k in kernels.items() if other != name)
+def _extra_bytes(kernels: Mapping[str, Kernel], name: str, beside: str) -> int:
+    """Bytes candidate ``name`` adds beside candidate ``beside``: nothing of the bytes both read."""
+    k, other = kernels[name], kernels[beside]
+    shared = memory_owner(k) is memory_owner(other)
+    return k.nbytes - memory_owner(k).nbytes if shared else k.nbytes
 
 
 class PlanCache:
@@ -499,16 +503,16 @@ class Tuner:
             measured = measure({name: kernels[name] for name in names}, shape[1], self.dtype)
             copies = 1 if role == "lm_head" else self.layers
 
-            def may_add(name: str) -> bool:
-                return name in free or _shares_memory(name, kernels) or kernels[name].nbytes * copies <= self.budget
+            def may_add(name: str, main: str) -> bool:
+                return name in free or _extra_bytes(kernels, name, main) * copies <= self.budget
 
             by_median = choose(measured.median, preferred, may_add).kernels
             plan = judge(choose(measured.best, preferred, may_add), measured, by_median)
             if self.cache is not None and plan.trusted:
                 self.cache.put(key, plan)
         for name in plan.used:
-            if name != plan.kernels[0] and name not in free and not _shares_memory(name, kernels):
-                self.budget -= kernels[name].nbytes * (1 if role == "lm_head" else self.layers)
+            if name != plan.kernels[0] and name not in free:
+                self.budget -= _extra_bytes(kernels, name, plan.kernels[0]) * (1 if role == "lm_head" else self.layers)
         self.plans[(role, shape)] = plan
         self.choices.append(Choice(role, shape, plan))
         log.info("kernels for %s %dx%d: %s", role, shape[0], shape[1], plan.reason)
@@ -525,8 +529,8 @@ class Tuner:
         measured, by_median = None, first
         if self.timed and len(ok) > 1:
             measured = measure({name: PaddedRows(kernels[name], m) for name, m in ok.items()}, shape[1], self.dtype)
-            by_median = choose(measured.median, first, lambda name: False).kernels[0]
-            first = choose(measured.best, first, lambda name: False).kernels[0]
+            by_median = choose(measured.median, first, lambda name, main: False).kernels[0]
+            first = choose(measured.best, first, lambda name, main: False).kernels[0]
         pad = ok[first]
         left_out = sorted(set(kernels) - set(ok))
         why = f"{first} for every bucket (row-invariant{f' on multiples of {pad} rows' if pad > 1 else ''})"

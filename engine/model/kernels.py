@@ -9,8 +9,9 @@ For the fused decoder on a CPU with torch's kernels (``KernelBuilder``):
   torch's int8 kernel. int4 runs torch's int4 kernel, or, where the native extension has one for this CPU
   (AVX512-VNNI), ``Int4VnniLinear`` over the very same bytes: int8-plane activations, 1.5-3x faster for batched
   rows. Layers whose input width is not a multiple of 32 use int8, as before.
-* **lm_head** at int8/int4: int8 (in torch's int8 kernel, or as two int4 kernels over the same weights' nibbles,
-  ``Int8AsInt4Pair``), or the dense embedding it is tied to (free: it is held for lookups anyway).
+* **lm_head** at int8/int4: int8 (in torch's int8 kernel, as two int4 kernels over the same weights' nibbles,
+  ``Int8AsInt4Pair``, or, with the native extension's VNNI kernels, ``Int8VnniLinear`` over torch's int8 bytes),
+  or the dense embedding it is tied to (free: it is held for lookups anyway).
 
 Where the model came from a GGUF file, Q4_0/Q4_1/Q4_K tensors become int4 kernels and Q8_0 tensors int8 kernels
 straight from the file's blocks, when their dequantized values match the loaded weights (checked per tensor).
@@ -30,7 +31,6 @@ import torch
 
 from engine.loading.gguf_weights import GgufWeights, Int4Parts, matches
 from engine.model.autotune import Kernel, Plan, TunedLinear, Tuner
-from engine.model.native import int4_vnni_problem
 from engine.model.quantization import (
     INT4_GROUP_SIZE,
     DenseLinear,
@@ -38,9 +38,11 @@ from engine.model.quantization import (
     Int4VnniLinear,
     Int8AsInt4Pair,
     Int8Linear,
+    Int8VnniLinear,
     PackedFp16Linear,
     make_linear,
 )
+from engine.model.vnni import vnni_problem
 from engine.system.hardware import fbgemm_fp16_available
 
 log = logging.getLogger("engine")
@@ -79,9 +81,10 @@ class KernelBuilder:
         self.deterministic = tuner is not None and tuner.deterministic
         on_cpu = device.type == "cpu" and backend in ("auto", "torch")
         self.tunable = on_cpu and (dtype != torch.float32 or self.deterministic)
-        self.int4_vnni = (
-            self.tunable and level == "int4" and native != "off" and dtype in Int4VnniLinear.dtypes
-            and int4_vnni_problem() is None
+        #: the native extension's VNNI kernels may serve (int4 layers, the int8 lm_head)
+        self.vnni = (
+            self.tunable and level in ("int8", "int4") and native != "off" and dtype in Int4VnniLinear.dtypes
+            and vnni_problem() is None
         )
 
     def __call__(
@@ -123,6 +126,8 @@ class KernelBuilder:
             head: dict[str, Build] = {"dense": dense(), "int8": int8}
             if not weight.shape[1] % INT4_GROUP_SIZE and not weight.shape[0] % 16:  # the int4 kernel's layout
                 head["int8_nibbles"] = lambda: Int8AsInt4Pair(int8())
+            if self.vnni and not weight.shape[1] % 32 and not weight.shape[0] % 8:
+                head["int8_vnni"] = lambda: Int8VnniLinear(int8())
             return head, "int8", frozenset({"dense"})
         # decoder layers at int8/int4: the level's one packed kernel. A dense copy of the dequantized weights is
         # faster for 16+ rows on CPUs with AVX512_BF16 (measured ~1.2x at 16 rows, ~2x at 64), but would hold more
@@ -142,7 +147,7 @@ class KernelBuilder:
         """torch's int4 kernel, and the VNNI kernel over the very same bytes where it can run (no memory of its own:
         the tuner sees it share ``build()``'s)."""
         builds: dict[str, Build] = {"int4": build}
-        if self.int4_vnni and not weight.shape[0] % 64:  # its blocks of 64 output channels
+        if self.vnni and not weight.shape[0] % 64:  # its blocks of 64 output channels
             builds["int4_vnni"] = lambda: Int4VnniLinear(build())
         return builds, "int4", frozenset()
 

@@ -7,7 +7,7 @@ through ATen, or the extension's own AVX512-VNNI int4 kernel), and fused loops f
 and lm_head stay in Python.
 
 The extension also serves eager layers: ``torch.ops.hearth.int4_vnni_mm`` (``Int4VnniLinear``), offered to the
-tuner where :func:`int4_vnni_problem` finds nothing against it.
+tuner where :func:`vnni_problem` finds nothing against it.
 
 The extension is compiled once per machine with the system's C++ compiler, for this CPU (``-march=native``), and
 kept in ``build_cache_dir()/native`` (shared by every data dir) under a key of its source, the torch version, the
@@ -226,52 +226,6 @@ class _Extension:
 
 
 EXTENSION = _Extension()
-
-_UNCHECKED = "unchecked"
-_int4_vnni_verdict: str | None = _UNCHECKED
-#: the int4 VNNI kernel must agree with torch's int4 kernel on a probe this closely (its int8 activations differ
-#: by about 1 %; a different packed layout gives noise, ~100 %)
-INT4_VNNI_MAX_REL_ERROR = 0.05
-
-
-def int4_vnni_problem() -> str | None:
-    """Why the extension's AVX512-VNNI int4 kernel cannot serve int4 layers here, or None when it can.
-
-    It needs the extension loaded (this starts loading or building it), a build for a CPU with AVX512-VNNI and
-    VBMI, and torch's packed int4 layout as it reads it: a probe matmul must agree with torch's own kernel.
-    The verdict is kept for the process, except "being built": a later load asks again.
-    """
-    global _int4_vnni_verdict
-    if _int4_vnni_verdict != _UNCHECKED:
-        return _int4_vnni_verdict
-    problem = native_problem(torch.device("cpu"), torch.float32) or EXTENSION.start(wait=False)
-    if problem == "building":
-        return "the native extension is being built (int4 layers use torch's kernel until the next load)"
-    if problem is None:
-        problem = _probe_int4_vnni()
-    _int4_vnni_verdict = problem
-    if problem is not None:
-        log.info("int4 VNNI kernel not offered: %s", problem)
-    return problem
-
-
-def _probe_int4_vnni() -> str | None:
-    from engine.model.quantization import Int4Linear, Int4VnniLinear
-
-    if not torch.ops.hearth.int4_vnni_available():
-        return "this CPU has no AVX512-VNNI and VBMI (or the extension was built without them)"
-    gen = torch.Generator().manual_seed(0)
-    base = Int4Linear.quantize(torch.randn(128, 96, generator=gen))
-    x = torch.randn(3, 96, generator=gen)
-    try:
-        ref, y = base(x), Int4VnniLinear(base)(x)
-    except Exception as exc:  # noqa: BLE001 -- any failure disqualifies the kernel the same way
-        return f"the int4 VNNI kernel failed a probe matmul ({type(exc).__name__}: {exc})"
-    err = float((y - ref).norm() / ref.norm())
-    if not err < INT4_VNNI_MAX_REL_ERROR:
-        return f"the int4 VNNI kernel disagrees with torch's int4 kernel (relative error {err:.2f}): torch packs differently"
-    return None
-
 
 def _spec_args(spec: LinearSpec) -> tuple[list[torch.Tensor], list[int]]:
     empty = torch.empty(0)

@@ -15,11 +15,11 @@ from engine.model import autotune
 from engine.model.autotune import BUCKETS, Measurement, PlanCache, TunedLinear, Tuner, bucket_index, choose
 
 
-def _always(name: str) -> bool:
+def _always(name: str, beside: str) -> bool:
     return True
 
 
-def _never(name: str) -> bool:
+def _never(name: str, beside: str) -> bool:
     return False
 
 

@@ -1,8 +1,9 @@
-"""The AVX512-VNNI int4 kernel (``Int4VnniLinear``, ``torch.ops.hearth.int4_vnni_mm``) against torch's int4 kernel.
+"""The AVX512-VNNI kernels (``Int4VnniLinear`` and ``Int8VnniLinear``, ``torch.ops.hearth.int4_vnni_mm`` and
+``int8_vnni_mm``) against torch's int4 and int8 kernels.
 
-It reads torch's own packed int4 bytes and quantizes activations to two int8 planes (about 16 bits), so it must
-agree with torch's kernel to within the activation dtype's rounding, compute each row alone, refuse shapes it
-cannot run, and serve int4 layers (and the native step) only where the tuner may pick it.
+They read torch's own int4 and int8 bytes and quantize activations to two int8 planes (about 16 bits), so they
+must agree with torch's kernels to within the activation dtype's rounding, compute each row alone, refuse shapes
+they cannot run, and serve (int4 layers and the native step, the int8 lm_head) only where the tuner may pick them.
 """
 
 from __future__ import annotations
@@ -13,15 +14,15 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.model import autotune, native
+from engine.model import autotune, native, vnni
 from engine.model.autotune import PaddedRows, TunedLinear, Tuner
 from engine.model.kernels import KernelBuilder
-from engine.model.quantization import Int4Linear, Int4VnniLinear
+from engine.model.quantization import Int4Linear, Int4VnniLinear, Int8Linear, Int8VnniLinear
 
 
 @pytest.fixture(scope="module")
-def vnni() -> None:
-    problem = native.EXTENSION.start(wait=True) or native.int4_vnni_problem()
+def vnni_kernels() -> None:
+    problem = native.EXTENSION.start(wait=True) or vnni.vnni_problem()
     if problem is not None:
         pytest.skip(problem)
 
@@ -46,7 +47,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 16, 33])
 @pytest.mark.parametrize("bias", [False, True])
-def test_it_computes_what_torchs_int4_kernel_computes(rows: int, bias: bool, vnni: None) -> None:
+def test_it_computes_what_torchs_int4_kernel_computes(rows: int, bias: bool, vnni_kernels: None) -> None:
     base = _layer(192, 160, bias)
     kernel = Int4VnniLinear(base)
     x = _activations(rows, 160)
@@ -60,9 +61,26 @@ def test_it_computes_what_torchs_int4_kernel_computes(rows: int, bias: bool, vnn
     assert _rel(y, base(xb)) < 4e-3
 
 
-def test_rows_are_computed_alone(vnni: None) -> None:
+@pytest.mark.parametrize("rows", [1, 2, 15, 16, 17, 40])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_int8_kernel_computes_what_torchs_computes(rows: int, bias: bool, vnni_kernels: None) -> None:
+    gen = torch.Generator().manual_seed(0)
+    base = Int8Linear.quantize(torch.randn(200, 160, generator=gen), torch.randn(200, generator=gen) if bias else None)
+    kernel = Int8VnniLinear(base)
+    x = _activations(rows, 160)  # 16 rows per pass: one, part of one, one and a bit, several
+    assert _rel(kernel(x), base(x)) < 2e-4
+    xb = x.to(torch.bfloat16)
+    y = kernel(xb)
+    assert y.dtype == torch.bfloat16 and y.shape == (rows, 200)
+    assert _rel(y, base(xb)) < 4e-3
+    assert kernel.nbytes == base.nbytes + 200 * 5 * 2  # its int16 sum per 32 weights
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_rows_are_computed_alone(kind: str, vnni_kernels: None) -> None:
     """Row-invariant: a row's output is bitwise the same alone or among any number of other rows."""
-    kernel = Int4VnniLinear(_layer(128, 96))
+    weight = torch.randn(128, 96, generator=torch.Generator().manual_seed(0)) * 0.05
+    kernel = Int4VnniLinear(Int4Linear.quantize(weight)) if kind == "int4" else Int8VnniLinear(Int8Linear.quantize(weight))
     x = _activations(40, 96).to(torch.bfloat16)
     together = kernel(x)
     for r in (0, 1, 5, 39):
@@ -71,7 +89,7 @@ def test_rows_are_computed_alone(vnni: None) -> None:
     assert autotune.row_multiple(kernel, 96, torch.bfloat16) == 1
 
 
-def test_shapes_it_cannot_run_raise(vnni: None) -> None:
+def test_shapes_it_cannot_run_raise(vnni_kernels: None) -> None:
     base = _layer(96, 64)  # 96 output channels: not whole blocks of 64
     with pytest.raises(RuntimeError, match="N % 64"):
         Int4VnniLinear(base)(torch.randn(2, 64))
@@ -80,9 +98,11 @@ def test_shapes_it_cannot_run_raise(vnni: None) -> None:
         torch.ops.hearth.int4_vnni_mm(torch.randn(2, 64), base.packed, 32, base.scales_zeros.to(torch.bfloat16))
     with pytest.raises(RuntimeError, match="bf16 or fp32"):
         Int4VnniLinear(base)(torch.randn(2, 64, dtype=torch.float16))
+    with pytest.raises(RuntimeError, match="N % 8"):
+        Int8VnniLinear(Int8Linear.quantize(torch.randn(12, 64)))(torch.randn(2, 64))
 
 
-def test_a_packed_layout_it_does_not_read_is_caught(monkeypatch: pytest.MonkeyPatch, vnni: None) -> None:
+def test_a_packed_layout_it_does_not_read_is_caught(monkeypatch: pytest.MonkeyPatch, vnni_kernels: None) -> None:
     """Should torch pack int4 differently (another release, another CPU capability), the probe matmul disagrees
     and int4 layers keep torch's kernel."""
     original = torch._weight_int4pack_mm_for_cpu
@@ -91,17 +111,17 @@ def test_a_packed_layout_it_does_not_read_is_caught(monkeypatch: pytest.MonkeyPa
         return original(x, packed.roll(1, dims=1), group, sz)  # reads the same bytes another way
 
     monkeypatch.setattr(torch, "_weight_int4pack_mm_for_cpu", other_layout)
-    monkeypatch.setattr(native, "_int4_vnni_verdict", native._UNCHECKED)
-    problem = native.int4_vnni_problem()
+    monkeypatch.setattr(vnni, "_vnni_verdict", vnni._UNCHECKED)
+    problem = vnni.vnni_problem()
     assert problem is not None and "disagrees with torch's int4 kernel" in problem
     builder = KernelBuilder("int4", torch.bfloat16, torch.device("cpu"), "auto", None, None)
-    assert not builder.int4_vnni
+    assert not builder.vnni
 
 
 @pytest.mark.parametrize(("native_mode", "out_features", "offered"), [("auto", 128, True), ("off", 128, False),
                                                                       ("auto", 96, False)])
 def test_the_builder_offers_it_beside_torchs_kernel(
-    native_mode: str, out_features: int, offered: bool, vnni: None
+    native_mode: str, out_features: int, offered: bool, vnni_kernels: None
 ) -> None:
     builder = KernelBuilder("int4", torch.bfloat16, torch.device("cpu"), "auto", None, None, native_mode)
     builds, preferred, free = builder._candidates("qkv", ["w"], torch.randn(out_features, 64), None)
@@ -110,6 +130,11 @@ def test_the_builder_offers_it_beside_torchs_kernel(
     if offered:
         kernel = builds["int4_vnni"]()
         assert isinstance(kernel, Int4VnniLinear) and kernel.base is builds["int4"]()  # one copy of the bytes
+    head, preferred, free = builder._candidates("lm_head", ["w"], torch.randn(out_features, 64), None)
+    assert ("int8_vnni" in head) == (native_mode != "off")
+    if "int8_vnni" in head:
+        kernel = head["int8_vnni"]()
+        assert isinstance(kernel, Int8VnniLinear) and kernel.base is head["int8"]()
 
 
 def test_beside_torchs_kernel_it_costs_no_memory(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -124,23 +149,25 @@ def test_beside_torchs_kernel_it_costs_no_memory(monkeypatch: pytest.MonkeyPatch
             return x
 
     base = Fake(1000)
-    over = Fake(1000)
+    over = Fake(1040)  # the base's bytes and 40 of its own
     over.base = base  # type: ignore[attr-defined]
 
     def fake_time(kernel: object, rows: int, in_features: int, dtype: torch.dtype) -> list[float]:
-        fast_at_one = kernel is base
-        return [(1.0 if (rows == 1) == fast_at_one else 3.0)] * autotune._REPEATS
+        few = rows < 16  # torch's kernel is faster for few rows, the other from 16 rows
+        return [(1.0 if few == (kernel is base) else 3.0)] * autotune._REPEATS
 
     monkeypatch.setattr(autotune, "time_kernel", fake_time)
-    tuner = Tuner(torch.bfloat16, None, extra_budget=10, layers=30)  # far less than another copy would need
+    tuner = Tuner(torch.bfloat16, None, extra_budget=2000, layers=30)  # far less than another copy would need
     plan = tuner.plan_for("gate_up", (8, 4), {"int4": base, "int4_vnni": over}, "int4", frozenset())
-    assert set(plan.used) == {"int4", "int4_vnni"} and plan.kernels[0] == "int4" and plan.kernels[2] == "int4_vnni"
-    assert tuner.budget == 10
-    assert TunedLinear({"int4": base, "int4_vnni": over}, plan).nbytes == 1000
+    assert plan.kernels == ("int4", "int4", "int4_vnni", "int4_vnni")
+    assert tuner.budget == 2000 - 40 * 30  # only its own bytes, in every layer
+    assert TunedLinear({"int4": base, "int4_vnni": over}, plan).nbytes == 1040
+    small = Tuner(torch.bfloat16, None, extra_budget=1000, layers=30)  # not even those
+    assert small.plan_for("gate_up", (8, 4), {"int4": base, "int4_vnni": over}, "int4", frozenset()).used == ["int4"]
 
 
 def test_native_steps_run_it_as_eager_layers_do(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, vnni: None
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, vnni_kernels: None
 ) -> None:
     """The default model at int4 with every decoder layer on the VNNI kernel: decode steps in the native step give
     the same greedy tokens as eager ones, alone and in a batch."""

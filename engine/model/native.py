@@ -59,11 +59,21 @@ MIN_GAIN = 0.05
 # and the library is linked without libgomp, so they bind to the OpenMP runtime torch already loaded (one pool)
 _FLAGS = ["-O3", "-march=native", "-std=c++17", "-fPIC", "-fopenmp", "-w"]
 _KINDS = {"int4": 0, "int8": 1, "dense": 2, "int4_vnni": 3}
-#: The offline bundle's prebuilt copy: where it lies in the bundle, what it is built for, and the CPU flags
-#: (as /proc/cpuinfo names them) that this needs.
+#: The offline bundle's prebuilt copy for any x86-64 CPU with AVX2: where it lies in the bundle, what it is built
+#: for, and the CPU flags (as /proc/cpuinfo names them) that this needs.
 BUNDLED_LIBRARY = "native/decode_step.so"
 PORTABLE_MARCH = "-march=x86-64-v3"
 PORTABLE_CPU_FLAGS = ("avx2", "fma", "f16c", "bmi2")
+#: Every prebuilt copy the bundle carries, best first: its place, its -march flags, the CPU flags it needs. The
+#: first also carries the AVX512-VNNI kernels (``engine/model/vnni.py``).
+BUNDLED_BUILDS = (
+    (
+        "native/decode_step-avx512vnni.so",
+        ("-march=x86-64-v4", "-mavx512vnni", "-mavx512vbmi"),
+        (*PORTABLE_CPU_FLAGS, "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_vnni", "avx512vbmi"),
+    ),
+    (BUNDLED_LIBRARY, (PORTABLE_MARCH,), PORTABLE_CPU_FLAGS),
+)
 _SCRATCH_CONTEXT = 64  # context length of the timing calls
 
 
@@ -83,10 +93,11 @@ def native_problem(device: torch.device, kv_dtype: torch.dtype) -> str | None:
     if kv_dtype != torch.float32:
         return f"native steps read an fp32 KV pool, not {kv_dtype}"
     if getattr(sys, "frozen", False):
-        if bundled_library() is None:
+        present = [needs for name, _, needs in BUNDLED_BUILDS if (_bundle_root() / name).is_file()]
+        if not present:
             return "a frozen bundle carries no C++ compiler, and this one no prebuilt native step"
-        missing = sorted(set(PORTABLE_CPU_FLAGS) - hardware.cpu_flags_and_model()[0])
-        if missing:
+        if bundled_library() is None:  # the most portable copy's needs
+            missing = sorted(set(present[-1]) - hardware.cpu_flags_and_model()[0])
             return f"this CPU lacks {', '.join(missing)}, which the bundle's prebuilt native step needs"
         return None
     if sys.platform == "win32":
@@ -107,11 +118,19 @@ def _build_key(compiler: str) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def bundled_library() -> Path | None:
-    """The native step prebuilt into a frozen bundle (``packaging/hearth.spec``), if it has one."""
+def _bundle_root() -> Path:
     root = getattr(sys, "_MEIPASS", None)
-    path = Path(root if root is not None else Path(sys.executable).parent) / BUNDLED_LIBRARY
-    return path if path.is_file() else None
+    return Path(root if root is not None else Path(sys.executable).parent)
+
+
+def bundled_library() -> Path | None:
+    """The best native step prebuilt into a frozen bundle (``packaging/hearth.spec``) that this CPU can run, if any."""
+    flags = hardware.cpu_flags_and_model()[0]
+    for name, _, needs in BUNDLED_BUILDS:
+        path = _bundle_root() / name
+        if path.is_file() and set(needs) <= flags:
+            return path
+    return None
 
 
 def library_path() -> Path:
@@ -123,11 +142,11 @@ def library_path() -> Path:
     return build_cache_dir() / "native" / f"decode_step-{_build_key(compiler or 'none')}.so"
 
 
-def build(path: Path, portable: bool = False) -> None:
+def build(path: Path, march: tuple[str, ...] | None = None) -> None:
     """Compile the extension into ``path`` (atomically: a half-written library is never loaded).
 
-    ``portable`` builds for any x86-64 CPU with AVX2 and FMA (:data:`PORTABLE_CPU_FLAGS`) instead of this one: the
-    offline bundle's prebuilt copy.
+    ``march`` replaces ``-march=native``: the offline bundle's prebuilt copies are built for CPU levels
+    (:data:`BUNDLED_BUILDS`) rather than for this CPU.
     """
     compiler = _compiler()
     if compiler is None:
@@ -138,7 +157,7 @@ def build(path: Path, portable: bool = False) -> None:
     tmp = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp.so")
     obj = tmp.with_suffix(".o")
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    flags = [PORTABLE_MARCH if f == "-march=native" else f for f in _FLAGS] if portable else _FLAGS
+    flags = [g for f in _FLAGS for g in (march if march is not None and f == "-march=native" else (f,))]
     compile_cmd = [compiler, *flags, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
     compile_cmd += [f"-I{p}" for p in include_paths()]
     compile_cmd += ["-c", str(SOURCE), "-o", str(obj)]

@@ -249,32 +249,46 @@ def test_a_frozen_bundle_loads_its_prebuilt_step_on_cpus_that_can_run_it(
     flags = {"avx2", "fma", "f16c", "bmi2", "sse4_2"}
     monkeypatch.setattr(hardware, "cpu_flags_and_model", lambda: (flags, "a CPU"))
     assert native.native_problem(cpu, torch.float32) is None
-    flags.discard("avx2")
+    vnni_copy = tmp_path / native.BUNDLED_BUILDS[0][0]  # the copy with the VNNI kernels: where the CPU has them
+    vnni_copy.write_bytes(b"")
+    assert native.library_path() == prebuilt
+    flags.update(native.BUNDLED_BUILDS[0][2])
+    assert native.library_path() == vnni_copy and native.native_problem(cpu, torch.float32) is None
+    flags.difference_update({"avx512_vnni", "avx2"})
     assert native.native_problem(cpu, torch.float32) == (
         "this CPU lacks avx2, which the bundle's prebuilt native step needs"
     )
 
 
 @needs_native
-@pytest.mark.skipif(not set(native.PORTABLE_CPU_FLAGS) <= native.hardware.cpu_flags_and_model()[0],
-                    reason="this CPU cannot run the portable build")
-def test_the_portable_build_loads_and_runs(tmp_path: Path, tiny_model_dirs: dict[str, Path]) -> None:
-    """The bundle's copy (built for any AVX2 CPU), in a fresh process: it loads and matches this machine's own."""
+@pytest.mark.parametrize(("name", "march", "needs"), native.BUNDLED_BUILDS, ids=lambda v: str(v).split("/")[-1][:24])
+def test_the_bundles_builds_load_and_run(
+    name: str, march: tuple[str, ...], needs: tuple[str, ...], tmp_path: Path, tiny_model_dirs: dict[str, Path]
+) -> None:
+    """Each of the bundle's copies (for any AVX2 CPU; for AVX512-VNNI ones, with the VNNI kernels), in a fresh
+    process: it loads, and native steps give eager's tokens."""
     import subprocess
 
-    portable = tmp_path / "decode_step.so"
-    native.build(portable, portable=True)
+    if not set(needs) <= native.hardware.cpu_flags_and_model()[0]:
+        pytest.skip(f"this CPU cannot run {name}")
+    prebuilt = tmp_path / "decode_step.so"
+    native.build(prebuilt, march=march)
+    vnni = "avx512_vnni" in needs
     script = f"""
 import torch
 from engine import LLM, SamplingParams
 from engine.model import native
-native.EXTENSION._load(__import__("pathlib").Path({str(portable)!r}))
+native.EXTENSION._load(__import__("pathlib").Path({str(prebuilt)!r}))
 assert native.EXTENSION.ready, native.EXTENSION.problem
+assert torch.ops.hearth.vnni_available() == {vnni}
 params = SamplingParams(max_tokens=12, temperature=0.0)
 for mode in ("on", "off"):
     llm = LLM({str(tiny_model_dirs["llama"])!r}, dtype="float32", start_loop=False, kv_cache_bytes=8 << 20, native=mode)
     print(mode, llm.generate(["Write a haiku about the sea."], params)[0].token_ids)
     llm.close()
+if {vnni}:
+    from engine.model.vnni import vnni_problem
+    assert vnni_problem() is None, vnni_problem()
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -61,6 +61,11 @@ def _kernels(model: str, device: str, dtype: str, level: str) -> None:
                 f"gguf blocks:  {runner.weights_from_gguf} fused weights run the file's own quantized blocks"
             )
         print(f"decode steps: {llm.decode_status}")
+        if llm.quantization in ("int8", "int4") and runner.device.type == "cpu":
+            from engine.model.vnni import vnni_problem
+
+            problem = vnni_problem()
+            print(f"vnni kernels: {'offered to the tuner' if problem is None else f'not offered: {problem}'}")
         if not runner.kernel_choices:
             print("kernels:      one per layer, not measured (fp32, CUDA, or HEARTH_AUTOTUNE=off)")
         for choice in runner.kernel_choices:

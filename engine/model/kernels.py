@@ -60,8 +60,9 @@ class KernelBuilder:
         backend: "auto", "torch" or "bitsandbytes" (see ``make_linear``).
         gguf: the GGUF file the model was read from, when its blocks may be used.
         tuner: measures and caches kernel plans; None runs each level's stored kernel.
-        native: ``EngineConfig.native``: unless "off", int4 layers may also run the native extension's VNNI kernel
-            over the same bytes (``Int4VnniLinear``), where the tuner measures it faster.
+        native: ``EngineConfig.native``: unless "off", int4 layers and the int8 lm_head may also run the native
+            extension's VNNI kernels over the same bytes (``Int4VnniLinear``, ``Int8VnniLinear``), where the tuner
+            measures them faster.
     """
 
     def __init__(

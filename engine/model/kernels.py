@@ -129,6 +129,7 @@ class KernelBuilder:
                 head["int8_nibbles"] = lambda: Int8AsInt4Pair(int8())
             if self.vnni and not weight.shape[1] % 32 and not weight.shape[0] % 8:
                 head["int8_vnni"] = lambda: Int8VnniLinear(int8())
+                head["int8_gemv"] = lambda: Int8VnniLinear(int8(), gemv=True)
             return head, "int8", frozenset({"dense"})
         # decoder layers at int8/int4: the level's one packed kernel. A dense copy of the dequantized weights is
         # faster for 16+ rows on CPUs with AVX512_BF16 (measured ~1.2x at 16 rows, ~2x at 64), but would hold more

@@ -223,30 +223,30 @@ class Int4VnniLinear:
 
 class Int8VnniLinear:
     """An :class:`Int8Linear`'s very weights, run by the native extension's AVX512-VNNI kernel
-    (``torch.ops.hearth.int8_vnni_mm``): 16 rows per instruction, activations as two int8 planes (about 16 bits).
+    (``torch.ops.hearth.int8_vnni_mm``), activations as two int8 planes (about 16 bits).
 
-    Made for the lm_head at 5+ rows, where it measured about twice as fast as the dense embedding (which beats
-    torch's int8 kernel there). It adds each 32 weights' sum (int16, 1/16 byte per weight) to ``base``'s memory.
-    Row-invariant. Offered only where ``engine.model.vnni.vnni_problem`` finds none.
+    Made for the lm_head, in two ways: ``gemv`` streams each channel's weights once per 4 rows (for few rows);
+    otherwise 16 rows share each instruction (for many). Each way is row-invariant; they round differently, so
+    they are two tuner candidates. It holds no memory of its own (``base`` owns it). Offered only where
+    ``engine.model.vnni.vnni_problem`` finds none.
     """
 
-    __slots__ = ("base", "wsum")
+    __slots__ = ("base", "gemv")
 
     dtypes = Int4VnniLinear.dtypes
 
-    def __init__(self, base: Int8Linear) -> None:
+    def __init__(self, base: Int8Linear, gemv: bool = False) -> None:
         self.base = base
-        n, k = base.qweight.shape
-        self.wsum = base.qweight.view(n, k // 32, 32).sum(-1, dtype=torch.int16).contiguous()
+        self.gemv = gemv
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         b = self.base
-        y = torch.ops.hearth.int8_vnni_mm(x, b.qweight, b.scales, self.wsum)
+        y = torch.ops.hearth.int8_vnni_mm(x, b.qweight, b.scales, self.gemv)
         return y if b.bias is None else y + b.bias.to(y.dtype)
 
     @property
     def nbytes(self) -> int:
-        return self.base.nbytes + self.wsum.nbytes
+        return self.base.nbytes
 
 
 class PackedFp16Linear:

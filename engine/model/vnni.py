@@ -52,9 +52,11 @@ def _probe_vnni() -> str | None:
     gen = torch.Generator().manual_seed(0)
     weight, x = torch.randn(128, 96, generator=gen), torch.randn(3, 96, generator=gen)
     int4, int8 = Int4Linear.quantize(weight), Int8Linear.quantize(weight)
-    for name, base, kernel in (("int4", int4, Int4VnniLinear), ("int8", int8, Int8VnniLinear)):
+    kernels = (("int4", int4, Int4VnniLinear(int4)), ("int8", int8, Int8VnniLinear(int8)),
+               ("int8", int8, Int8VnniLinear(int8, gemv=True)))
+    for name, base, kernel in kernels:
         try:
-            ref, y = base(x), kernel(base)(x)  # type: ignore[arg-type]
+            ref, y = base(x), kernel(x)
         except Exception as exc:  # noqa: BLE001 -- any failure disqualifies the kernels the same way
             return f"the {name} VNNI kernel failed a probe matmul ({type(exc).__name__}: {exc})"
         err = float((y - ref).norm() / ref.norm())

@@ -61,26 +61,31 @@ def test_it_computes_what_torchs_int4_kernel_computes(rows: int, bias: bool, vnn
     assert _rel(y, base(xb)) < 4e-3
 
 
-@pytest.mark.parametrize("rows", [1, 2, 15, 16, 17, 40])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 15, 16, 17, 40])
 @pytest.mark.parametrize("bias", [False, True])
-def test_the_int8_kernel_computes_what_torchs_computes(rows: int, bias: bool, vnni_kernels: None) -> None:
+@pytest.mark.parametrize("gemv", [False, True])
+def test_the_int8_kernel_computes_what_torchs_computes(rows: int, bias: bool, gemv: bool, vnni_kernels: None) -> None:
     gen = torch.Generator().manual_seed(0)
     base = Int8Linear.quantize(torch.randn(200, 160, generator=gen), torch.randn(200, generator=gen) if bias else None)
-    kernel = Int8VnniLinear(base)
-    x = _activations(rows, 160)  # 16 rows per pass: one, part of one, one and a bit, several
+    kernel = Int8VnniLinear(base, gemv)
+    # passes of 16 rows (lanes) or 4 (gemv): one, part of one, one and a bit, several; K = 160 leaves a 32-wide tail
+    x = _activations(rows, 160)
     assert _rel(kernel(x), base(x)) < 2e-4
     xb = x.to(torch.bfloat16)
     y = kernel(xb)
     assert y.dtype == torch.bfloat16 and y.shape == (rows, 200)
     assert _rel(y, base(xb)) < 4e-3
-    assert kernel.nbytes == base.nbytes + 200 * 5 * 2  # its int16 sum per 32 weights
+    assert kernel.nbytes == base.nbytes  # no memory of its own
 
 
-@pytest.mark.parametrize("kind", ["int4", "int8"])
+@pytest.mark.parametrize("kind", ["int4", "int8", "int8_gemv"])
 def test_rows_are_computed_alone(kind: str, vnni_kernels: None) -> None:
     """Row-invariant: a row's output is bitwise the same alone or among any number of other rows."""
     weight = torch.randn(128, 96, generator=torch.Generator().manual_seed(0)) * 0.05
-    kernel = Int4VnniLinear(Int4Linear.quantize(weight)) if kind == "int4" else Int8VnniLinear(Int8Linear.quantize(weight))
+    if kind == "int4":
+        kernel: Int4VnniLinear | Int8VnniLinear = Int4VnniLinear(Int4Linear.quantize(weight))
+    else:
+        kernel = Int8VnniLinear(Int8Linear.quantize(weight), gemv=kind == "int8_gemv")
     x = _activations(40, 96).to(torch.bfloat16)
     together = kernel(x)
     for r in (0, 1, 5, 39):
@@ -131,10 +136,12 @@ def test_the_builder_offers_it_beside_torchs_kernel(
         kernel = builds["int4_vnni"]()
         assert isinstance(kernel, Int4VnniLinear) and kernel.base is builds["int4"]()  # one copy of the bytes
     head, preferred, free = builder._candidates("lm_head", ["w"], torch.randn(out_features, 64), None)
-    assert ("int8_vnni" in head) == (native_mode != "off")
-    if "int8_vnni" in head:
-        kernel = head["int8_vnni"]()
-        assert isinstance(kernel, Int8VnniLinear) and kernel.base is head["int8"]()
+    assert ("int8_vnni" in head) == ("int8_gemv" in head) == (native_mode != "off")
+    for name in ("int8_vnni", "int8_gemv"):
+        if name in head:
+            kernel = head[name]()
+            assert isinstance(kernel, Int8VnniLinear) and kernel.base is head["int8"]()
+            assert kernel.gemv == (name == "int8_gemv")
 
 
 def test_beside_torchs_kernel_it_costs_no_memory(monkeypatch: pytest.MonkeyPatch) -> None:

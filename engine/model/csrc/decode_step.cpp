@@ -578,20 +578,27 @@ at::Tensor int4_vnni_mm(const at::Tensor& x_in, const at::Tensor& packed_in, int
 // --- int8 weights x int8-plane activations (AVX512-VNNI): the lm_head -------------------------------------------
 // torch's int8 kernel ([N, K] row-major int8, one fp32 scale per output channel), read as it is: for a tied
 // lm_head the dense embedding is faster at 5+ rows than torch's int8 kernel, and this is faster than both.
-// Here 16 rows share each instruction, one per 32-bit lane: each lane holds 4 consecutive activations of its row
-// (as unsigned bytes, q + 128) and the weights' 4 bytes are broadcast to every lane, so the weights are read
-// row-major, as stored. The +128 comes back off through each weight group's sum (`wsum`, int16 [N, K / 32]):
-//   sum_k w * (q + 128) - 128 * sum_k w.
-// Activations take the two int8 planes of quantize_activations; each row is computed alone (row-invariant).
+// VPDPBUSD multiplies unsigned by signed bytes: the weights go in as unsigned (w + 128, one XOR), the activation
+// planes as they are, and the +128 comes back off through each activation group's sum, which depends on the row
+// only:  sum_k (w + 128) * q - 128 * sum_k q.  Activations take the two int8 planes of quantize_activations; each
+// row is computed alone (row-invariant).
+// Two ways, each row-invariant on its own (they round differently, so a caller keeps to one where that matters):
+//   * `gemv`: each output channel's row of weights is streamed in 64-byte pieces, 64 products per instruction per
+//     activation row, summed across lanes at the end, for up to 4 rows at a time: one row reads every weight once;
+//   * lanes: 16 rows share each instruction, one per lane, each lane holding 4 consecutive activations of its row,
+//     with the weights' 4 bytes broadcast to every lane.
 #ifdef HEARTH_VNNI
 constexpr int kLaneRows = 16;  // rows per pass: one per 32-bit lane
 constexpr int kInt8Tile = 8;   // output channels per register tile
+constexpr int64_t kGemvRows = 4;
+constexpr uint32_t kFlip = 0x80808080u;  // + 128 in each byte of a signed int8 quad
 
-// A pass's rows as the lanes read them: plane[kq][lane] holds row `lane`'s values 4kq..4kq+3 (q + 128, as bytes),
-// scale[g][lane] its group scales; lanes past the last row hold zeros.
+// A pass's rows as the lanes read them: plane[kq][lane] holds row `lane`'s values 4kq..4kq+3, scale[g][lane] its
+// group scales, qsum[g][lane] 128 x the sum of its group's values (per plane); lanes past the last row hold zeros.
 struct LanePlanes {
   std::vector<uint32_t> p1, p2;
   std::vector<float> scale;
+  std::vector<int32_t> qsum1, qsum2;
 };
 
 template <typename T>
@@ -601,24 +608,31 @@ LanePlanes lane_planes(const T* x, int64_t rows, int64_t k) {
   std::vector<float> s(kLaneRows * groups, 0.f), sums(kLaneRows * groups, 0.f);
   quantize_activations(x, rows, k, q1.data(), q2.data(), s.data(), sums.data());
   LanePlanes out{std::vector<uint32_t>(quads * kLaneRows), std::vector<uint32_t>(quads * kLaneRows),
-                 std::vector<float>(groups * kLaneRows)};
+                 std::vector<float>(groups * kLaneRows), std::vector<int32_t>(groups * kLaneRows),
+                 std::vector<int32_t>(groups * kLaneRows)};
   for (int lane = 0; lane < kLaneRows; ++lane) {
     for (int64_t kq = 0; kq < quads; ++kq) {
-      uint32_t a, b;
-      std::memcpy(&a, q1.data() + lane * k + 4 * kq, 4);
-      std::memcpy(&b, q2.data() + lane * k + 4 * kq, 4);
-      out.p1[kq * kLaneRows + lane] = a ^ 0x80808080u;  // q + 128 in each byte
-      out.p2[kq * kLaneRows + lane] = b ^ 0x80808080u;
+      std::memcpy(&out.p1[kq * kLaneRows + lane], q1.data() + lane * k + 4 * kq, 4);
+      std::memcpy(&out.p2[kq * kLaneRows + lane], q2.data() + lane * k + 4 * kq, 4);
     }
-    for (int64_t g = 0; g < groups; ++g) out.scale[g * kLaneRows + lane] = s[lane * groups + g];
+    for (int64_t g = 0; g < groups; ++g) {
+      int32_t a = 0, b = 0;
+      for (int64_t i = 0; i < kActGroup; ++i) {
+        a += q1[lane * k + g * kActGroup + i];
+        b += q2[lane * k + g * kActGroup + i];
+      }
+      out.scale[g * kLaneRows + lane] = s[lane * groups + g];
+      out.qsum1[g * kLaneRows + lane] = 128 * a;
+      out.qsum2[g * kLaneRows + lane] = 128 * b;
+    }
   }
   return out;
 }
 
 // Output channels [n0, n0 + 8) for a pass's rows.
 template <typename T>
-void int8_vnni_tile(const int8_t* w, const float* wscale, const int16_t* wsum, const LanePlanes& a, int64_t k,
-                    int64_t n0, int64_t rows, T* y, int64_t n_total) {
+void int8_vnni_tile(const int8_t* w, const float* wscale, const LanePlanes& a, int64_t k, int64_t n0, int64_t rows,
+                    T* y, int64_t n_total) {
   const int64_t groups = k / kActGroup;
   const __m512 fine = _mm512_set1_ps(1.f / 254.f);
   __m512 out[kInt8Tile];
@@ -635,18 +649,19 @@ void int8_vnni_tile(const int8_t* w, const float* wscale, const int16_t* wsum, c
       const __m512i x1 = _mm512_loadu_si512(a.p1.data() + kq * kLaneRows);
       const __m512i x2 = _mm512_loadu_si512(a.p2.data() + kq * kLaneRows);
       for (int j = 0; j < kInt8Tile; ++j) {
-        int32_t wq;
+        uint32_t wq;
         std::memcpy(&wq, w + (n0 + j) * k + 4 * kq, 4);
-        const __m512i wv = _mm512_set1_epi32(wq);
-        acc1[j] = _mm512_dpbusd_epi32(acc1[j], x1, wv);
-        acc2[j] = _mm512_dpbusd_epi32(acc2[j], x2, wv);
+        const __m512i wv = _mm512_set1_epi32(static_cast<int32_t>(wq ^ kFlip));
+        acc1[j] = _mm512_dpbusd_epi32(acc1[j], wv, x1);
+        acc2[j] = _mm512_dpbusd_epi32(acc2[j], wv, x2);
       }
     }
     const __m512 d = _mm512_loadu_ps(a.scale.data() + g * kLaneRows);
+    const __m512i c1 = _mm512_loadu_si512(a.qsum1.data() + g * kLaneRows);
+    const __m512i c2 = _mm512_loadu_si512(a.qsum2.data() + g * kLaneRows);
     for (int j = 0; j < kInt8Tile; ++j) {
-      const __m512i corr = _mm512_set1_epi32(128 * static_cast<int32_t>(wsum[(n0 + j) * groups + g]));
-      const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc2[j], corr)), fine,
-                                         _mm512_cvtepi32_ps(_mm512_sub_epi32(acc1[j], corr)));
+      const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc2[j], c2)), fine,
+                                         _mm512_cvtepi32_ps(_mm512_sub_epi32(acc1[j], c1)));
       out[j] = _mm512_fmadd_ps(dot, d, out[j]);
     }
   }
@@ -655,13 +670,79 @@ void int8_vnni_tile(const int8_t* w, const float* wscale, const int16_t* wsum, c
   for (int64_t r = 0; r < rows; ++r)
     for (int j = 0; j < kInt8Tile; ++j) y[r * n_total + n0 + j] = static_cast<T>(tile[j][r]);
 }
+
+// Up to kGemvRows rows, as planes in input order: per 16-lane piece of 64 inputs, each lane's group scale (plane 2's
+// already / 254), and per row the +128 correction: 128 * sum over groups of scale * (sum q1 + sum q2 / 254).
+struct GemvRows {
+  std::vector<int8_t> q1, q2;
+  std::vector<float> d1, d2, correction;
+};
+
+template <typename T>
+GemvRows gemv_rows(const T* x, int64_t rows, int64_t k) {
+  const int64_t groups = k / kActGroup, quads = k / 4;
+  const int64_t padded = (k + 63) / 64 * 64;  // whole 64-byte pieces; the tail's activations are zero
+  GemvRows out{std::vector<int8_t>(rows * padded, 0), std::vector<int8_t>(rows * padded, 0),
+               std::vector<float>(rows * padded / 4, 0.f), std::vector<float>(rows * padded / 4, 0.f),
+               std::vector<float>(rows, 0.f)};
+  std::vector<int8_t> q1(rows * k), q2(rows * k);
+  std::vector<float> s(rows * groups), sums(rows * groups);
+  quantize_activations(x, rows, k, q1.data(), q2.data(), s.data(), sums.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(out.q1.data() + r * padded, q1.data() + r * k, k);
+    std::memcpy(out.q2.data() + r * padded, q2.data() + r * k, k);
+    for (int64_t kq = 0; kq < quads; ++kq) {
+      const float d = s[r * groups + kq * 4 / kActGroup];
+      out.d1[r * padded / 4 + kq] = d;
+      out.d2[r * padded / 4 + kq] = d / 254.f;
+    }
+    double c = 0.0;
+    for (int64_t g = 0; g < groups; ++g) {
+      int32_t a = 0, b = 0;
+      for (int64_t i = 0; i < kActGroup; ++i) {
+        a += q1[r * k + g * kActGroup + i];
+        b += q2[r * k + g * kActGroup + i];
+      }
+      c += static_cast<double>(s[r * groups + g]) * (a + b / 254.0);
+    }
+    out.correction[r] = static_cast<float>(128.0 * c);
+  }
+  return out;
+}
+
+// Output channels [n0, n1) for R rows, each channel's weights streamed once.
+template <typename T, int R>
+void int8_vnni_gemv(const int8_t* w, const float* wscale, const GemvRows& a, int64_t k, int64_t n0, int64_t n1, T* y,
+                    int64_t n_total) {
+  const int64_t padded = (k + 63) / 64 * 64, pieces = padded / 64;
+  const __m512i flip = _mm512_set1_epi32(static_cast<int32_t>(kFlip));
+  for (int64_t n = n0; n < n1; ++n) {
+    const int8_t* wn = w + n * k;
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < pieces; ++c) {
+      const int64_t left = k - 64 * c;
+      const __mmask64 mask = left >= 64 ? ~__mmask64{0} : ((__mmask64{1} << left) - 1);
+      const __m512i wv = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, wn + 64 * c), flip);
+      for (int r = 0; r < R; ++r) {
+        const __m512i t1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv,
+                                               _mm512_loadu_si512(a.q1.data() + r * padded + 64 * c));
+        const __m512i t2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv,
+                                               _mm512_loadu_si512(a.q2.data() + r * padded + 64 * c));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t1), _mm512_loadu_ps(a.d1.data() + r * padded / 4 + 16 * c), acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t2), _mm512_loadu_ps(a.d2.data() + r * padded / 4 + 16 * c), acc[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      y[r * n_total + n] = static_cast<T>(wscale[n] * (_mm512_reduce_add_ps(acc[r]) - a.correction[r]));
+  }
+}
 #endif
 
-// x: [rows, K] bf16 or fp32; w: int8 [N, K]; scales: fp32 [N]; wsum: int16 [N, K / 32], each 32 weights' sum.
-at::Tensor int8_vnni_mm(const at::Tensor& x_in, const at::Tensor& w_in, const at::Tensor& scales_in,
-                        const at::Tensor& wsum_in) {
+// x: [rows, K] bf16 or fp32; w: int8 [N, K]; scales: fp32 [N]; gemv: which way (see above).
+at::Tensor int8_vnni_mm(const at::Tensor& x_in, const at::Tensor& w_in, const at::Tensor& scales_in, bool gemv) {
   TORCH_CHECK(vnni_available(), "this build of the native step has no AVX512-VNNI kernels");
-  const at::Tensor x = x_in.alias().contiguous(), w = w_in.alias(), scales = scales_in.alias(), wsum = wsum_in.alias();
+  const at::Tensor x = x_in.alias().contiguous(), w = w_in.alias(), scales = scales_in.alias();
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x must be [rows, K] and w [N, K]");
   const int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat, "x must be bf16 or fp32");
@@ -669,25 +750,38 @@ at::Tensor int8_vnni_mm(const at::Tensor& x_in, const at::Tensor& w_in, const at
   TORCH_CHECK(w.scalar_type() == at::kChar && w.is_contiguous(), "w must be contiguous int8");
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.numel() == n,
               "scales must be fp32 [N]");
-  TORCH_CHECK(wsum.scalar_type() == at::kShort && wsum.is_contiguous() && wsum.numel() == n * (k / 32),
-              "wsum must be int16 [N, K / 32]");
   at::Tensor y = at::empty({rows, n}, x.options());
 #ifdef HEARTH_VNNI
   auto run = [&](auto* type_tag) {
     using T = std::remove_pointer_t<decltype(type_tag)>;
     const T* xs = x.data_ptr<T>();
     T* out = y.data_ptr<T>();
+    const int8_t* wd = w.data_ptr<int8_t>();
+    const float* sd = scales.data_ptr<float>();
+    for (int64_t r0 = 0; gemv && r0 < rows; r0 += kGemvRows) {
+      const int64_t pass = std::min<int64_t>(kGemvRows, rows - r0);
+      const GemvRows planes = gemv_rows(xs + r0 * k, pass, k);
+      T* o = out + r0 * n;
+      at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
+        switch (pass) {
+          case 1: int8_vnni_gemv<T, 1>(wd, sd, planes, k, begin, end, o, n); break;
+          case 2: int8_vnni_gemv<T, 2>(wd, sd, planes, k, begin, end, o, n); break;
+          case 3: int8_vnni_gemv<T, 3>(wd, sd, planes, k, begin, end, o, n); break;
+          default: int8_vnni_gemv<T, 4>(wd, sd, planes, k, begin, end, o, n); break;
+        }
+      });
+    }
+    if (gemv) return;
     for (int64_t r0 = 0; r0 < rows; r0 += kLaneRows) {
       const int64_t pass = std::min<int64_t>(kLaneRows, rows - r0);
       const LanePlanes planes = lane_planes(xs + r0 * k, pass, k);
       at::parallel_for(0, n / kInt8Tile, 16, [&](int64_t begin, int64_t end) {
-        for (int64_t tile = begin; tile < end; ++tile) {
-          int8_vnni_tile<T>(w.data_ptr<int8_t>(), scales.data_ptr<float>(), wsum.data_ptr<int16_t>(), planes, k,
-                            tile * kInt8Tile, pass, out + r0 * n, n);
-        }
+        for (int64_t tile = begin; tile < end; ++tile)
+          int8_vnni_tile<T>(wd, sd, planes, k, tile * kInt8Tile, pass, out + r0 * n, n);
       });
     }
   };
+  if (rows == 0) return y;
   if (x.scalar_type() == at::kFloat) {
     run(static_cast<float*>(nullptr));
   } else {
@@ -866,7 +960,7 @@ TORCH_LIBRARY(hearth, m) {
   m.def("unpin_weights(int handle) -> ()", &unpin_weights);
   m.def("vnni_available() -> bool", &vnni_available);
   m.def("int4_vnni_mm(Tensor x, Tensor packed, int group, Tensor scales_zeros) -> Tensor", &int4_vnni_mm);
-  m.def("int8_vnni_mm(Tensor x, Tensor w, Tensor scales, Tensor wsum) -> Tensor", &int8_vnni_mm);
+  m.def("int8_vnni_mm(Tensor x, Tensor w, Tensor scales, bool gemv) -> Tensor", &int8_vnni_mm);
   m.def(
       "decode_layers(int handle, Tensor x, Tensor cos, Tensor sin, Tensor(a!) k_pool, Tensor(b!) v_pool, "
       "Tensor slot_mapping, Tensor slots, Tensor lens, float eps, float scale, int num_heads) -> Tensor",

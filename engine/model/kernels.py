@@ -7,7 +7,7 @@ For the fused decoder on a CPU with torch's kernels (``KernelBuilder``):
 * **int8/int4** decoder layers: the level's one packed copy of the weights (a dense copy of the dequantized weights
   is faster for batched rows on CPUs with AVX512_BF16, but would undo the memory the level saves). int8 runs
   torch's int8 kernel. int4 runs torch's int4 kernel, or, where the native extension has one for this CPU
-  (AVX512-VNNI), ``Int4VnniLinear`` over the very same bytes: int8-plane activations, 1.5-3x faster for batched
+  (AVX512-VNNI), ``Int4VnniLinear`` over the very same bytes: int8-plane activations, 1.5-2x faster for batched
   rows. Layers whose input width is not a multiple of 32 use int8, as before.
 * **lm_head** at int8/int4: int8 (in torch's int8 kernel, as two int4 kernels over the same weights' nibbles,
   ``Int8AsInt4Pair``, or, with the native extension's VNNI kernels, ``Int8VnniLinear`` over torch's int8 bytes),

@@ -6,8 +6,8 @@ through ATen, or the extension's own AVX512-VNNI int4 kernel), and fused loops f
 (RMSNorm, rotary embedding, K/V writes, paged decode attention, SiLU-and-multiply). The embedding, final norm
 and lm_head stay in Python.
 
-The extension also serves eager layers: ``torch.ops.hearth.int4_vnni_mm`` (``Int4VnniLinear``), offered to the
-tuner where :func:`vnni_problem` finds nothing against it.
+The extension also serves eager layers: its AVX512-VNNI kernels (``Int4VnniLinear``, ``Int8VnniLinear``), offered
+to the tuner where :func:`engine.model.vnni.vnni_problem` finds nothing against them.
 
 The extension is compiled once per machine with the system's C++ compiler, for this CPU (``-march=native``), and
 kept in ``build_cache_dir()/native`` (shared by every data dir) under a key of its source, the torch version, the
@@ -245,6 +245,7 @@ class _Extension:
 
 
 EXTENSION = _Extension()
+
 
 def _spec_args(spec: LinearSpec) -> tuple[list[torch.Tensor], list[int]]:
     empty = torch.empty(0)

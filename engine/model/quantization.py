@@ -189,11 +189,12 @@ class Int4VnniLinear:
     """An :class:`Int4Linear`'s very bytes, run by the native extension's AVX512-VNNI kernel
     (``torch.ops.hearth.int4_vnni_mm``, ``engine/model/csrc/decode_step.cpp``).
 
-    It quantizes each row's activations to int8 per 32 values and sums four 4-bit x 8-bit products per 32-bit lane,
-    where torch's kernel dequantizes every weight to fp32: measured here about 3x faster at 16 rows and 2x at one
-    (cache-hot weights, 2 threads), for an activation rounding of about 1 % relative error per matmul. It holds
-    no memory of its own (``base`` owns it), and each row is computed alone (row-invariant). Offered by
-    ``engine/model/kernels.py`` only where ``engine.model.vnni.vnni_problem`` finds none.
+    It splits each row's activations per 32 values into two int8 planes (about 16 bits) and sums four 4-bit x
+    8-bit products per 32-bit lane, where torch's kernel dequantizes every weight to fp32: measured here 1.5-2x
+    faster from 16 rows and about even at one (weights from memory, 2 threads), agreeing with torch's kernel to
+    the output's rounding. It holds no memory of its own (``base`` owns it), and each row is computed alone
+    (row-invariant). Offered by ``engine/model/kernels.py`` only where ``engine.model.vnni.vnni_problem`` finds
+    none.
     """
 
     __slots__ = ("base",)

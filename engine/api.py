@@ -11,6 +11,7 @@ is defined twice.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -18,37 +19,6 @@ from typing import Any, Literal
 FinishReason = Literal["stop", "length", "abort", "error", "timeout"]
 FitVerdict = Literal["yes", "tight", "no"]
 LoadStage = Literal["convert", "validate", "read weights", "quantize", "warm up", "ready"]
-#: The keys of ``LLM.metrics()`` / ``LLMEngine.metrics()`` (all values are floats).
-MetricKey = Literal[
-    "throughput_tok_s",
-    "requests_per_s",
-    "ttft_p50",
-    "ttft_p90",
-    "ttft_p99",
-    "itl_p50",
-    "itl_p99",
-    "e2e_p50",
-    "e2e_p99",
-    "batch_efficiency",
-    "mean_batch_size",
-    "num_generated_tokens_total",
-    "num_requests_total",
-    "num_running",
-    "num_waiting",
-    "kv_cache_usage",
-    "kv_blocks_used",
-    "kv_blocks_cached",
-    "kv_blocks_total",
-    "prefix_cache_hit_rate",
-    "prefix_cache_queries",
-    "prefix_cache_hits",
-    "num_preemptions",
-    "batch_window_ms",
-    "concurrency_limit",
-    "controller_adjustments_total",
-    "controller_token_budget",
-    "controller_target_itl_s",
-]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -445,6 +415,90 @@ class RequestOutput:
     error: str | None = None
     #: One entry per token of ``token_ids`` when the request asked for logprobs.
     logprobs: list[TokenLogprob] | None = None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Engine metrics
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMetrics:
+    """One snapshot of the engine's figures: what ``LLM.metrics()`` / ``LLMEngine.metrics()`` return.
+
+    Names follow vLLM's Prometheus metrics where one exists (``num_requests_running`` -> ``num_running``,
+    ``time_to_first_token_seconds`` -> ``ttft_*``). Latencies are seconds; rates are per second over the
+    engine's recent window; ``*_total`` fields and the prefix-cache and preemption counts grow from start-up.
+    :meth:`to_dict` is the JSON form (the ``/metrics`` collector, the app's signals), :meth:`from_dict` reads
+    one back, whatever version wrote it.
+    """
+
+    #: Wall-clock time (``time.time()``) the snapshot was taken.
+    time: float = 0.0
+    # --- throughput and latency (recent window) --------------------------------------------------------------
+    throughput_tok_s: float = 0.0
+    requests_per_s: float = 0.0
+    ttft_p50: float = 0.0
+    ttft_p90: float = 0.0
+    ttft_p99: float = 0.0
+    itl_p50: float = 0.0
+    itl_p99: float = 0.0
+    e2e_p50: float = 0.0
+    e2e_p99: float = 0.0
+    #: Mean sequences per step, and that over ``max_batch_size``.
+    mean_batch_size: float = 0.0
+    batch_efficiency: float = 0.0
+    num_generated_tokens_total: int = 0
+    num_requests_total: int = 0
+    # --- scheduler and KV cache (now) ----------------------------------------------------------------------
+    num_running: int = 0
+    num_waiting: int = 0
+    #: Fraction of the usable KV blocks held by requests (1 = full).
+    kv_cache_usage: float = 0.0
+    kv_blocks_used: int = 0
+    #: Free blocks that still hold a cached prefix.
+    kv_blocks_cached: int = 0
+    kv_blocks_total: int = 0
+    prefix_cache_hit_rate: float = 0.0
+    #: Prompt tokens looked up in the prefix cache, and those found.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+    #: How long admission waits to gather a batch now.
+    batch_window_ms: float = 0.0
+    # --- concurrency controller -----------------------------------------------------------------------------
+    #: Most sequences allowed to run at once (``max_batch_size`` without the controller).
+    concurrency_limit: int = 0
+    controller_adjustments_total: int = 0
+    #: The controller's step token budget and its time-between-tokens target (0 without a controller).
+    controller_token_budget: int = 0
+    controller_target_itl_s: float = 0.0
+    # --- speculative decoding -------------------------------------------------------------------------------
+    spec_enabled: bool = False
+    #: Share of draft tokens the model accepted, and tokens a speculating sequence gains per verification.
+    spec_acceptance_rate: float = 0.0
+    spec_tokens_per_step: float = 0.0
+
+    def to_dict(self) -> dict[str, float | int | bool]:
+        """Every field by name (plain numbers and a bool: JSON as it is)."""
+        return {name: getattr(self, name) for name in _METRIC_TYPES}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EngineMetrics:
+        """Read :meth:`to_dict`'s form back. Unknown keys are ignored and missing or unreadable values keep the
+        field's default, so a snapshot from an engine of another version still reads."""
+        values: dict[str, Any] = {}
+        for name, kind in _METRIC_TYPES.items():
+            value = data.get(name)
+            if isinstance(value, (int, float)) and math.isfinite(value):  # bool is an int
+                values[name] = kind(value)
+        return cls(**values)
+
+
+#: Field name -> the type :meth:`EngineMetrics.from_dict` converts a value to.
+_METRIC_TYPES: dict[str, type] = {
+    name: {"float": float, "int": int, "bool": bool}[kind]
+    for name, kind in EngineMetrics.__annotations__.items()
+}
 
 
 # ---------------------------------------------------------------------------------------------------------------

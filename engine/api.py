@@ -45,6 +45,9 @@ WEIGHT_LEVELS = ("int8", "int4")
 LEVEL_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "bfloat16", "int4": "bfloat16"}
 #: Bytes per parameter of each level (int4 adds a bf16 scale and zero per group of 32).
 BYTES_PER_PARAM = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0 + 2 / 4096, "int4": 0.5 + 4 / 32}
+#: Each level in plain words, as the app's Precision choices and the server's ``--help`` show it.
+LEVEL_LABELS = {"auto": "the best that fits", "fp32": "full size, exact", "bf16": "half size",
+                "fp16": "half size, for GPUs", "int8": "quarter size", "int4": "eighth size, some quality loss"}
 _LEVEL_ALIASES = {
     "none": "fp32",
     "float32": "fp32",

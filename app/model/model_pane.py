@@ -51,7 +51,7 @@ from app.model.hardware_box import HardwareBox
 from app.model.load_settings import LoadSettingsForm
 from app.model.quantization_view import QuantizationView, level_name
 from app.model.server_box import ServerBox
-from engine.api import LEVEL_DTYPES, QUANTIZATION_LEVELS
+from engine.api import LEVEL_DTYPES, LEVEL_LABELS, QUANTIZATION_LEVELS
 
 DEFAULT_MODEL_TEXT = ("Leave the path empty to use the default model, a small demo model that comes with "
                       "Hearth; the Models tab lists the models already on this computer.")
@@ -61,10 +61,10 @@ DEMO_NOTE = ("A small demo model: quick, but often wrong on facts. For real use,
 _DEVICE_LABELS = {"auto": "Automatic", "cpu": "CPU", "cuda": "NVIDIA GPU (CUDA)"}
 SOURCES = (("local", "This computer"), ("remote", "Remote server (OpenAI API)"))
 DEFAULT_REMOTE_URL = "http://localhost:8000/v1"
-#: The "Precision" choices: how the weights are stored (``QUANTIZATION_LEVELS``), in plain words.
-PRECISION_LABELS = {"auto": "Automatic (the best that fits)", "fp32": "fp32 · full size, exact",
-                    "bf16": "bf16 · half size", "fp16": "fp16 · half size, for GPUs",
-                    "int8": "int8 · quarter size", "int4": "int4 · eighth size, some quality loss"}
+#: The "Precision" choices: how the weights are stored (``QUANTIZATION_LEVELS``), in the engine's plain words.
+PRECISION_LABELS = {
+    level: f"Automatic ({words})" if level == "auto" else f"{level} · {words}" for level, words in LEVEL_LABELS.items()
+}
 #: How long the path box must stay unchanged before a recommendation is asked for.
 RECOMMEND_DELAY_MS = 400
 

@@ -121,38 +121,6 @@ def gguf_quantization(metadata: dict[str, Any], tensors: list[tuple[str, int, st
     return max(counts, key=lambda k: counts[k]) if counts else ""
 
 
-def gguf_config(metadata: dict[str, Any], tensors: list[tuple[str, int, str, int]]) -> dict[str, Any]:
-    """A Hugging Face-style config built from GGUF metadata, enough for :func:`recommend`'s estimates."""
-    arch = str(metadata.get("general.architecture", ""))
-    names = {name for name, _count, _kind, _nbytes in tensors}
-    cfg: dict[str, Any] = {
-        "model_type": arch,
-        "num_parameters": sum(count for _name, count, _kind, _nbytes in tensors),
-        "tie_word_embeddings": "output.weight" not in names,
-    }
-    keys = {
-        "num_hidden_layers": f"{arch}.block_count",
-        "hidden_size": f"{arch}.embedding_length",
-        "intermediate_size": f"{arch}.feed_forward_length",
-        "num_attention_heads": f"{arch}.attention.head_count",
-        "num_key_value_heads": f"{arch}.attention.head_count_kv",
-        "head_dim": f"{arch}.attention.key_length",
-        "max_position_embeddings": f"{arch}.context_length",
-    }
-    for field_name, key in keys.items():
-        value = metadata.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            cfg[field_name] = value
-    vocab = metadata.get(f"{arch}.vocab_size") or metadata.get("tokenizer.ggml.tokens")
-    if isinstance(vocab, int) and "hidden_size" in cfg:
-        cfg["vocab_size"] = vocab
-    needed = ("num_hidden_layers", "hidden_size", "num_attention_heads")
-    if not all(k in cfg for k in needed):  # no KV estimate without the shape: count parameters only
-        for k in ("num_hidden_layers", "vocab_size"):
-            cfg.pop(k, None)
-    return cfg
-
-
 def _inspect(path: Path) -> str:
     """The loader's objection to ``path``, or "" when it would load it (the loader knows a GGUF by its magic bytes
     too, so an Ollama blob is checked as it is)."""

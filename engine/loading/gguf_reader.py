@@ -1,4 +1,5 @@
-"""GGUF headers: metadata and the tensor table, read with bounds checks from a memory-mapped file."""
+"""GGUF headers: metadata and the tensor table, read with bounds checks from a memory-mapped file, and the
+Hugging Face-style config they describe."""
 
 from __future__ import annotations
 
@@ -159,3 +160,36 @@ def read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, int, s
             )
         tensors.append((tname, count, qtype.name, nbytes))
     return metadata, tensors
+
+
+def gguf_config(metadata: dict[str, Any], tensors: list[tuple[str, int, str, int]]) -> dict[str, Any]:
+    """A Hugging Face-style config built from a GGUF header (:func:`read_gguf_header`), enough for the
+    recommendation's estimates of weights and KV cache (``engine/loading/recommend.py``)."""
+    arch = str(metadata.get("general.architecture", ""))
+    names = {name for name, _count, _kind, _nbytes in tensors}
+    cfg: dict[str, Any] = {
+        "model_type": arch,
+        "num_parameters": sum(count for _name, count, _kind, _nbytes in tensors),
+        "tie_word_embeddings": "output.weight" not in names,
+    }
+    keys = {
+        "num_hidden_layers": f"{arch}.block_count",
+        "hidden_size": f"{arch}.embedding_length",
+        "intermediate_size": f"{arch}.feed_forward_length",
+        "num_attention_heads": f"{arch}.attention.head_count",
+        "num_key_value_heads": f"{arch}.attention.head_count_kv",
+        "head_dim": f"{arch}.attention.key_length",
+        "max_position_embeddings": f"{arch}.context_length",
+    }
+    for field_name, key in keys.items():
+        value = metadata.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            cfg[field_name] = value
+    vocab = metadata.get(f"{arch}.vocab_size") or metadata.get("tokenizer.ggml.tokens")
+    if isinstance(vocab, int) and "hidden_size" in cfg:
+        cfg["vocab_size"] = vocab
+    needed = ("num_hidden_layers", "hidden_size", "num_attention_heads")
+    if not all(k in cfg for k in needed):  # no KV estimate without the shape: count parameters only
+        for k in ("num_hidden_layers", "vocab_size"):
+            cfg.pop(k, None)
+    return cfg

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from engine.api import HardwareInfo, ModelLoadError
+from engine.architectures import ARCHITECTURES
 from engine.loading import native
 from engine.loading.default_model import is_converted
 from engine.loading.gguf_weights import GGUF_SOURCE_ATTR
@@ -38,7 +39,6 @@ from engine.loading.validate import (
     estimate_bytes,
     resolve_path,
 )
-from engine.model.architectures import ARCHITECTURES
 from engine.system import hardware
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

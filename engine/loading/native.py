@@ -9,9 +9,10 @@ tokenizer, where the folder has a plain ``tokenizer.json``, :class:`engine.loadi
 
 * **safetensors**: the tensors are read into the skeleton in the load dtype (``load_state_dict(assign=True)``).
 * **GGUF**: config and tokenizer are converted once by transformers and cached in the data folder
-  (:func:`engine.system.paths.cache_dir`); tensors are dequantized (Q4_0/Q4_1/Q8_0 with torch, bitwise as
-  ``gguf``'s numpy code computes them; other block types through that code), and llama's permuted Q/K
-  rows are put back in HF order. Nothing passes through transformers' GGUF loader.
+  (:func:`engine.system.paths.cache_dir`); tensors are named and ordered by the registry's GGUF layout
+  (:mod:`engine.architectures`: llama's permuted Q/K rows are put back in HF order) and dequantized by
+  :func:`engine.loading.formats.gguf_blocks.dequantize` (bitwise as ``gguf``'s numpy code computes them). Nothing
+  passes through transformers' GGUF loader.
 
 The rotary embedding computes cos/sin exactly as transformers' ``LlamaRotaryEmbedding`` does, so the fused path
 stays token-identical to HF ``generate``; scaled rope types ("linear", "llama3", "yarn") take their frequencies from
@@ -31,31 +32,29 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from engine.api import ModelLoadError
+from engine.architectures import (
+    ARCHITECTURES,
+    GgufLayout,
+    attention_shape,
+    execution_path,
+    gguf_layout,
+    qk_order,
+    ties_embeddings,
+)
 from engine.loading.default_model import MARKER_FILENAME
-from engine.loading.gguf_weights import qk_order
+from engine.loading.formats.gguf_blocks import dequantize
 from engine.loading.safetensors_reader import safetensors_files
 from engine.loading.tokenizer import Tokenizer, is_plain
-from engine.model.architectures import ARCHITECTURES, attention_shape, execution_path, ties_embeddings
 from engine.system.paths import cache_dir, ensure_private_dir
 
 log = logging.getLogger("engine")
 
 #: Rope types whose frequencies do not change at run time.
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
-#: GGUF tensor name part -> HF name part, for the Llama-family layout.
-_GGUF_LAYER = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}  # fmt: skip
-_GGUF_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-             "output.weight": "lm_head.weight"}  # fmt: skip
 _CACHE_VERSION = "1"
 
 
@@ -270,64 +269,21 @@ def _safetensors_state(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _gguf_hf_name(name: str) -> str | None:
-    if name in _GGUF_TOP:
-        return _GGUF_TOP[name]
-    parts = name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _GGUF_LAYER:
-        return f"model.layers.{parts[1]}.{_GGUF_LAYER[parts[2]]}.{parts[3]}"
-    return None
-
-
-def _f16(raw: torch.Tensor) -> torch.Tensor:
-    return raw.contiguous().view(torch.float16).float()  # [..., 2] bytes -> [..., 1]
-
-
-def _dequantize(tensor: Any) -> torch.Tensor:
-    """One GGUF tensor as fp32, in its HF shape.
-
-    Q4_0/Q4_1/Q8_0 are computed with torch in the same operations and order as ``gguf``'s numpy code, so the values
-    are bitwise those transformers' GGUF loader produces (a near tie in the logits stays where it was).
-    """
-    kind = tensor.tensor_type.name
-    shape = [int(n) for n in reversed(tensor.shape)]
-    raw = torch.from_numpy(np.array(tensor.data))  # a copy: the memory map is read-only
-    if kind in ("Q4_0", "Q4_1"):
-        size = 18 if kind == "Q4_0" else 20
-        blocks = raw.view(shape[0], -1, size)
-        qs = blocks[..., size - 16 :]
-        q = torch.cat((qs & 0xF, qs >> 4), dim=-1)
-        d = _f16(blocks[..., 0:2])
-        if kind == "Q4_0":
-            out = d * (q.to(torch.int8) - 8).float()
-        else:
-            out = d * q.float() + _f16(blocks[..., 2:4])
-    elif kind == "Q8_0":
-        blocks = raw.view(shape[0], -1, 34)
-        out = _f16(blocks[..., 0:2]) * blocks[..., 2:34].contiguous().view(torch.int8).float()
-    elif kind in ("F32", "F16", "BF16"):
-        out = raw.float() if kind != "BF16" else raw.view(torch.int16).view(torch.bfloat16).float()
-    else:
-        from gguf.quants import dequantize
-
-        out = torch.from_numpy(dequantize(np.asarray(tensor.data), tensor.tensor_type).astype(np.float32))
-    return out.reshape(shape)
-
-
 def _gguf_state(path: Path, config: Any, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     from gguf import GGUFReader
 
     reader = GGUFReader(path)
     arch_field = reader.fields.get("general.architecture")
-    permuted = arch_field is not None and bytes(arch_field.parts[-1]).decode() == "llama"
+    # a fused type's file whose layout the registry does not list is read with the Llama-family names, unpermuted
+    layout = gguf_layout(bytes(arch_field.parts[-1]).decode() if arch_field is not None else "") or GgufLayout()
     heads, kv_heads, _ = attention_shape(config)
     state: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
-        name = _gguf_hf_name(tensor.name)
+        name = layout.hf_name(tensor.name)
         if name is None:
             continue
-        value = _dequantize(tensor)
-        if permuted and (".q_proj." in name or ".k_proj." in name):
+        value = dequantize(tensor)
+        if layout.permute_qk and (".q_proj." in name or ".k_proj." in name):
             value = value[qk_order(value.shape[0], heads if ".q_proj." in name else kv_heads)]
         state[name] = value.to(dtype)
     return state

@@ -3,8 +3,7 @@
 Called as ``engine.system.hardware.recommend(model, hardware=None, context_length=None)``; ``model`` is a model
 folder, a GGUF file (by its ``.gguf`` name or its magic bytes: Ollama's blobs have no extension), "default" or a
 config. Everything is estimated from the config (and a GGUF's header)
-alone, before any weight is read, with the formulas of the model registry (``engine.model.architectures``, plain
-data that this lower layer may read):
+alone, before any weight is read, with the formulas of the model registry (``engine.architectures``):
 
 * weights = parameter count x bytes per parameter of the level (int4 adds its group scales);
 * KV bytes per token = 2 x layers x KV heads x head dim x dtype size (K and V, every layer; fp32 on a CPU);
@@ -16,26 +15,33 @@ measured here 3-5x faster than both fp32 and bf16 ``F.linear`` at 1-64 rows, sin
 without avx512_bf16). Without either, int8 through torch's packed kernel is the fast choice (int8 weight-only GEMV
 moves 25-37 GB/s against fp32's ~17 GB/s), and fp32 is kept for models small enough that speed is not the issue.
 
-One exception on a CPU: decoder weights that come from a GGUF file whose linear tensors are all Q4_0/Q4_1/Q4_K
-(or all Q8_0), given as the GGUF file's path or as a folder converted from one (the default model's folder, whose marker
-records its source: :func:`gguf_source`). bf16 would only hold the file's 4-bit values dequantized, while int4 runs
-those very values through torch's int4 packed kernel (``engine/loading/gguf_weights.py``; the converted folder's
-bf16 copy requantizes to the same 4-bit codes) at about a third of bf16's bytes per weight, so int4 (int8 for Q8_0)
-comes first and the reason says why. On the default model (Q4_1) int4's perplexity is within 1 % of bf16's
+One exception on a CPU: decoder weights that come from a GGUF file whose linear tensors are all blocks one level's
+kernel runs as they are (Q4_0/Q4_1/Q4_K for int4, Q8_0 for int8: :mod:`engine.loading.formats`), given as the GGUF
+file's path or as a folder converted from one (the default model's folder, whose marker records its source:
+:func:`gguf_source`). bf16 would only hold the file's 4-bit values dequantized, while int4 runs those very values
+through torch's int4 packed kernel (``engine/loading/gguf_weights.py``; the converted folder's bf16 copy requantizes
+to the same 4-bit codes) at about a third of bf16's bytes per weight, so int4 (int8 for Q8_0) comes first and the
+reason says why. On the default model (Q4_1) int4's perplexity is within 1 % of bf16's
 (``tests/engine/test_quantization.py``).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.api import BYTES_PER_PARAM, Recommendation
-from engine.loading.gguf_reader import is_gguf_file
-from engine.model.architectures import count_parameters, execution_path, kv_bytes_per_token, ties_embeddings
+from engine.architectures import (
+    count_parameters,
+    execution_path,
+    gguf_layout,
+    kv_bytes_per_token,
+    ties_embeddings,
+)
+from engine.loading.formats import file_level
+from engine.loading.gguf_reader import gguf_config, is_gguf_file, read_gguf_header
 
 _GIB = 1 << 30  # the app shows every size in GiB
 RUNTIME_OVERHEAD_BYTES = 600_000_000  # CPU: torch, tokenizer, activations, the app itself
@@ -57,14 +63,6 @@ _DEFAULT_CONFIG = {
     "max_position_embeddings": 8192,
     "tie_word_embeddings": True,
 }
-
-
-#: GGUF block types a CPU level runs straight from the file (engine/loading/gguf_weights.py): Q4_0/Q4_1/Q4_K are
-#: torch's int4 groups of 32 exactly; Q8_0 is int8, rescaled per row from the exact block values.
-FILE_LEVELS = {"Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4", "Q8_0": "int8"}
-#: Architectures whose GGUF tensor layout the block reader knows (``gguf_weights._ARCHITECTURES``).
-GGUF_LAYOUTS = ("llama", "qwen2", "qwen3")
-_GGUF_LINEAR = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
 
 
 def _config_dict(model: Any) -> dict[str, Any]:
@@ -92,8 +90,6 @@ def _is_gguf(path: Path) -> bool:
 
 def _gguf_config(path: Path) -> dict[str, Any]:
     """A config built from the GGUF header (layers, heads, context), so the KV cache can be estimated too."""
-    from engine.loading.describe import gguf_config  # describe builds on this module: imported when needed
-    from engine.loading.gguf_reader import read_gguf_header
     from engine.loading.validate import inspect_model
 
     inspect_model(path)  # a file the loader refuses raises ModelLoadError, as for folders
@@ -158,11 +154,11 @@ def gguf_source(model: Any) -> Path | None:
 
 
 def file_blocks(model: Any, cfg: dict[str, Any]) -> FileBlocks | None:
-    """The level that runs ``model``'s GGUF blocks as they are: int4 when every decoder linear tensor is
-    Q4_0/Q4_1/Q4_K, int8 when every one is Q8_0; None when the weights are not (all) such blocks, or the file's
-    layout or the model's architecture is not one the fused decoder reads blocks for."""
+    """The level that runs ``model``'s GGUF blocks as they are: the one level whose kernel runs every decoder
+    linear tensor's block type (:func:`engine.loading.formats.file_level`); None when no one level does, or the
+    file's layout (the registry's GGUF layouts) or the model's architecture is not one the fused decoder reads
+    blocks for."""
     from engine.api import ModelLoadError
-    from engine.loading.gguf_reader import read_gguf_header
 
     gguf = gguf_source(model)
     if gguf is None or execution_path(cfg) != "fused":
@@ -171,10 +167,11 @@ def file_blocks(model: Any, cfg: dict[str, Any]) -> FileBlocks | None:
         metadata, tensors = read_gguf_header(gguf)
     except (ModelLoadError, OSError, ValueError):
         return None
-    if metadata.get("general.architecture") not in GGUF_LAYOUTS:
+    layout = gguf_layout(str(metadata.get("general.architecture", "")))
+    if layout is None:
         return None
-    kinds = sorted({kind for name, _count, kind, _nbytes in tensors if _GGUF_LINEAR.match(name)})
-    levels = {FILE_LEVELS.get(kind) for kind in kinds}
+    kinds = sorted({kind for name, _count, kind, _nbytes in tensors if layout.is_linear(name)})
+    levels = {file_level(kind) for kind in kinds}
     if len(levels) != 1 or None in levels:
         return None
     return FileBlocks(str(levels.pop()), " and ".join(kinds), gguf.name)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from engine.api import ModelInfo, ModelLoadError
+from engine.architectures import ARCHITECTURES
 from engine.loading.default_model import bundled_gguf, default_model_path, is_converted
 from engine.loading.gguf_reader import GGUF_ADVICE, is_gguf_file, read_gguf_header
 from engine.loading.safetensors_reader import (
@@ -25,7 +26,6 @@ from engine.loading.safetensors_reader import (
     read_safetensors_header,
     safetensors_files,
 )
-from engine.model.architectures import ARCHITECTURES
 from engine.system import hardware
 
 ProgressFn = Callable[[float, str], None]

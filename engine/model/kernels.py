@@ -29,7 +29,8 @@ from collections.abc import Callable
 
 import torch
 
-from engine.loading.gguf_weights import GgufWeights, Int4Parts, matches
+from engine.loading.formats.gguf_blocks import Int4Parts
+from engine.loading.gguf_weights import GgufWeights, matches
 from engine.model.autotune import Kernel, Plan, TunedLinear, Tuner
 from engine.model.quantization import (
     INT4_GROUP_SIZE,

@@ -12,14 +12,14 @@ from typing import Any
 
 import torch
 
+from engine import architectures
 from engine.api import NULL_BLOCK, dtype_name
-from engine.model import architectures
 
 #: The reserved, always-zero block.
 
 
 def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
-    """KV bytes one token costs at ``dtype`` (see :func:`engine.model.architectures.kv_bytes_per_token`)."""
+    """KV bytes one token costs at ``dtype`` (see :func:`engine.architectures.kv_bytes_per_token`)."""
     return architectures.kv_bytes_per_token(config, dtype.itemsize)
 
 

@@ -2,7 +2,7 @@
 
 Q/K/V and gate/up projections are fused into single matmuls. On a small model most of a decode step is per-op
 overhead, so fewer, larger ops are what make a single stream fast. Which configs run here is decided by
-:func:`engine.model.architectures.execution_path`.
+:func:`engine.architectures.execution_path`.
 
 Weights are built into one :class:`_Stack`, in the model dtype. Each linear layer comes from a builder
 (``engine/model/kernels.py``) that may hold more than one kernel for it and pick one per step size by measurement
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.model.architectures import attention_shape
+from engine.architectures import attention_shape
 from engine.model.attention import AttentionContext, paged_attention
 from engine.model.autotune import Kernel, bucket_index
 from engine.model.compiled import (

@@ -3,7 +3,7 @@
 Levels: ``fp32``/``bf16``/``fp16`` keep dense weights; ``int8`` and ``int4`` quantize the decoder's linear layers
 (the embedding stays in the model dtype for its row lookups; on a CPU the fused decoder's ``lm_head`` may run int8,
 see ``engine/model/kernels.py``). GGUF blocks load straight into the int4/int8 kernels
-(``engine/loading/gguf_weights.py``: ``Int4Linear.from_parts``, ``Int8Linear.from_q8``).
+(``engine/loading/formats``: ``Int4Linear.from_parts``, ``Int8Linear.from_q8``).
 
 Backends, chosen per device:
 
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.api import WEIGHT_LEVELS
-from engine.loading.gguf_weights import Int4Parts, Q8Parts
+from engine.loading.formats.gguf_blocks import Int4Parts, Q8Parts
 
 log = logging.getLogger("engine")
 

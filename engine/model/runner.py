@@ -24,8 +24,8 @@ import psutil
 import torch
 
 from engine.api import WEIGHT_LEVELS
+from engine.architectures import execution_path
 from engine.loading.gguf_weights import source_of
-from engine.model.architectures import execution_path
 from engine.model.attention import (
     ATTN_IMPLEMENTATION,
     AttentionContext,

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from engine.api import QUANTIZATION_LEVELS, SPECULATIVE_METHODS, ModelLoadError
+from engine.api import LEVEL_LABELS, QUANTIZATION_LEVELS, SPECULATIVE_METHODS, ModelLoadError
 from engine.serving.async_engine import AsyncLLMEngine
 from engine.serving.guards import DEFAULT_MAX_BODY_BYTES, GuardRules, is_loopback
 from engine.serving.openai_app import DEFAULT_REQUEST_TIMEOUT_S, create_app, uvicorn_server
@@ -80,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default: auto)")
     parser.add_argument("--quantization", default="auto",
-                        help=f"{', '.join(QUANTIZATION_LEVELS)} (default: auto)")
+                        help=f"{', '.join(f'{lv} ({LEVEL_LABELS[lv]})' for lv in QUANTIZATION_LEVELS)} (default: auto)")
     parser.add_argument("--max-batch-size", type=int, default=16, help="most sequences per step (default: 16)")
     parser.add_argument("--max-wait-ms", type=float, default=5.0, help="batching window when idle (default: 5)")
     parser.add_argument("--kv-cache-mb", type=int, default=0, help="KV-cache budget in MiB (default: automatic)")

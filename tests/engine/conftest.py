@@ -10,16 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine.model.architectures import TESTED_MODEL_TYPES
+from engine.architectures import ARCHITECTURES, TESTED_MODEL_TYPES
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-
-# model type -> the fields that differ from the shared tiny shape, for the registry's tested types
-TINY_OVERRIDES: dict[str, dict[str, Any]] = {
-    "mistral": {"sliding_window": None},
-    "qwen3": {"head_dim": 16},
-    "gemma": {"head_dim": 16},
-}
 
 
 def build_tiny_model(family: str, folder: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
@@ -40,7 +33,7 @@ def build_tiny_model(family: str, folder: Path, tokenizer_dir: Path, seed: int =
         eos_token_id=2,
         pad_token_id=2,
         tie_word_embeddings=False,
-        **TINY_OVERRIDES.get(family, {}),
+        **(ARCHITECTURES[family].tiny or {}),  # the fields the registry sets for this type
     )
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.model.architectures import ARCHITECTURES, TESTED_MODEL_TYPES
+from engine.architectures import ARCHITECTURES, TESTED_MODEL_TYPES
 from tests.engine.hf_reference import assert_matches_hf
 
 MAX_NEW = 24

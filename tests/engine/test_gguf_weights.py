@@ -1,4 +1,5 @@
-"""GGUF blocks straight into torch's packed kernels: exact unpacking, matching matmuls, the default model's Q4_1."""
+"""GGUF blocks straight into torch's packed kernels: each block type of ``engine.loading.formats`` against ``gguf``'s
+numpy dequantize, matching matmuls, the default model's Q4_1."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from engine.loading.gguf_weights import _qk_order, unpack_int4, unpack_q8
+from engine.architectures import qk_order
+from engine.loading.formats import BLOCK_FORMATS
+from engine.loading.formats.gguf_blocks import DEQUANTIZE, UNPACK, Int4Parts, Q8Parts, unpack_int4, unpack_q8
 from engine.model.quantization import Int4Linear, Int8Linear
 
 TEXT = (Path(__file__).parent.parent / "data" / "gettysburg_and_austen.txt").read_text()
-#: bytes of fp16 fields at the start of each block (scale, or scale and minimum)
+#: fp16 fields at the start of each block (scale, or scale and minimum)
 _HALVES = {"Q4_0": 1, "Q4_1": 2, "Q4_K": 2, "Q8_0": 1}
+INT4_KINDS = sorted(k for k, f in BLOCK_FORMATS.items() if f.level == "int4")
 
 
 def _random_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
@@ -40,7 +44,7 @@ def _reference(raw: np.ndarray, kind: str, rows: int, cols: int) -> torch.Tensor
     )
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q4_K"])
+@pytest.mark.parametrize("kind", INT4_KINDS)
 def test_int4_blocks_unpack_exactly_and_the_kernel_matches_them(kind: str) -> None:
     rows, cols = 64, 512
     raw = _random_blocks(kind, rows, cols)
@@ -75,7 +79,30 @@ def test_qk_rows_are_reordered_as_transformers_does() -> None:
 
     rows = 9 * 64
     expected = LlamaTensorProcessor()._reverse_permute_weights(np.arange(rows), 9, 9)
-    assert torch.equal(_qk_order(rows, 9), torch.from_numpy(expected))
+    assert torch.equal(torch.tensor(qk_order(rows, 9)), torch.from_numpy(expected))
+
+
+def test_every_block_format_matches_ggml_and_unpacks_for_its_level() -> None:
+    """One row per block type: its size is ggml's, it unpacks into its level's parts, and with no test left out."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    assert set(UNPACK) == set(BLOCK_FORMATS) == set(_HALVES)
+    assert set(DEQUANTIZE) <= set(BLOCK_FORMATS)
+    for kind, fmt in BLOCK_FORMATS.items():
+        assert GGML_QUANT_SIZES[GGMLQuantizationType[kind]] == (fmt.weights, fmt.nbytes), kind
+        parts = UNPACK[kind](torch.from_numpy(_random_blocks(kind, 2, 256)))
+        assert isinstance(parts, Int4Parts if fmt.level == "int4" else Q8Parts), kind
+    with pytest.raises(ValueError, match="no int4 form"):
+        unpack_int4(torch.zeros(1, 34, dtype=torch.uint8), "Q8_0")
+
+
+@pytest.mark.parametrize("kind", sorted(DEQUANTIZE))
+def test_torch_dequantize_is_bitwise_ggufs(kind: str) -> None:
+    """The native loader's dequantize: the same values as ``gguf``'s numpy code, bit for bit."""
+    rows, cols = 8, 256
+    raw = _random_blocks(kind, rows, cols, seed=1)
+    got = DEQUANTIZE[kind](torch.from_numpy(raw)).reshape(rows, cols)
+    assert torch.equal(got, _reference(raw, kind, rows, cols))
 
 
 @pytest.fixture(scope="module")

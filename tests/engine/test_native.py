@@ -16,8 +16,8 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.api import EngineConfig
+from engine.architectures import ARCHITECTURES, TESTED_MODEL_TYPES
 from engine.model import native
-from engine.model.architectures import ARCHITECTURES, TESTED_MODEL_TYPES
 from engine.model.compiled import VerdictCache
 from tests.engine.conftest import TOKENIZER_FILES
 from tests.engine.hf_reference import assert_matches_hf

@@ -247,14 +247,6 @@ def _write_gguf(path: Path, kinds: dict[str, str], default: str) -> Path:
     return path
 
 
-
-def test_the_recommendation_knows_the_blocks_the_loader_reads() -> None:
-    from engine.loading import gguf_weights
-    from engine.loading.recommend import FILE_LEVELS, GGUF_LAYOUTS
-
-    assert {kind for kind, level in FILE_LEVELS.items() if level == "int4"} == set(gguf_weights.INT4_TYPES)
-    assert set(GGUF_LAYOUTS) == set(gguf_weights._ARCHITECTURES)
-
 @pytest.mark.parametrize(
     ("kinds", "default", "expected"),
     [

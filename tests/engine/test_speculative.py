@@ -19,11 +19,11 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.api import EngineConfig
+from engine.architectures import ARCHITECTURES, TESTED_MODEL_TYPES
 from engine.core.block_manager import BlockManager
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
 from engine.core.speculative import SpecPolicy, expected_tokens, ngram_draft
-from engine.model.architectures import ARCHITECTURES, TESTED_MODEL_TYPES
 from engine.model.sampler import Sampler
 from tests.engine.conftest import TOKENIZER_FILES
 from tests.engine.hf_reference import assert_matches_hf

@@ -1,8 +1,12 @@
-"""The model registry: which HF ``model_type`` the engine runs, on which path, and the config arithmetic.
+"""The model registry: every HF ``model_type`` the engine runs, with everything the engine knows about it.
 
-Plain data and small functions over a config, given as a ``dict`` (``config.json``) or an HF config object. No
-torch and no transformers here, so ``engine.loading`` (a layer below ``engine.model``) may read it too: the loader
-refuses types that are not registered, and the recommendation sizes weights and KV cache from these formulas.
+One :class:`Architecture` entry per type holds its execution path, the features that change its shape or forward
+pass, how llama.cpp lays it out in a GGUF file (:class:`GgufLayout`: tensor names, Q/K row permutation), the fields
+of its tiny random test model, and, through the functions below, its parameter and KV-byte counts. Plain data and
+small functions over a config (a ``dict`` from ``config.json`` or an HF config object): no torch and no
+transformers, so every layer reads it (the import contracts place it just above ``engine.api``). The loader refuses
+types that are not registered, the recommendation sizes weights and KV cache from these formulas, the GGUF readers
+map tensor names with the layouts, and the runner picks its path.
 
 Two execution paths share the KV pool and the paged attention:
 
@@ -12,22 +16,90 @@ Two execution paths share the KV pool and the paged attention:
   ``hearth_paged`` (``engine/model/attention.py``).
 
 Every registered type has full attention; sliding-window configs are refused by the loader.
+
+Adding a type is one entry in :data:`ARCHITECTURES`; ``tests/engine/test_correctness.py`` then builds a tiny random
+model of it (when ``tiny`` is set) and compares it with HF.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 ExecutionPath = Literal["fused", "hf"]
 QkNorm = Literal["head", "full"]
 AttentionBias = Literal["config", "qkv", "none"]
 
+#: llama.cpp's name of each tensor of a Llama-family layer (``blk.N.<part>.weight``) -> HF's part
+#: (``model.layers.N.<part>.weight``).
+LLAMA_GGUF_LAYER: Mapping[str, str] = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}  # fmt: skip
+#: llama.cpp's names of the tensors outside the layers -> HF's.
+LLAMA_GGUF_TOP: Mapping[str, str] = {
+    "token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class GgufLayout:
+    """How llama.cpp's converter writes a type's tensors into a GGUF file whose ``general.architecture`` is the type.
+
+    Attributes:
+        permute_qk: the Q and K projections' rows are stored with each head's two rotary halves interleaved
+            (llama.cpp does so for "llama"); :func:`qk_order` gives HF's order back.
+        layer: a layer's tensor names, GGUF part -> HF part.
+        top: the tensors outside the layers, GGUF name -> HF name.
+    """
+
+    permute_qk: bool = False
+    layer: Mapping[str, str] = field(default_factory=lambda: LLAMA_GGUF_LAYER, hash=False)
+    top: Mapping[str, str] = field(default_factory=lambda: LLAMA_GGUF_TOP, hash=False)
+
+    def hf_name(self, gguf_name: str) -> str | None:
+        """The HF parameter a GGUF tensor holds; None for tensors the engine does not read (e.g. rope tables)."""
+        if gguf_name in self.top:
+            return self.top[gguf_name]
+        parts = gguf_name.split(".")
+        if len(parts) == 4 and parts[0] == "blk" and parts[2] in self.layer:
+            return f"model.layers.{parts[1]}.{self.layer[parts[2]]}.{parts[3]}"
+        return None
+
+    def gguf_name(self, hf_name: str) -> str | None:
+        """The GGUF tensor that holds an HF parameter (the inverse of :meth:`hf_name`); None when there is none."""
+        for gguf, hf in self.top.items():
+            if hf == hf_name:
+                return gguf
+        parts = hf_name.split(".")
+        if len(parts) < 5 or parts[:2] != ["model", "layers"]:
+            return None
+        inner = ".".join(parts[3:-1])
+        for gguf, hf in self.layer.items():
+            if hf == inner:
+                return f"blk.{parts[2]}.{gguf}.{parts[-1]}"
+        return None
+
+    def is_linear(self, gguf_name: str) -> bool:
+        """Whether a GGUF tensor is one of a layer's linear weights (the matrices the int4/int8 kernels run)."""
+        hf = self.hf_name(gguf_name)
+        return hf is not None and hf.startswith("model.layers.") and hf.endswith("_proj.weight")
+
+
+def qk_order(rows: int, heads: int) -> list[int]:
+    """HF row i of a permuted Q/K projection is GGUF row ``order[i]`` (transformers' reverse permutation): within
+    each head, llama.cpp interleaves the rows of the two rotary halves."""
+    dim = rows // heads // 2
+    return [h * 2 * dim + 2 * j + half for h in range(heads) for half in range(2) for j in range(dim)]
+
 
 @dataclass(frozen=True, slots=True)
 class Architecture:
-    """One model type: its path and the features that change its shape or its forward pass.
+    """One model type: its path, the features that change its shape or forward pass, its GGUF layout, its tests.
 
     Attributes:
         path: "fused" (our Llama-family decoder) or "hf" (the HF modules with our attention).
@@ -37,7 +109,10 @@ class Architecture:
         mlp_bias: the MLP has biases when ``config.mlp_bias`` says so (otherwise the type ignores that field).
         qk_norm: RMSNorm on queries and keys, per head ("head", qwen3) or over all heads ("full", olmo2).
         head_dim: the head size when the config leaves it out and it is not hidden size / heads (gemma: 256).
-        tested: a tiny random model of this type runs against HF in ``tests/engine``.
+        gguf: the GGUF tensor layout, for types whose quantized blocks the engine reads itself (the native loader
+            and the int4/int8 kernels); None: a GGUF of this type goes through transformers' GGUF loader.
+        tiny: the config fields a tiny random model of this type sets beyond the tests' shared tiny shape
+            (``tests/engine/conftest.py``); None: no tiny model of this type runs against HF in the tests.
     """
 
     path: ExecutionPath
@@ -46,19 +121,25 @@ class Architecture:
     mlp_bias: bool = False
     qk_norm: QkNorm | None = None
     head_dim: int | None = None
-    tested: bool = False
+    gguf: GgufLayout | None = None
+    tiny: Mapping[str, Any] | None = field(default=None, hash=False)
+
+    @property
+    def tested(self) -> bool:
+        """Whether a tiny random model of this type runs against HF in ``tests/engine``."""
+        return self.tiny is not None
 
 
 #: Every model type the engine runs: decoder-only transformers with full (not sliding-window) attention.
 ARCHITECTURES: dict[str, Architecture] = {
-    "llama": Architecture("fused", mlp_bias=True, tested=True),
-    "mistral": Architecture("fused", attention_bias="none", tested=True),
-    "qwen2": Architecture("fused", attention_bias="qkv", tested=True),
-    "qwen3": Architecture("fused", qk_norm="head", head_dim=128, tested=True),
+    "llama": Architecture("fused", mlp_bias=True, gguf=GgufLayout(permute_qk=True), tiny={}),
+    "mistral": Architecture("fused", attention_bias="none", tiny={"sliding_window": None}),
+    "qwen2": Architecture("fused", attention_bias="qkv", gguf=GgufLayout(), tiny={}),
+    "qwen3": Architecture("fused", qk_norm="head", head_dim=128, gguf=GgufLayout(), tiny={"head_dim": 16}),
     # HF path: phi3 has its own fused qkv_proj/gate_up_proj and partial rotary; gemma uses GELU and scales the
     # embedding; granite multiplies embedding, residuals and logits; olmo2 norms after attention and the MLP.
     "phi3": Architecture("hf", attention_bias="none"),
-    "gemma": Architecture("hf", tie_word_embeddings=True, head_dim=256, tested=True),
+    "gemma": Architecture("hf", tie_word_embeddings=True, head_dim=256, tiny={"head_dim": 16}),
     "granite": Architecture("hf", mlp_bias=True),
     "olmo2": Architecture("hf", qk_norm="full"),
 }
@@ -67,6 +148,13 @@ ARCHITECTURES: dict[str, Architecture] = {
 TESTED_MODEL_TYPES: tuple[str, ...] = tuple(
     sorted((t for t, a in ARCHITECTURES.items() if a.tested), key=lambda t: ARCHITECTURES[t].path != "fused")
 )
+
+
+def gguf_layout(gguf_architecture: str) -> GgufLayout | None:
+    """The tensor layout of a GGUF file by its ``general.architecture``; None when the engine does not read that
+    layout's blocks itself."""
+    arch = ARCHITECTURES.get(gguf_architecture)
+    return None if arch is None else arch.gguf
 
 
 def _get(config: Any, name: str, default: Any = None) -> Any:

@@ -20,7 +20,9 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from engine.api import EngineMetrics
 
 log = logging.getLogger("engine")
 
@@ -164,10 +166,12 @@ class ConcurrencyController:
         self._last_change = now
         self._itls.clear()  # judge the new setting on its own samples
 
-    def metrics(self) -> dict[str, float]:
-        return {
-            "concurrency_limit": float(self.limit),
-            "controller_adjustments_total": float(self.adjustments_total),
-            "controller_token_budget": float(self.token_budget),
-            "controller_target_itl_s": float(self.target_itl_s or 0.0),
-        }
+    def metrics(self, base: EngineMetrics) -> EngineMetrics:
+        """``base`` with the controller's figures filled in."""
+        return replace(
+            base,
+            concurrency_limit=self.limit,
+            controller_adjustments_total=self.adjustments_total,
+            controller_token_budget=self.token_budget,
+            controller_target_itl_s=float(self.target_itl_s or 0.0),
+        )

@@ -17,6 +17,7 @@ from engine.api import (
     LEVEL_DTYPES,
     WEIGHT_LEVELS,
     EngineConfig,
+    EngineMetrics,
     ModelLoadError,
     RequestOutput,
     SamplingParams,
@@ -232,7 +233,8 @@ class LLM:
         compiled = "off" if self.config.compile == "off" else self.compile_status
         return f"{self.engine.runner.native_status}; torch.compile: {compiled}"
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self) -> EngineMetrics:
+        """The engine's figures now (see :class:`~engine.api.EngineMetrics`)."""
         return self.engine.metrics()
 
     def close(self) -> None:

@@ -9,8 +9,8 @@ The loop
   * steps while there is work and hands each step's outputs to ``on_step``;
   * when idle, blocks in ``engine.wait_for_work`` (a condition variable, no polling) until a request, a cancel,
     ``engine.wake()`` or the next metrics tick;
-  * publishes one metrics snapshot (``engine.metrics()`` plus ``time``) every ``metrics_interval_s`` to
-    ``on_metrics``: the only producer of engine metrics;
+  * publishes one metrics snapshot (``engine.metrics()``, an :class:`~engine.api.EngineMetrics`, in its
+    ``to_dict()`` form) every ``metrics_interval_s`` to ``on_metrics``: the only producer of engine metrics;
   * survives a failing step: it logs, fails the engine's requests with ``finish_reason="error"``, and goes on;
   * if it dies anyway (a ``BaseException``, or failing requests fails too), records why in ``engine.loop_error``
     and ``engine.is_alive`` before it re-raises, so a server can answer 503 and the app can say so.
@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from engine.api import StepOutput
+from engine.api import EngineMetrics, StepOutput
 
 log = logging.getLogger("engine")
 
@@ -34,6 +34,7 @@ log = logging.getLogger("engine")
 METRICS_INTERVAL_S = 1.0
 
 StepCallback = Callable[[list[StepOutput]], None]
+#: Takes :meth:`EngineMetrics.to_dict`'s form (``EngineMetrics.from_dict`` reads it back).
 MetricsCallback = Callable[[dict[str, Any]], None]
 
 
@@ -53,7 +54,7 @@ class Steppable(Protocol):
 
     def step(self) -> list[StepOutput]: ...
 
-    def metrics(self) -> dict[str, float]: ...
+    def metrics(self) -> EngineMetrics: ...
 
     def fail_all(self, message: str) -> list[StepOutput]: ...
 
@@ -73,7 +74,8 @@ def run_loop(
         engine: the engine to step.
         stop: set it (then call ``engine.wake()``) to end the loop.
         on_step: called on this thread with the outputs of every step that produced some.
-        on_metrics: called on this thread with a metrics snapshot every ``metrics_interval_s``.
+        on_metrics: called on this thread with a metrics snapshot (``EngineMetrics.to_dict()``) every
+            ``metrics_interval_s``.
         before_step: called on this thread before every step and after every idle wait; a driver with its own
             command queue (the app's bridge) submits and cancels from here, and calls ``engine.wake()`` when it
             queues a command.
@@ -161,8 +163,11 @@ class _Callbacks:
         if self._on_metrics is None:
             return
         try:
-            snapshot: dict[str, Any] = dict(engine.metrics())
-            snapshot["time"] = time.time()
+            metrics: EngineMetrics | dict[str, Any] = engine.metrics()
+            if isinstance(metrics, EngineMetrics):
+                snapshot = metrics.to_dict()
+            else:  # an engine that still answers a plain dict (the app's test fake)
+                snapshot = {**metrics, "time": time.time()}
             self._on_metrics(snapshot)
         except Exception:  # noqa: BLE001 (logged by _report; the loop goes on)
             self._report("metrics")

@@ -1,7 +1,8 @@
-"""Engine metrics: latency percentiles, sliding-window throughput, batch efficiency.
+"""The engine's rolling statistics: latency percentiles, sliding-window throughput, batch efficiency.
 
-Names follow vLLM's Prometheus metrics where one exists (``num_requests_running`` -> ``num_running``,
-``time_to_first_token_seconds`` -> ``ttft_*``, ``inter_token_latency_seconds`` -> ``itl_*``).
+:class:`EngineStats` records them as the engine steps; :meth:`EngineStats.snapshot` fills the window's fields of
+an :class:`engine.api.EngineMetrics`, and ``LLMEngine.metrics()`` adds the scheduler's, the KV cache's and the
+controller's.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+
+from engine.api import EngineMetrics
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -22,7 +25,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 @dataclass(slots=True)
-class EngineMetrics:
+class EngineStats:
     """Rolling statistics the engine updates once per step and reads from any thread."""
 
     max_batch_size: int
@@ -88,7 +91,8 @@ class EngineMetrics:
             self.num_generated_tokens_total = self.num_requests_total = self.num_steps = 0
             self.num_spec_drafted = self.num_spec_accepted = self.num_spec_verifications = self.num_spec_emitted = 0
 
-    def snapshot(self, now: float | None = None) -> dict[str, float]:
+    def snapshot(self, now: float | None = None) -> EngineMetrics:
+        """The window's figures (the fields the engine's other parts fill stay at their defaults)."""
         now = time.monotonic() if now is None else now
         with self._lock:
             self._trim(now)
@@ -98,22 +102,22 @@ class EngineMetrics:
             tokens = sum(n for _, n in self._tokens)
             ttft, itl, e2e = list(self._ttft), list(self._itl), list(self._e2e)
             sizes = list(self._batch_sizes)
-            return {
-                "throughput_tok_s": tokens / span if self._tokens else 0.0,
-                "requests_per_s": len(self._finished) / self.window_s,
-                "ttft_p50": percentile(ttft, 50),
-                "ttft_p90": percentile(ttft, 90),
-                "ttft_p99": percentile(ttft, 99),
-                "itl_p50": percentile(itl, 50),
-                "itl_p99": percentile(itl, 99),
-                "e2e_p50": percentile(e2e, 50),
-                "e2e_p99": percentile(e2e, 99),
-                "batch_efficiency": (sum(sizes) / len(sizes) / self.max_batch_size) if sizes else 0.0,
-                "mean_batch_size": (sum(sizes) / len(sizes)) if sizes else 0.0,
-                "num_generated_tokens_total": float(self.num_generated_tokens_total),
-                "num_requests_total": float(self.num_requests_total),
-                "spec_acceptance_rate": self.num_spec_accepted / self.num_spec_drafted if self.num_spec_drafted else 0.0,
-                "spec_tokens_per_step": (
+            return EngineMetrics(
+                throughput_tok_s=tokens / span if self._tokens else 0.0,
+                requests_per_s=len(self._finished) / self.window_s,
+                ttft_p50=percentile(ttft, 50),
+                ttft_p90=percentile(ttft, 90),
+                ttft_p99=percentile(ttft, 99),
+                itl_p50=percentile(itl, 50),
+                itl_p99=percentile(itl, 99),
+                e2e_p50=percentile(e2e, 50),
+                e2e_p99=percentile(e2e, 99),
+                batch_efficiency=(sum(sizes) / len(sizes) / self.max_batch_size) if sizes else 0.0,
+                mean_batch_size=(sum(sizes) / len(sizes)) if sizes else 0.0,
+                num_generated_tokens_total=self.num_generated_tokens_total,
+                num_requests_total=self.num_requests_total,
+                spec_acceptance_rate=self.num_spec_accepted / self.num_spec_drafted if self.num_spec_drafted else 0.0,
+                spec_tokens_per_step=(
                     self.num_spec_emitted / self.num_spec_verifications if self.num_spec_verifications else 0.0
                 ),
-            }
+            )

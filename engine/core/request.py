@@ -1,4 +1,8 @@
-"""One request's state inside the engine, and the caller's end of it (``RequestHandle``)."""
+"""One request's state inside the engine, and the caller's end of it (``RequestHandle``).
+
+The handle reaches the engine only through the ``cancel`` callable it is given, so this module does not import
+``llm_engine``.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,6 @@ from engine.core.sequence import Sequence
 log = logging.getLogger("engine")
 
 if TYPE_CHECKING:
-    from engine.core.llm_engine import LLMEngine
     from engine.model.grammar import Matcher
 
 Prompt = str | list[int] | list[dict[str, Any]]
@@ -39,6 +42,8 @@ class EngineRequest:
 
 
 OutputCallback = Callable[[StepOutput], None]
+#: Asks the engine to cancel the request of this id (``LLMEngine.cancel``); thread-safe.
+CancelCallback = Callable[[str], None]
 
 
 class RequestHandle:
@@ -50,14 +55,14 @@ class RequestHandle:
 
     def __init__(
         self,
-        engine: LLMEngine,
+        cancel: CancelCallback,
         request_id: str,
         prompt_token_ids: list[int],
         on_output: OutputCallback | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
-        self._engine = engine
+        self._cancel = cancel
         self._on_output = on_output
         self._queue: queue.Queue[StepOutput] = queue.Queue()
         self._done = threading.Event()
@@ -69,7 +74,7 @@ class RequestHandle:
 
     def cancel(self) -> None:
         """Stop generating; the request finishes with reason "abort" and keeps its partial text."""
-        self._engine.cancel(self.request_id)
+        self._cancel(self.request_id)
 
     def done(self) -> bool:
         return self._done.is_set()

@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from engine.api import SamplingParams, StepOutput
+from engine.api import EngineMetrics, SamplingParams, StepOutput
 from engine.core.llm_engine import LLMEngine
 from engine.core.request import Prompt, RequestHandle
 
@@ -121,7 +121,7 @@ class AsyncLLMEngine:
         finally:
             request.cancel()
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self) -> EngineMetrics:
         return self.engine.metrics()
 
     def is_alive(self) -> bool:

@@ -15,11 +15,12 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from engine.api import StepOutput
+from engine.api import EngineMetrics, StepOutput
 
 METRIC_PREFIX = "hearth:"
 #: The media type of :meth:`ServerMetrics.render`.
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
+_Figure = Callable[[EngineMetrics], float]
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                     40.0, 80.0)
 
@@ -31,7 +32,7 @@ class ServerMetrics:
     preemption counters are read from the engine at scrape time, so they include everyone who shares it.
     """
 
-    def __init__(self, engine_metrics: Callable[[], dict[str, float]], model_name: str) -> None:
+    def __init__(self, engine_metrics: Callable[[], EngineMetrics], model_name: str) -> None:
         disable_created_metrics()  # no *_created series: they only add noise for a single-process server
         self.registry = CollectorRegistry()
         self._model = model_name
@@ -73,39 +74,44 @@ class ServerMetrics:
 class _EngineCollector:
     """Engine state, read at scrape time."""
 
-    _GAUGES = (
-        ("num_requests_running", "num_running", "Requests in the running batch."),
-        ("num_requests_waiting", "num_waiting", "Requests waiting to be scheduled."),
-        ("kv_cache_usage_perc", "kv_cache_usage", "Fraction of KV-cache blocks in use (1 = full)."),
-        ("kv_blocks_used", "kv_blocks_used", "KV-cache blocks held by requests."),
-        ("kv_blocks_total", "kv_blocks_total", "KV-cache blocks in the pool."),
-        ("mean_batch_size", "mean_batch_size", "Mean sequences per engine step over recent steps."),
-        ("batch_efficiency", "batch_efficiency", "Mean batch size over max_batch_size."),
-        ("generation_throughput_tok_s", "throughput_tok_s", "Tokens generated per second, recent window."),
-        ("concurrency_limit", "concurrency_limit", "Most sequences the concurrency controller lets run at once."),
-        ("spec_acceptance_rate", "spec_acceptance_rate", "Share of speculative draft tokens the model accepted."),
-        ("spec_tokens_per_step", "spec_tokens_per_step", "Tokens a speculating sequence gains per verification step."),
-        ("spec_enabled", "spec_enabled", "1 while speculative decoding is on for the batch, else 0."),
+    # (Prometheus name, its EngineMetrics figure, help)
+    _GAUGES: tuple[tuple[str, _Figure, str], ...] = (
+        ("num_requests_running", lambda m: m.num_running, "Requests in the running batch."),
+        ("num_requests_waiting", lambda m: m.num_waiting, "Requests waiting to be scheduled."),
+        ("kv_cache_usage_perc", lambda m: m.kv_cache_usage, "Fraction of KV-cache blocks in use (1 = full)."),
+        ("kv_blocks_used", lambda m: m.kv_blocks_used, "KV-cache blocks held by requests."),
+        ("kv_blocks_total", lambda m: m.kv_blocks_total, "KV-cache blocks in the pool."),
+        ("mean_batch_size", lambda m: m.mean_batch_size, "Mean sequences per engine step over recent steps."),
+        ("batch_efficiency", lambda m: m.batch_efficiency, "Mean batch size over max_batch_size."),
+        ("generation_throughput_tok_s", lambda m: m.throughput_tok_s, "Tokens generated per second, recent window."),
+        ("concurrency_limit", lambda m: m.concurrency_limit,
+         "Most sequences the concurrency controller lets run at once."),
+        ("spec_acceptance_rate", lambda m: m.spec_acceptance_rate,
+         "Share of speculative draft tokens the model accepted."),
+        ("spec_tokens_per_step", lambda m: m.spec_tokens_per_step,
+         "Tokens a speculating sequence gains per verification step."),
+        ("spec_enabled", lambda m: m.spec_enabled, "1 while speculative decoding is on for the batch, else 0."),
     )
-    _COUNTERS = (
-        ("prefix_cache_queries", "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
-        ("prefix_cache_hits", "prefix_cache_hits", "Prompt tokens found in the prefix cache."),
-        ("num_preemptions", "num_preemptions", "Requests preempted to free KV-cache blocks."),
-        ("controller_adjustments", "controller_adjustments_total", "Changes the concurrency controller made."),
+    _COUNTERS: tuple[tuple[str, _Figure, str], ...] = (
+        ("prefix_cache_queries", lambda m: m.prefix_cache_queries, "Prompt tokens looked up in the prefix cache."),
+        ("prefix_cache_hits", lambda m: m.prefix_cache_hits, "Prompt tokens found in the prefix cache."),
+        ("num_preemptions", lambda m: m.num_preemptions, "Requests preempted to free KV-cache blocks."),
+        ("controller_adjustments", lambda m: m.controller_adjustments_total,
+         "Changes the concurrency controller made."),
     )
 
-    def __init__(self, engine_metrics: Callable[[], dict[str, float]], model_name: str) -> None:
+    def __init__(self, engine_metrics: Callable[[], EngineMetrics], model_name: str) -> None:
         self._engine_metrics = engine_metrics
         self._model = model_name
 
     def collect(self) -> Any:
         snap = self._engine_metrics()
-        for name, key, doc in self._GAUGES:
+        for name, figure, doc in self._GAUGES:
             gauge = GaugeMetricFamily(METRIC_PREFIX + name, doc, labels=["model_name"])
-            gauge.add_metric([self._model], float(snap.get(key, 0.0)))
+            gauge.add_metric([self._model], float(figure(snap)))
             yield gauge
-        for name, key, doc in self._COUNTERS:
+        for name, figure, doc in self._COUNTERS:
             counter = CounterMetricFamily(METRIC_PREFIX + name, doc, labels=["model_name"])
-            counter.add_metric([self._model], float(snap.get(key, 0.0)))
+            counter.add_metric([self._model], float(figure(snap)))
             yield counter
 

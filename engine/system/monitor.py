@@ -10,8 +10,9 @@ ring buffer. A sample is a ``dict[str, float]``; every key is optional except ``
   them. Without pynvml or an NVIDIA driver ``gpu_count`` is 0 and :attr:`Sampler.gpu_reason` says why.
 * torch: ``torch_cuda_allocated_bytes`` and ``torch_cuda_reserved_bytes`` (this process, all devices),
   only when torch is already imported and has initialized CUDA; the monitor never imports torch.
-* the engine: whatever ``metrics_source()`` returns (``LLM.metrics()``: ``num_running``,
-  ``kv_blocks_used``, ``throughput_tok_s``, ...), plus ``kv_blocks_free``.
+* the engine: whatever ``metrics_source()`` returns (``LLM.metrics()``, an :class:`~engine.api.EngineMetrics`:
+  ``num_running``, ``kv_blocks_used``, ``throughput_tok_s``, ...; or such figures by name), plus
+  ``kv_blocks_free``.
 
 ``python -m engine.system.monitor`` prints samples and what sampling costs.
 """
@@ -26,17 +27,19 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import psutil
 
+from engine.api import EngineMetrics
+
 log = logging.getLogger("engine")
 
 Sample = dict[str, float]
-MetricsSource = Callable[[], "dict[str, Any] | None"]
+MetricsSource = Callable[[], "EngineMetrics | Mapping[str, Any] | None"]
 
 DEFAULT_INTERVAL_S = 1.0
 #: How much history the ring buffer keeps.
@@ -222,6 +225,8 @@ class Sampler:
                 log.exception("engine metrics could not be read")
                 self._source_failed = True
             return
+        if isinstance(metrics, EngineMetrics):
+            metrics = metrics.to_dict()
         if not metrics:
             return
         for key, value in metrics.items():

@@ -75,8 +75,8 @@ def bench_task(llms: dict[str, LLM], task: str, repeats: int, max_tokens: int) -
         tok_s = statistics.median(rates[method])
         rows.append({
             "system": "speculative", "task": task, "method": method, "tok_s": round(tok_s, 2),
-            "over_off": round(tok_s / off, 3), "acceptance_rate": round(m["spec_acceptance_rate"], 3),
-            "tokens_per_verification": round(m["spec_tokens_per_step"], 2), "same_reply_as_off": same[method],
+            "over_off": round(tok_s / off, 3), "acceptance_rate": round(m.spec_acceptance_rate, 3),
+            "tokens_per_verification": round(m.spec_tokens_per_step, 2), "same_reply_as_off": same[method],
         })
     return rows
 

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                     rss = proc.memory_info().rss
                     reports.append((done, rss))
                     print(json.dumps({"requests": done, "rss_mib": round(rss / 2**20, 1),
-                                      "kv_blocks_used": llm.metrics()["kv_blocks_used"],
+                                      "kv_blocks_used": llm.metrics().kv_blocks_used,
                                       "elapsed_s": round(time.perf_counter() - start, 1)}), flush=True)
     finally:
         llm.close()

@@ -31,7 +31,7 @@ def wait_until_idle(llm: LLM, timeout_s: float = 5.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout_s
     while True:
         metrics = llm.metrics()
-        if metrics["num_running"] == 0 and metrics["kv_blocks_used"] == 0 and not llm.engine.has_work():
+        if metrics.num_running == 0 and metrics.kv_blocks_used == 0 and not llm.engine.has_work():
             return metrics
         assert time.monotonic() < deadline, metrics
         time.sleep(0.01)
@@ -68,7 +68,7 @@ def test_stopping_early_cancels_and_frees_blocks(llm: LLM) -> None:
         async for _ in engine.stream("Tell me everything " * 20, params(500)):
             seen += 1
             if seen == 3:
-                used = llm.metrics()["kv_blocks_used"]
+                used = llm.metrics().kv_blocks_used
                 break
         return seen, used
 

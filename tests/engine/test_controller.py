@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from engine import LLM
-from engine.api import EngineConfig, SamplingParams
+from engine.api import EngineConfig, EngineMetrics, SamplingParams
 from engine.core.block_manager import BlockManager
 from engine.core.controller import ConcurrencyController, StepReport, p90
 from engine.core.scheduler import Scheduler
@@ -40,7 +40,7 @@ def test_it_backs_off_by_half_when_the_chat_slows_and_grows_back_one_at_a_time()
         c.observe(_report(t, 0.03, running=c.limit, waiting=5))
     assert 4 < c.limit <= 16
     assert c.limit - 4 <= int(200 * 0.03 / 1.0) + 1, "one step of growth per grow interval at most"
-    assert c.metrics()["concurrency_limit"] == c.limit
+    assert c.metrics(EngineMetrics()).concurrency_limit == c.limit
     c.observe(_report(t + 1, None, running=0, waiting=0))  # idle: back to full size
     assert (c.limit, c.token_budget, c.window_scale) == (16, 512, 1.0)
 
@@ -101,8 +101,8 @@ def test_the_chat_keeps_its_pace_with_24_server_requests_in_flight(tiny_model_di
         assert all(h.result(timeout=120).finish_reason == "length" for h in server), "no server request is lost"
         gaps = [b - a for a, b in itertools.pairwise(stamps)]
         m = llm.metrics()
-        print(f"chat p90 ITL {1000 * p90(gaps):.1f} ms; concurrency limit {m['concurrency_limit']:.0f}, "
-              f"{m['controller_adjustments_total']:.0f} adjustments")
-        assert m["kv_blocks_used"] == 0
+        print(f"chat p90 ITL {1000 * p90(gaps):.1f} ms; concurrency limit {m.concurrency_limit}, "
+              f"{m.controller_adjustments_total} adjustments")
+        assert m.kv_blocks_used == 0
     finally:
         llm.close()

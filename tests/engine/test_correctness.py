@@ -70,7 +70,7 @@ def test_default_model_matches_hf(
         for p, out in zip(default_prompt_ids, outputs, strict=True)
     ]
     assert verdicts.count("exact") >= len(verdicts) - 1, verdicts
-    assert default_llm.metrics()["kv_blocks_used"] == 0
+    assert default_llm.metrics().kv_blocks_used == 0
 
 
 @pytest.mark.parametrize("family", TESTED_MODEL_TYPES)
@@ -88,6 +88,6 @@ def test_tiny_models_match_hf(family: str, tiny_model_dirs: dict[str, Path]) -> 
             outputs = MODES[mode](llm, prompts, params)
             for p, out in zip(prompts, outputs, strict=True):
                 assert_matches_hf(reference, p, out, 16)
-        assert llm.metrics()["kv_blocks_used"] == 0
+        assert llm.metrics().kv_blocks_used == 0
     finally:
         llm.close()

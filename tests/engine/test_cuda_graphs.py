@@ -71,7 +71,7 @@ def _check_greedy(llm: Any, reference: Any, prompts: list[list[int]], max_new: i
         outputs = MODES[mode](llm, prompts, params)
         for p, out in zip(prompts, outputs, strict=True):
             assert_matches_hf(reference, p, out, max_new)
-    assert llm.metrics()["kv_blocks_used"] == 0
+    assert llm.metrics().kv_blocks_used == 0
 
 
 @pytest.mark.parametrize("family", FUSED_FAMILIES)

@@ -31,7 +31,7 @@ def test_a_running_request_past_its_deadline_keeps_its_text_and_frees_its_blocks
     out = handle.result(timeout=0)
     assert out.finish_reason == "timeout"
     assert 3 <= len(out.token_ids) < 400 and out.error is None
-    assert one_at_a_time.metrics()["kv_blocks_used"] == 0
+    assert one_at_a_time.metrics().kv_blocks_used == 0
 
 
 def test_a_request_that_never_started_says_so(one_at_a_time: LLM) -> None:
@@ -48,7 +48,7 @@ def test_a_request_that_never_started_says_so(one_at_a_time: LLM) -> None:
     while not busy.done():
         engine.step()
     assert busy.result(timeout=0).finish_reason == "length"
-    assert one_at_a_time.metrics()["kv_blocks_used"] == 0
+    assert one_at_a_time.metrics().kv_blocks_used == 0
 
 
 @pytest.mark.parametrize("value", [0, -1.0, float("inf"), float("nan"), "5"])

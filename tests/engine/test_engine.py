@@ -45,20 +45,20 @@ def test_cancel_mid_stream_leaves_other_streams_untouched(default_llm: Any) -> N
     assert handles[0].result().token_ids == solo[0]
     assert handles[2].result().token_ids == solo[2]
     metrics = default_llm.metrics()
-    assert metrics["kv_blocks_used"] == 0
-    assert metrics["num_running"] == 0
+    assert metrics.kv_blocks_used == 0
+    assert metrics.num_running == 0
 
 
 def test_second_chat_turn_hits_the_prefix_cache(default_llm: Any) -> None:
     params = SamplingParams(max_tokens=16, temperature=0.0)
     messages = [{"role": "user", "content": "Name a large city in Japan and say one thing about it."}]
     first = default_llm.chat(messages, params)
-    hits_before = default_llm.metrics()["prefix_cache_hits"]
+    hits_before = default_llm.metrics().prefix_cache_hits
     messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And another?"}]
     second = default_llm.chat(messages, params)
     assert second.metrics.num_cached_tokens >= 32
-    assert default_llm.metrics()["prefix_cache_hits"] >= hits_before + second.metrics.num_cached_tokens
-    assert default_llm.metrics()["prefix_cache_hit_rate"] > 0
+    assert default_llm.metrics().prefix_cache_hits >= hits_before + second.metrics.num_cached_tokens
+    assert default_llm.metrics().prefix_cache_hit_rate > 0
 
 
 def test_preemption_under_a_tiny_kv_budget_keeps_outputs_identical(tiny_model_dirs: dict[str, Path]) -> None:
@@ -74,13 +74,13 @@ def test_preemption_under_a_tiny_kv_budget_keeps_outputs_identical(tiny_model_di
         prompts = [llm.engine.tokenize(f"Story number {i} begins on a {w} day") for i, w in enumerate("abcdef")]
         handles = [llm.engine.submit(p, params) for p in prompts]
         _drive(llm, handles)
-        assert llm.metrics()["num_preemptions"] > 0
+        assert llm.metrics().num_preemptions > 0
         for p, h in zip(prompts, handles, strict=True):
             out = h.result()
             assert len(out.token_ids) == 40
             reference.generation_config.eos_token_id = None
             assert_matches_hf(reference, p, out.token_ids, 40)
-        assert llm.metrics()["kv_blocks_used"] == 0
+        assert llm.metrics().kv_blocks_used == 0
     finally:
         llm.close()
 
@@ -150,7 +150,7 @@ def test_random_workloads_leak_no_blocks_and_match_solo_runs(tiny_llm: Any, plan
         if all(h.done() for h, _ in handles):
             break
         engine.step()
-    assert tiny_llm.metrics()["kv_blocks_used"] == 0
+    assert tiny_llm.metrics().kv_blocks_used == 0
     for (handle, cancel), prompt, params in zip(handles, prompts, params_for, strict=True):
         out = handle.result(timeout=0)
         solo = tiny_llm.generate([prompt], params)[0].token_ids
@@ -177,7 +177,7 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(tiny_llm: Any,
         assert out.finish_reason == "error" and out.error == "generation failed: seed out of range"
     with pytest.raises(RuntimeError, match="seed out of range"):
         "".join(handles[0])
-    assert tiny_llm.metrics()["kv_blocks_used"] == 0
+    assert tiny_llm.metrics().kv_blocks_used == 0
     assert len(tiny_llm.generate(["three"], params)[0].token_ids) == 4
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import psutil
 import pytest
 
+from engine.api import EngineMetrics
 from engine.system.monitor import Sampler
 
 
@@ -109,6 +110,15 @@ def test_engine_metrics_are_merged_and_a_failing_source_is_logged_once(
     assert "process_rss_bytes" in sample and "num_running" not in sample
     assert len([r for r in caplog.records if "engine metrics" in r.getMessage()]) == 1
     sampler.stop()
+
+
+def test_an_engine_metrics_source_is_merged_by_field_name() -> None:
+    metrics = EngineMetrics(time=1.0, num_running=2, kv_blocks_used=5, kv_blocks_cached=3, kv_blocks_total=20,
+                            spec_enabled=True)
+    sample = Sampler(interval_s=0.02, metrics_source=lambda: metrics).sample_once()
+    assert sample["num_running"] == 2.0 and sample["kv_blocks_free"] == 12.0 and sample["spec_enabled"] == 1.0
+    assert sample["time"] != 1.0  # the sample's own time, not the snapshot's
+    assert set(EngineMetrics.__dataclass_fields__) - {"time"} <= sample.keys()
 
 
 def test_thread_ring_buffer_series_and_snapshot() -> None:

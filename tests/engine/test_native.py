@@ -41,7 +41,7 @@ def _check_greedy(llm: Any, reference: Any, prompts: list[list[int]], max_new: i
     for mode in MODES:
         outputs = MODES[mode](llm, prompts, params)
         verdicts += [assert_matches_hf(reference, p, out, max_new) for p, out in zip(prompts, outputs, strict=True)]
-    assert llm.metrics()["kv_blocks_used"] == 0
+    assert llm.metrics().kv_blocks_used == 0
     return verdicts
 
 

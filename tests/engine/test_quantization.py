@@ -91,7 +91,7 @@ def test_every_level_runs_batched_through_the_engine(
         params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
         outs = llm.generate(["one two three", "a b", "the quick brown fox jumps"], params)
         assert [len(o.token_ids) for o in outs] == [6, 6, 6]
-        assert llm.metrics()["kv_blocks_used"] == 0
+        assert llm.metrics().kv_blocks_used == 0
     finally:
         llm.close()
 

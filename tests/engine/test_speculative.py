@@ -230,8 +230,8 @@ def test_default_model_ngram_greedy_matches_hf(ngram_llm: Any, default_hf_model:
     verdicts = [assert_matches_hf(default_hf_model, p, out, 40) for p, out in zip(prompts, outputs, strict=True)]
     assert verdicts.count("exact") >= len(verdicts) - 1, verdicts
     m = ngram_llm.metrics()
-    assert m["spec_acceptance_rate"] > 0.5 and m["spec_tokens_per_step"] > 2, m
-    assert m["kv_blocks_used"] == 0
+    assert m.spec_acceptance_rate > 0.5 and m.spec_tokens_per_step > 2, m
+    assert m.kv_blocks_used == 0
 
 
 def test_no_blocks_leak_after_speculative_and_cancelled_requests(ngram_llm: Any) -> None:
@@ -265,7 +265,7 @@ def test_repeatable_replies_are_bitwise_the_same_with_speculation(default_model_
     for method in ("off", "ngram"):
         with LLM(default_model_dir, dtype="bfloat16", deterministic=True, speculative=method, start_loop=False) as llm:
             replies[method] = llm.chat(messages, params).token_ids
-            accepted[method] = llm.metrics().get("spec_acceptance_rate", 0.0)
+            accepted[method] = llm.metrics().spec_acceptance_rate
     assert accepted["ngram"] > 0.5  # the drafts were used, not skipped
     assert replies["ngram"] == replies["off"]
 
@@ -280,7 +280,7 @@ def test_default_model_self_int4_greedy_matches_hf(default_model_dir: Path, defa
         for p, out in zip(prompts, outputs, strict=True):
             assert_matches_hf(default_hf_model, p, out, 24)
         m = llm.metrics()
-        assert m["spec_acceptance_rate"] > 0.3 and m["kv_blocks_used"] == 0, m
+        assert m.spec_acceptance_rate > 0.3 and m.kv_blocks_used == 0, m
     finally:
         llm.close()
 
@@ -308,7 +308,7 @@ def test_tiny_models_greedy_unchanged_by_speculation(family: str, tiny_model_dir
                 assert_matches_hf(reference, p, out, 16)
             if method != "ngram":
                 assert llm.engine.stats.num_spec_verifications > 0, f"{family}/{method} never speculated"
-            assert llm.metrics()["kv_blocks_used"] == 0
+            assert llm.metrics().kv_blocks_used == 0
         finally:
             llm.close()
 
@@ -382,8 +382,8 @@ def test_draft_model_keeps_greedy_and_sampled_output(small_pair: tuple[Path, Pat
             llm.engine.step()
         observed = Counter(tuple(h.result().token_ids) for h in handles)
         assert llm.engine.stats.num_spec_verifications >= n // 2
-        assert 0.05 < llm.metrics()["spec_acceptance_rate"] < 0.95  # both paths taken
-        assert llm.metrics()["kv_blocks_used"] == 0
+        assert 0.05 < llm.metrics().spec_acceptance_rate < 0.95  # both paths taken
+        assert llm.metrics().kv_blocks_used == 0
     finally:
         llm.close()
     expected = _reference_law(reference, prompt, 3, top_k=2)

@@ -81,12 +81,12 @@ def test_random_submit_cancel_and_preemption_leave_nothing_behind(fuzz_llm: Any)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         m = fuzz_llm.metrics()
-        if m["kv_blocks_used"] == 0 and m["num_running"] == 0 and m["num_waiting"] == 0:
+        if m.kv_blocks_used == 0 and m.num_running == 0 and m.num_waiting == 0:
             break
         time.sleep(0.01)
     m = fuzz_llm.metrics()
-    assert (m["kv_blocks_used"], m["num_running"], m["num_waiting"]) == (0, 0, 0), m
-    assert m["num_preemptions"] > 0, "the pool was meant to be small enough to force preemption"
+    assert (m.kv_blocks_used, m.num_running, m.num_waiting) == (0, 0, 0), m
+    assert m.num_preemptions > 0, "the pool was meant to be small enough to force preemption"
     # the loop is alive: a new request still completes
     out = engine.submit([5, 6, 7], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)).result(timeout=30)
     assert len(out.token_ids) == 3

@@ -39,10 +39,10 @@ run: install ## open the app
 	$(PY) -m app
 
 .PHONY: check
-check: $(STAMP) ## ruff, import-linter layer contracts, mypy on engine/
+check: $(STAMP) ## ruff, import-linter layer contracts, mypy on engine/, app/ and the app's engine fake
 	$(PY) -m ruff check app engine tests
 	$(VENV)/bin/lint-imports
-	$(PY) -m mypy engine
+	$(PY) -m mypy engine app tests/app/fake_engine.py
 
 .PHONY: test
 test: install check ## the checks, then the whole suite offscreen

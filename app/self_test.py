@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 MAX_TOKENS = 32
 SEED = 0
@@ -34,7 +35,8 @@ def run_self_test(prompt: str, *, max_tokens: int = MAX_TOKENS) -> int:
     try:
         with LLM("default", start_loop=False) as llm:
             loaded = time.monotonic()
-            params = SamplingParams(**{**llm.sampling_defaults, "max_tokens": max_tokens, "seed": SEED})
+            options: dict[str, Any] = {**llm.sampling_defaults, "max_tokens": max_tokens, "seed": SEED}
+            params = SamplingParams(**options)
             out = llm.chat([{"role": "user", "content": prompt}], params)
     except Exception as exc:  # noqa: BLE001 (any failure is the result, reported in one line)
         print(f"self-test failed: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -11,66 +11,49 @@ in the GUI thread and never blocks it:
   :meth:`EngineBridge._connect_engine` makes the bridge's own connections, ``MainWindow._connect_engine`` the
   panes'.
 
-Jobs run on the pool (:meth:`EngineBridge._load_worker`, also unloading, connecting to a remote server and
-hardware detection). The load job, once its model is ready, goes on as :class:`~app.bridge.loop.EngineLoop`,
-which runs the engine's own step loop (``engine.core.loop.run_loop``) while the model is loaded and frees it when
-stopped: every torch op of a model (load, warm-up, steps, close) runs on that one thread, as under the engine's
-own loop thread (``LLM._set_up_on_the_loop_thread``), since a second thread doing torch work keeps a second
-OpenMP team on the cores. The engine batches concurrent requests itself, so one loop serves every conversation.
-Stopping is a ``threading.Event``: :meth:`EngineBridge.shutdown` (called when the window closes) sets it and then
-waits for the pool with ``QThreadPool.waitForDone()``. A bridge destroyed without ``shutdown()`` (a window deleted
-without being closed) still stops its threads first.
+Two parts share the work. :class:`~app.bridge.model_lifecycle.ModelLifecycle` decides which model serves the chats
+(loading, connecting to a remote server, unloading, "Serve on localhost"), with the generation/lock protocol that
+keeps at most one model alive; its workers run as jobs on the pool. The bridge keeps the requests: it routes each
+to the local model's command queue or to the remote server, and turns a remote server's replies into signals.
+A loaded model's load job goes on as :class:`~app.bridge.loop.EngineLoop`, which runs the engine's own step loop
+(``engine.core.loop.run_loop``) while the model is loaded and frees it when stopped: every torch op of a model
+(load, warm-up, steps, close) runs on that one thread, as under the engine's own loop thread
+(``LLM._set_up_on_the_loop_thread``), since a second thread doing torch work keeps a second OpenMP team on the
+cores. The engine batches concurrent requests itself, so one loop serves every conversation. Stopping is a
+``threading.Event``: :meth:`EngineBridge.shutdown` (called when the window closes) sets it and then waits for the
+pool with ``QThreadPool.waitForDone()``. A bridge destroyed without ``shutdown()`` (a window deleted without being
+closed) still stops its threads first.
 
 A prompt's path: ``Composer.send_requested`` -> ``ChatPane._on_send_requested`` -> ``ChatPane.send`` ->
 ``ReplyController.submit`` -> ``EngineBridge.submit`` (queue) -> ``EngineLoop._handle`` -> ``LLMEngine.submit`` ...
 ``LLMEngine.step()`` -> ``EngineLoop._on_step`` -> ``EngineSignals.token_delta`` ->
 ``ReplyController._on_token_delta`` -> ``ReplyController.reply_changed`` -> ``ChatPane`` -> ``MessageView``.
-
-Long because ``EngineBridge`` is the app's whole engine API (a local model, a remote server, serving on
-localhost, the models on disk), and the generation/lock protocol that keeps at most one model alive reads
-best in one class. The loop, the signals, the data types and the pool helpers live beside it.
 """
 
 from __future__ import annotations
 
 import itertools
 import queue
-import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from PySide6.QtCore import QObject, QThreadPool, QTimer, Slot
+from PySide6.QtCore import QObject, QThreadPool, QTimer, SignalInstance, Slot
 
 from app import log
-from app.bridge.jobs import (
-    Job,
-    Superseded,
-    Threads,
-    find_models,
-    import_engine,
-    kv_cache_size,
-    precheck_model,
-    quantization_advice,
-    start_local_server,
-)
-from app.bridge.loop import Cancel, Command, EngineLoop, Submit
-from app.bridge.remote_backend import RemoteBackend, RemoteError, RemoteEvents, api_root, fetch_models
+from app.bridge.jobs import Job, Threads, find_models, import_engine, quantization_advice
+from app.bridge.loop import Cancel, Command, Submit
+from app.bridge.model_lifecycle import ModelLifecycle
+from app.bridge.protocols import EngineApi
+from app.bridge.remote_backend import RemoteBackend, RemoteEvents
 from app.bridge.signals import EngineSignals
-from app.bridge.types import (
-    DEFAULT_MODEL_SPEC,
-    REMOTE_DEVICE,
-    LoadSettings,
-    ModelInfo,
-    RequestInfo,
-    ServerState,
-)
+from app.bridge.types import DEFAULT_MODEL_SPEC, LoadSettings, ModelInfo, RequestInfo
+from engine.api import SamplingParams
 from engine.core.context import ContextOverflowError, approximate_tokens, fit_messages
 from engine.core.loop import METRICS_INTERVAL_S
 
 #: The pool's threads. A loaded model's loop holds one (its load job's) for the model's lifetime; the other two serve
-#: the jobs. No job needs a running loop's thread: the loop runs outside ``_load_lock`` and ends on its stop event,
-#: which a later load or unload sets before it waits, so neither is starved.
+#: the jobs. No job needs a running loop's thread: the loop runs outside the lifecycle's load lock and ends on its
+#: stop event, which a later load or unload sets before it waits, so neither is starved.
 MAX_THREADS = 3
 #: Every bridge's pool, until its ``shutdown()``. A pool is no child of its bridge: its destructor waits for its
 #: threads while holding the GIL, so if it died with a bridge deleted unclosed, a running loop could never end.
@@ -84,12 +67,11 @@ class EngineBridge(QObject):
 
     Args:
         parent: the owning QObject (usually the main window).
-        api: an object with ``LLM``, ``SamplingParams``, ``ModelLoadError`` and ``hardware`` like the
-            ``engine`` package; tests pass a fake. ``None`` imports ``engine`` on first use, in a
-            pool thread.
+        api: the engine's functions (:class:`~app.bridge.protocols.EngineApi`); tests pass a fake. ``None``
+            imports ``engine`` on first use, in a pool thread.
     """
 
-    def __init__(self, parent: QObject | None = None, *, api: Any = None) -> None:
+    def __init__(self, parent: QObject | None = None, *, api: EngineApi | None = None) -> None:
         super().__init__(parent)
         # No parent: the loops keep it alive as long as they may emit, whatever happens to the bridge.
         self.signals = EngineSignals()
@@ -102,23 +84,15 @@ class EngineBridge(QObject):
         self._ids = itertools.count(1)
         self._threads = Threads()
         self._shutdown = self._threads.shutdown
+        self._lock = self._threads.lock
+        self._jobs: list[Job] = []
         # Destroyed with the bridge; a loop that finds it gone stops (see EngineLoop).
         self._sentinel = QObject(self)
         self._sentinel.setObjectName("engine-bridge-sentinel")
-        # Shared with pool threads, guarded by _lock.
-        self._lock = self._threads.lock
-        self._generation = 0
-        self._llm: Any = None
-        self._loop: EngineLoop | None = None
-        self._retired_loops: list[EngineLoop] = []
-        # Serializes loads and unloads so at most one model is in memory.
-        self._load_lock = threading.Lock()
-        self._jobs: list[Job] = []
-        # A remote server instead of the local engine (guarded by _lock), and the requests sent to it.
-        self._remote: RemoteBackend | None = None
-        self._retired_remotes: list[RemoteBackend] = []
+        #: Requests sent to a remote server -> their conversation.
         self._remote_conversations: dict[str, str] = {}
-        self._server: Any = None  # engine.serving.openai_app.ServerThread while "Serve on localhost" runs
+        self._models = ModelLifecycle(self.signals, self._threads, self._commands, self._sentinel,
+                                      self._engine_api, self._remote_events(), self._send_remote)
         # GUI-thread state, updated by our own slots.
         self._model_info: ModelInfo | None = None
         self._is_loading = False
@@ -155,6 +129,12 @@ class EngineBridge(QObject):
     def pool(self) -> QThreadPool:
         return self._pool
 
+    @property
+    def remote(self) -> RemoteBackend | None:
+        """The remote backend in use, or None while the local engine serves the chats."""
+        with self._lock:
+            return self._models.remote
+
     @Slot(object)
     def _on_model_loaded(self, info: ModelInfo) -> None:
         self._model_info = info
@@ -164,9 +144,7 @@ class EngineBridge(QObject):
 
     @Slot(str)
     def _on_model_load_failed(self, message: str) -> None:
-        with self._lock:
-            kept = self._llm is not None or self._remote is not None
-        if not kept:  # a failure before the old model was freed keeps it
+        if not self._models.has_model():  # a failure before the old model was freed keeps it
             self._model_info = None
         self._is_loading = False
         log.bridge.warning("model load failed: %s", message)
@@ -176,7 +154,7 @@ class EngineBridge(QObject):
         if "num_running" in snapshot:  # not a resource sample alone
             self._last_metrics = snapshot
 
-    # -- GUI -> engine ----------------------------------------------------------------------------
+    # -- the model: GUI -> lifecycle jobs -----------------------------------------------------------
 
     def load_model(self, spec: str, device: str = "auto", dtype: str = "auto",
                    settings: LoadSettings | None = None) -> None:
@@ -190,91 +168,23 @@ class EngineBridge(QObject):
         if self._shutdown.is_set():
             return
         spec = spec.strip() or DEFAULT_MODEL_SPEC
-        settings = settings or LoadSettings()
-        self._overflow = settings.overflow
-        self._context_length = settings.max_model_len
-        with self._lock:
-            self._generation += 1
-            generation = self._generation
+        load_settings = settings or LoadSettings()
+        self._overflow = load_settings.overflow
+        self._context_length = load_settings.max_model_len
+        generation = self._models.next_generation()
         self._is_loading = True
-        log.bridge.info("loading %s (device=%s, dtype=%s, %s)", spec, device, dtype, settings)
-        self._start_job("load", lambda: self._load_worker(generation, spec, device, dtype, settings))
+        log.bridge.info("loading %s (device=%s, dtype=%s, %s)", spec, device, dtype, load_settings)
+        self._start_job("load", lambda: self._models.load_worker(generation, spec, device, dtype, load_settings))
 
     def unload_model(self) -> None:
         """Free the model in the background; in-flight requests fail, ``model_unloaded`` follows."""
         if self._shutdown.is_set():
             return
-        generation = self._retire_current_model()
+        generation = self._models.retire_current_model()
         self._model_info = None
         self._is_loading = False
         log.bridge.info("unloading the model")
-        self._start_job("unload", lambda: self._unload_worker(generation))
-
-    def submit(self, conversation_id: str, messages: list[dict[str, str]] | str,
-               params: Mapping[str, Any] | Any = None) -> str:
-        """Queue a chat request and return its request id.
-
-        ``params`` holds ``SamplingParams`` keyword arguments (or is a ``SamplingParams``). Bad
-        values arrive as ``request_failed``. Without a model (and no load under way) the request
-        fails at once, asynchronously.
-        """
-        request_id = f"r{next(self._ids)}"
-        if self._model_info is None and not self._is_loading:
-            self._fail_soon(request_id, "No model is loaded. Load a model first.")
-            return request_id
-        with self._lock:  # a remote that connects meanwhile takes over the queue under this lock
-            remote, loop = self._remote, self._loop
-            if loop is not None and loop.error:
-                self._fail_soon(request_id, f"The engine stopped ({loop.error}). Reload the model.")
-                return request_id
-            if remote is None:
-                self._commands.put(Submit(request_id, conversation_id, messages, params, self._overflow))
-                if loop is not None:
-                    loop.wake()
-        if remote is not None:
-            if isinstance(messages, list):
-                try:  # the server's tokenizer is not at hand: fit by an estimate of the length
-                    wanted = params.get("max_tokens", 512) if isinstance(params, Mapping) else 512
-                    budget = self._context_length - min(int(wanted or 512), self._context_length // 2)
-                    messages = fit_messages(messages, budget, approximate_tokens, self._overflow)
-                except ContextOverflowError as exc:
-                    self._fail_soon(request_id, str(exc))
-                    return request_id
-            self._remote_conversations[request_id] = conversation_id
-            remote.submit(request_id, messages, params)
-        return request_id
-
-    def set_overflow_policy(self, policy: str) -> None:
-        """What to drop from chats longer than the context from now on (``LoadSettings.overflow``)."""
-        self._overflow = LoadSettings(overflow=policy).overflow
-
-    def discover_models(self, extra_dirs: list[str]) -> None:
-        """Look for the models on disk (and in ``extra_dirs``) in the background; emits ``models_discovered``."""
-        if not self._shutdown.is_set():
-            dirs = list(extra_dirs)
-            self._start_job("discover", lambda: self._emit_unless_shut(
-                self.signals.models_discovered, find_models(self._engine_api, dirs)))
-
-    def _emit_unless_shut(self, signal: Any, value: Any) -> None:
-        if not self._shutdown.is_set():
-            signal.emit(value)
-
-    def cancel(self, request_id: str) -> None:
-        """Ask the engine to stop a request; it finishes with finish_reason "abort"."""
-        with self._lock:
-            remote, loop = self._remote, self._loop
-            if remote is None:
-                self._commands.put(Cancel(request_id))
-                if loop is not None:
-                    loop.wake()
-        if remote is not None:
-            remote.cancel(request_id)
-
-    def _fail_soon(self, request_id: str, message: str) -> None:
-        """Emit ``request_failed`` from the event loop, after ``submit`` has returned the id."""
-        QTimer.singleShot(0, self, lambda: self.signals.request_failed.emit(request_id, message))
-
-    # -- remote server and "Serve on localhost" ------------------------------------------------------
+        self._start_job("unload", lambda: self._models.unload_worker(generation))
 
     def connect_remote(self, base_url: str, api_key: str = "", model: str = "") -> None:
         """Use a remote OpenAI-compatible server instead of the local engine.
@@ -286,28 +196,81 @@ class EngineBridge(QObject):
         """
         if self._shutdown.is_set():
             return
-        with self._lock:
-            self._generation += 1
-            generation = self._generation
+        generation = self._models.next_generation()
         self._is_loading = True
         log.bridge.info("connecting to %s (model %r)", base_url, model)
-        self._start_job("connect", lambda: self._remote_worker(generation, base_url, api_key, model))
+        self._start_job("connect", lambda: self._models.remote_worker(generation, base_url, api_key, model))
 
     def start_server(self, port: int = 8000, api_key: str = "", host: str = "127.0.0.1") -> None:
         """Serve the loaded local model over the OpenAI API; ``server_state_changed`` reports."""
         if not self._shutdown.is_set():
-            self._start_job("start-server", lambda: self._start_server_worker(host, port, api_key))
+            self._start_job("start-server", lambda: self._models.start_server_worker(host, port, api_key))
 
     def stop_server(self) -> None:
         """Stop serving; ``server_state_changed`` follows."""
         if not self._shutdown.is_set():
-            self._start_job("stop-server", lambda: self._stop_server_worker(""))
+            self._start_job("stop-server", lambda: self._models.stop_server_worker(""))
 
-    @property
-    def remote(self) -> RemoteBackend | None:
-        """The remote backend in use, or None while the local engine serves the chats."""
+    # -- requests ---------------------------------------------------------------------------------
+
+    def submit(self, conversation_id: str, messages: list[dict[str, str]] | str,
+               params: Mapping[str, Any] | SamplingParams | None = None) -> str:
+        """Queue a chat request and return its request id.
+
+        ``params`` holds ``SamplingParams`` keyword arguments (or is a ``SamplingParams``). Bad
+        values arrive as ``request_failed``. Without a model (and no load under way) the request
+        fails at once, asynchronously.
+        """
+        request_id = f"r{next(self._ids)}"
+        if self._model_info is None and not self._is_loading:
+            self._fail_soon(request_id, "No model is loaded. Load a model first.")
+            return request_id
+        command = Submit(request_id, conversation_id, messages, params, self._overflow)
+        with self._lock:  # a remote that connects meanwhile takes over the queue under this lock
+            remote, loop = self._models.remote, self._models.loop
+            if loop is not None and loop.error:
+                self._fail_soon(request_id, f"The engine stopped ({loop.error}). Reload the model.")
+                return request_id
+            if remote is None:
+                self._commands.put(command)
+                if loop is not None:
+                    loop.wake()
+        if remote is not None:
+            if isinstance(messages, list):
+                try:  # the server's tokenizer is not at hand: fit by an estimate of the length
+                    wanted = params.get("max_tokens", 512) if isinstance(params, Mapping) \
+                        else params.max_tokens if params is not None else 512
+                    budget = self._context_length - min(int(wanted or 512), self._context_length // 2)
+                    command.messages = fit_messages(messages, budget, approximate_tokens, self._overflow)
+                except ContextOverflowError as exc:
+                    self._fail_soon(request_id, str(exc))
+                    return request_id
+            self._send_remote(remote, command)
+        return request_id
+
+    def cancel(self, request_id: str) -> None:
+        """Ask the engine to stop a request; it finishes with finish_reason "abort"."""
         with self._lock:
-            return self._remote
+            remote, loop = self._models.remote, self._models.loop
+            if remote is None:
+                self._commands.put(Cancel(request_id))
+                if loop is not None:
+                    loop.wake()
+        if remote is not None:
+            remote.cancel(request_id)
+
+    def set_overflow_policy(self, policy: str) -> None:
+        """What to drop from chats longer than the context from now on (``LoadSettings.overflow``)."""
+        self._overflow = LoadSettings(overflow=policy).overflow
+
+    def _fail_soon(self, request_id: str, message: str) -> None:
+        """Emit ``request_failed`` from the event loop, after ``submit`` has returned the id."""
+        QTimer.singleShot(0, self, lambda: self.signals.request_failed.emit(request_id, message))
+
+    def _send_remote(self, remote: RemoteBackend, command: Submit) -> None:
+        """Send a request to the remote server; any thread."""
+        self._remote_conversations[command.request_id] = command.conversation_id
+        remote.submit(command.request_id, command.messages, command.params)
 
     def _remote_events(self) -> RemoteEvents:
         def finished(rid: str, reason: str | None, metrics: dict[str, Any]) -> None:
@@ -321,74 +284,14 @@ class EngineBridge(QObject):
         return RemoteEvents(token_delta=self.signals.token_delta.emit, request_finished=finished,
                             request_failed=failed)
 
-    def _remote_worker(self, generation: int, base_url: str, api_key: str, model: str) -> None:
-        with self._load_lock:
-            if not self._is_current(generation):
-                return
-            started = time.monotonic()
-            try:
-                url = api_root(base_url)
-                models = fetch_models(url, api_key)
-                if not models:
-                    raise RemoteError(f"The server at {url} offers no models.")
-                if model and model not in models:
-                    raise RemoteError(f"The server at {url} has no model '{model}'; it offers: "
-                                      + ", ".join(models) + ".")
-            except RemoteError as exc:
-                self._load_failed(generation, str(exc))
-                return
-            if not self._replace_current(generation):
-                return
-            self.signals.remote_models_listed.emit(models)
-            backend = RemoteBackend(url, api_key, model or models[0], self._remote_events())
-            with self._lock:
-                is_current = generation == self._generation and not self._shutdown.is_set()
-                if is_current:
-                    self._remote = backend
-                    queued = self._take_queued()
-            if not is_current:
-                backend.close()
-                return
-            for command in queued:  # requests sent while connecting
-                if isinstance(command, Submit):
-                    self._remote_conversations[command.request_id] = command.conversation_id
-                    backend.submit(command.request_id, command.messages, command.params)
-            host = url.split("://", 1)[-1].removesuffix("/v1")
-            self.signals.model_load_progress.emit(1.0, "Connected")
-            self.signals.model_loaded.emit(ModelInfo(
-                spec=url, model_name=backend.model, device=REMOTE_DEVICE, dtype=host,
-                device_reason=f"Replies come from {url}.", weights_bytes=0,
-                load_s=time.monotonic() - started))
+    # -- other background work --------------------------------------------------------------------
 
-    def _take_queued(self) -> list[Command]:
-        commands = []
-        while True:
-            try:
-                commands.append(self._commands.get_nowait())
-            except queue.Empty:
-                return commands
-
-    def _start_server_worker(self, host: str, port: int, api_key: str) -> None:
-        self._stop_server_worker("")
-        with self._lock:
-            llm = self._llm
-        if llm is None:
-            self.signals.server_state_changed.emit(ServerState(False, message="Load a local model first."))
-            return
-        server, state = start_local_server(llm, host, port, api_key)
-        if server is not None:
-            with self._lock:
-                self._server = server
-        self.signals.server_state_changed.emit(state)
-
-    def _stop_server_worker(self, message: str) -> None:
-        with self._lock:
-            server, self._server = self._server, None
-        if server is None:
-            return
-        server.stop()
-        log.bridge.info("stopped serving on %s", server.url)
-        self.signals.server_state_changed.emit(ServerState(False, message=message))
+    def discover_models(self, extra_dirs: list[str]) -> None:
+        """Look for the models on disk (and in ``extra_dirs``) in the background; emits ``models_discovered``."""
+        if not self._shutdown.is_set():
+            dirs = list(extra_dirs)
+            self._start_job("discover", lambda: self._emit_unless_shut(
+                self.signals.models_discovered, find_models(self._engine_api, dirs)))
 
     def recommend_quantization(self, spec: str, device: str = "auto", settings: LoadSettings | None = None) -> None:
         """Estimate, in the background, which quantization ``spec`` should load at on ``device`` and what each
@@ -396,8 +299,11 @@ class EngineBridge(QObject):
         ``recommendation_ready`` with a :class:`QuantizationAdvice`."""
         if not self._shutdown.is_set():
             spec = spec.strip() or DEFAULT_MODEL_SPEC
-            settings = settings or LoadSettings()
-            self._start_job("recommend", lambda: self._recommend_worker(spec, device, settings))
+            load_settings = settings or LoadSettings()
+            self._start_job("recommend", lambda: self._emit_unless_shut(
+                self.signals.recommendation_ready,
+                quantization_advice(self._engine_api, spec, device, load_settings.max_model_len,
+                                    load_settings.max_batch_size)))
 
     def detect_hardware(self) -> None:
         """Detect CPU/GPU/RAM in the background; emits ``hardware_detected``."""
@@ -410,17 +316,11 @@ class EngineBridge(QObject):
             return
         log.bridge.info("shutting down")
         self._threads.stop()  # the resource monitor
-        self._retire_current_model()
+        self._models.retire_current_model()
         self._pool.waitForDone()
         _POOLS.discard(self._pool)
-        self._stop_server_worker("Hearth is closing.")
-        self._close_remotes()
-        with self._lock:
-            llm, self._llm = self._llm, None
-        if llm is not None:
-            self._close(llm)
+        self._models.close()
         self._jobs.clear()
-        self._retired_loops.clear()
         self._model_info = None
         self._is_loading = False
 
@@ -432,207 +332,33 @@ class EngineBridge(QObject):
         self._jobs.append(job)
         self._pool.start(job)
 
-    def _replace_current(self, generation: int) -> bool:
-        """Retire the model in use for the load of ``generation`` and free it; False when that load is
-        superseded. Pool threads only."""
-        with self._lock:
-            if generation != self._generation or self._shutdown.is_set():
-                return False
-            self._retire_locked()
-        self._teardown()
-        return True
+    def _emit_unless_shut(self, signal: SignalInstance, value: object) -> None:
+        if not self._shutdown.is_set():
+            signal.emit(value)
 
-    def _retire_current_model(self) -> int:
-        """Bump the generation and stop the running loop; returns the new generation."""
-        with self._lock:
-            self._generation += 1
-            self._retire_locked()
-            return self._generation
-
-    def _retire_locked(self) -> None:
-        """Stop the running loop and drop the remote (``_lock`` held)."""
-        if self._loop is not None:
-            self._loop.stop()
-            self._retired_loops.append(self._loop)
-            self._loop = None
-        if self._remote is not None:
-            self._retired_remotes.append(self._remote)
-            self._remote = None
-
-    def _is_current(self, generation: int) -> bool:
-        with self._lock:
-            return generation == self._generation and not self._shutdown.is_set()
-
-    def _engine_api(self) -> Any:
+    def _engine_api(self) -> EngineApi:
         if self._api is None:
             self._api = import_engine()
-        self._start_sampler()
+        self._start_sampler(self._api)
         return self._api
 
-    def _start_sampler(self) -> None:
+    def _start_sampler(self, api: EngineApi) -> None:
         """Start the resource monitor once; its samples (memory, CPU, GPUs, and a remote server's figures while
         one is in use) go out as ``metrics_updated``, about once a second, model or not. The local engine's
         metrics come from its loop alone (:class:`EngineLoop`)."""
-        sampler_type = getattr(self._api, "Sampler", None)
         with self._lock:
-            if sampler_type is None or self._threads.sampler is not None or self._shutdown.is_set():
+            if self._threads.sampler is not None or self._shutdown.is_set():
                 return
-            sampler = sampler_type(METRICS_INTERVAL_S, metrics_source=self._engine_metrics,
-                                   on_sample=self.signals.metrics_updated.emit)
+            sampler = api.Sampler(METRICS_INTERVAL_S, metrics_source=self._engine_metrics,
+                                  on_sample=self.signals.metrics_updated.emit)
             self._threads.sampler = sampler
             sampler.start()
 
     def _engine_metrics(self) -> dict[str, Any] | None:
         """A remote server's figures, or None: the local engine's come from its loop, not from here. Sampler
         thread."""
-        with self._lock:
-            remote = self._remote
+        remote = self.remote
         return remote.snapshot() if remote is not None else None
-
-    def _teardown(self) -> None:
-        """Stop serving, disconnect retired remotes, wait for stopped loops (each frees its model on its own
-        thread, :meth:`_release_model`), then free a model still held (one whose loop died of an error). Pool
-        threads only."""
-        self._stop_server_worker("The model was unloaded.")
-        self._close_remotes()
-        with self._lock:
-            loops, self._retired_loops = self._retired_loops, []
-        for loop in loops:
-            loop.done.wait()
-        with self._lock:
-            llm, self._llm = self._llm, None
-        if llm is not None:
-            self._close(llm)
-
-    def _close_remotes(self) -> None:
-        with self._lock:
-            remotes, self._retired_remotes = self._retired_remotes, []
-        for remote in remotes:
-            remote.close()
-
-    def _release_model(self, llm: Any) -> None:
-        """Free ``llm`` unless it has been taken already: its stopped loop's thread, the one that loaded it.
-
-        Not once the bridge shuts down: :meth:`shutdown` frees the model on the GUI thread, as closing collects
-        garbage (``gc.collect``), which off the GUI thread could destroy a closing window's Qt objects; a bridge
-        deleted without ``shutdown()`` leaves it to the process's end."""
-        with self._lock:
-            if self._llm is not llm or self._shutdown.is_set():
-                return
-            self._llm = None
-        self._close(llm)
-
-    @staticmethod
-    def _close(llm: Any) -> None:
-        try:
-            llm.close()
-        except Exception:  # noqa: BLE001 (a worker thread must report, not die)
-            log.bridge.exception("closing the model failed")
-
-    def _fail_queued(self, message: str) -> None:
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(command, Submit):
-                self.signals.request_failed.emit(command.request_id, message)
-
-    def _load_worker(self, generation: int, spec: str, device: str, dtype: str,
-                     settings: LoadSettings) -> None:
-        """Load ``spec``, then run its engine loop on this same thread until the model is retired (see the module
-        docstring: one thread does all of a model's torch work)."""
-        with self._load_lock:
-            loop = self._load(generation, spec, device, dtype, settings)
-        if loop is not None:  # outside _load_lock: the next load or unload stops this loop and waits for it
-            loop.run()
-
-    def _load(self, generation: int, spec: str, device: str, dtype: str,
-              settings: LoadSettings) -> EngineLoop | None:
-        """The loaded model's loop, not yet running; None when the load failed or was superseded. ``_load_lock``
-        held."""
-        if not self._is_current(generation):
-            return None
-        try:
-            problem = precheck_model(self._engine_api, spec)
-        except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
-            log.bridge.exception("importing the engine failed")
-            problem = f"The inference engine could not be started: {exc}"
-        if problem:
-            self._load_failed(generation, problem)
-            return None
-        if not self._replace_current(generation):
-            return None
-
-        def progress(fraction: float, stage: str) -> None:
-            if not self._is_current(generation):
-                raise Superseded
-            self.signals.model_load_progress.emit(float(fraction), str(stage))
-
-        started = time.monotonic()
-        try:
-            api = self._engine_api()
-        except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
-            log.bridge.exception("importing the engine failed")
-            self._load_failed(generation, f"The inference engine could not be started: {exc}")
-            return None
-        self.signals.model_load_progress.emit(0.0, "Starting")
-        try:
-            llm = api.LLM(spec, device=device, dtype=dtype, quantization=settings.quantization,
-                          max_batch_size=settings.max_batch_size, max_model_len=settings.max_model_len,
-                          max_wait_ms=settings.max_wait_ms, kv_cache_bytes=settings.kv_cache_bytes,
-                          deterministic=settings.deterministic, speculative=settings.speculative,
-                          progress=progress, start_loop=False)
-        except Superseded:
-            log.bridge.info("load of %s abandoned", spec)
-            return None
-        except api.ModelLoadError as exc:
-            self._load_failed(generation, str(exc) or f"Could not load {spec}.")
-            return None
-        except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
-            if isinstance(exc.__cause__ or exc.__context__, Superseded):
-                return None
-            log.bridge.exception("loading %s failed", spec)
-            self._load_failed(generation, f"Could not load {spec}: {type(exc).__name__}: {exc}")
-            return None
-        info = ModelInfo(spec=spec, model_name=str(getattr(llm, "model_name", spec)),
-                         device=str(llm.device), dtype=str(llm.dtype),
-                         device_reason=str(getattr(llm, "device_reason", "")),
-                         weights_bytes=int(getattr(llm, "weights_bytes", 0) or 0),
-                         load_s=time.monotonic() - started,
-                         quantization=str(getattr(llm, "quantization", "") or ""),
-                         sampling_defaults=dict(getattr(llm, "sampling_defaults", {}) or {}),
-                         kv_cache_bytes=kv_cache_size(llm), context_length=settings.max_model_len)
-        with self._lock:  # from here on the caller runs the loop: a registered loop must run, or teardown waits
-            is_current = generation == self._generation and not self._shutdown.is_set()
-            if is_current:
-                self._llm = llm
-                self._loop = loop = EngineLoop(llm, self._commands, self.signals, self._sentinel,
-                                               self._threads.stop, release=lambda: self._release_model(llm))
-        if not is_current:
-            self._close(llm)
-            return None
-        self.signals.model_load_progress.emit(1.0, "Ready")
-        self.signals.model_loaded.emit(info)
-        return loop
-
-    def _load_failed(self, generation: int, message: str) -> None:
-        if self._is_current(generation):
-            self._fail_queued("The model failed to load.")
-            self.signals.model_load_failed.emit(message)
-
-    def _unload_worker(self, generation: int) -> None:
-        with self._load_lock:
-            self._teardown()
-            if self._is_current(generation):
-                self._fail_queued("The model was unloaded.")
-                self.signals.model_unloaded.emit()
-
-    def _recommend_worker(self, spec: str, device: str, settings: LoadSettings) -> None:
-        advice = quantization_advice(self._engine_api, spec, device, settings.max_model_len,
-                                     settings.max_batch_size)
-        if not self._shutdown.is_set():
-            self.signals.recommendation_ready.emit(advice)
 
     def _detect_hardware_worker(self) -> None:
         try:

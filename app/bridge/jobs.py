@@ -7,15 +7,18 @@ the bridge's threads, and the functions import the engine, advise on quantizatio
 from __future__ import annotations
 
 import threading
-import types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QRunnable
 
 from app import log
+from app.bridge.protocols import BridgedLLM, EngineApi, ResourceSampler
 from app.bridge.types import QuantizationAdvice, ServerState
-from engine.api import QUANTIZATION_LEVELS
+from engine.api import QUANTIZATION_LEVELS, ModelLoadError
+
+if TYPE_CHECKING:
+    from engine.serving.openai_app import ServerThread
 
 #: Physical cores left to the GUI thread when the engine runs inside the app.
 UI_RESERVED_CORES = 1
@@ -25,7 +28,7 @@ class Superseded(Exception):
     """Raised from the progress callback to abandon a load nobody waits for any more."""
 
 
-def import_engine() -> types.SimpleNamespace:
+def import_engine() -> EngineApi:
     """Import the engine (slow: torch). Called from pool threads only.
 
     The engine gets every physical core but one: the GUI thread must not compete with busy torch threads for
@@ -37,10 +40,8 @@ def import_engine() -> types.SimpleNamespace:
 
     hardware.configure_threads(reserve=UI_RESERVED_CORES)
 
-    return types.SimpleNamespace(
-        LLM=engine.LLM,
-        SamplingParams=engine.SamplingParams,
-        ModelLoadError=engine.ModelLoadError,
+    return EngineApi(
+        LLM=engine.LLM,  # mypy checks here that the real LLM is what the bridge takes it for
         detect_hardware=hardware.detect,
         recommend=recommend.recommend,
         estimate=recommend.estimate,
@@ -79,7 +80,7 @@ class Threads:
     def __init__(self) -> None:
         self.shutdown = threading.Event()
         self.lock = threading.Lock()
-        self.sampler: Any = None  # engine.system.monitor.Sampler, started with the engine API
+        self.sampler: ResourceSampler | None = None  # started with the engine API
 
     def stop(self) -> None:
         self.shutdown.set()
@@ -89,7 +90,7 @@ class Threads:
             sampler.stop()
 
 
-def quantization_advice(engine_api: Callable[[], Any], spec: str, device: str, context_length: int | None = None,
+def quantization_advice(engine_api: Callable[[], EngineApi], spec: str, device: str, context_length: int | None = None,
                         num_chats: int = 1) -> QuantizationAdvice:
     """The recommended level for ``spec`` on ``device`` and the numbers for every level, with a KV cache of
     ``context_length`` tokens for each of ``num_chats`` chats (as the engine will size it); an error in words."""
@@ -97,9 +98,10 @@ def quantization_advice(engine_api: Callable[[], Any], spec: str, device: str, c
     try:
         # hardware=None: each call measures free memory itself (and knows whether torch can use a GPU)
         api = engine_api()
-        sizing = {"device": device, "context_length": context_length, "num_chats": num_chats}
-        advice.recommendation = api.recommend(spec, **sizing)
-        advice.estimates = {level: api.estimate(spec, level, **sizing)
+        advice.recommendation = api.recommend(spec, device=device, context_length=context_length,
+                                              num_chats=num_chats)
+        advice.estimates = {level: api.estimate(spec, level, device=device, context_length=context_length,
+                                                num_chats=num_chats)
                             for level in QUANTIZATION_LEVELS if level != "auto"}
     except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
         log.bridge.info("no quantization recommendation for %s: %s", spec, exc)
@@ -112,13 +114,12 @@ def quantization_advice(engine_api: Callable[[], Any], spec: str, device: str, c
 SERVER_PRIORITY = 5
 
 
-def start_local_server(llm: Any, host: str, port: int, api_key: str) -> tuple[Any, ServerState]:
+def start_local_server(llm: BridgedLLM, host: str, port: int, api_key: str) -> tuple[ServerThread | None, ServerState]:
     """Serve ``llm``'s engine over the OpenAI API: the running ``ServerThread`` (or None) and its state."""
     from engine.serving.openai_app import ServerThread
 
     try:
-        server = ServerThread(llm.engine, str(getattr(llm, "model_name", "default")), host, port, api_key or None,
-                              priority=SERVER_PRIORITY)
+        server = ServerThread(llm.engine, llm.model_name, host, port, api_key or None, priority=SERVER_PRIORITY)
         server.start()
     except OSError as exc:
         return None, ServerState(False, message=f"Could not listen on {host}:{port}: {exc.strerror or exc}.")
@@ -126,7 +127,7 @@ def start_local_server(llm: Any, host: str, port: int, api_key: str) -> tuple[An
     return server, ServerState(True, url=server.url)
 
 
-def find_models(engine_api: Callable[[], Any], extra_dirs: list[str]) -> list[dict[str, Any]]:
+def find_models(engine_api: Callable[[], EngineApi], extra_dirs: list[str]) -> list[dict[str, Any]]:
     """Every model on disk (``engine.loading.discovery.discover_models``) as JSON-ready dicts; [] on failure."""
     from pathlib import Path
 
@@ -138,23 +139,18 @@ def find_models(engine_api: Callable[[], Any], extra_dirs: list[str]) -> list[di
     return [model.to_json() for model in found]
 
 
-def precheck_model(engine_api: Callable[[], Any], spec: str) -> str:
+def precheck_model(engine_api: Callable[[], EngineApi], spec: str) -> str:
     """Why ``spec`` cannot be loaded, from its files alone ("" when it looks loadable): checked before the
     model in use is freed, so a mistyped path costs nothing."""
     if spec == "default":
         return ""
-    api = engine_api()
-    inspect = getattr(api, "inspect_model", None)
-    if inspect is None:
-        return ""
     try:
-        inspect(spec)
-    except api.ModelLoadError as exc:
+        engine_api().inspect_model(spec)
+    except ModelLoadError as exc:
         return str(exc) or f"Could not load {spec}."
     return ""
 
 
-def kv_cache_size(llm: Any) -> int:
-    """The bytes ``llm``'s engine set aside for its KV cache (0 when it does not say)."""
-    kv = getattr(getattr(getattr(llm, "engine", None), "runner", None), "kv", None)
-    return int(getattr(kv, "nbytes", 0) or 0)
+def kv_cache_size(llm: BridgedLLM) -> int:
+    """The bytes ``llm``'s engine set aside for its KV cache."""
+    return llm.engine.runner.kv.nbytes

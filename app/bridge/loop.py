@@ -21,6 +21,7 @@ import shiboken6
 from PySide6.QtCore import QObject
 
 from app import log
+from app.bridge.protocols import BridgedLLM, RequestHandle
 from app.bridge.signals import EngineSignals
 from app.bridge.types import RequestInfo
 from engine.api import SamplingParams, StepOutput
@@ -37,7 +38,7 @@ class Submit:
     request_id: str
     conversation_id: str
     messages: list[dict[str, str]] | str
-    params: Mapping[str, Any] | Any
+    params: Mapping[str, Any] | SamplingParams | None
     #: What the engine drops from a chat longer than the context (``engine.core.context``); None rejects it.
     overflow: str | None = None
 
@@ -71,7 +72,7 @@ class EngineLoop:
             the bridge frees the model there. A loop that died of an error leaves its model to whoever retires it.
     """
 
-    def __init__(self, llm: Any, commands: queue.Queue[Command], signals: EngineSignals, sentinel: QObject,
+    def __init__(self, llm: BridgedLLM, commands: queue.Queue[Command], signals: EngineSignals, sentinel: QObject,
                  on_orphaned: Callable[[], None], release: Callable[[], None] | None = None) -> None:
         self.stop_event = threading.Event()
         self.done = threading.Event()
@@ -83,7 +84,7 @@ class EngineLoop:
         self._sentinel = sentinel
         self._on_orphaned = on_orphaned
         self._release = release
-        self._handles: dict[str, Any] = {}  # bridge request id -> engine handle
+        self._handles: dict[str, RequestHandle] = {}  # bridge request id -> engine handle
         self._bridge_ids: dict[str, str] = {}  # engine request id -> bridge request id
         self._conversations: dict[str, str] = {}  # bridge request id -> conversation id
         self._cancel_deadlines: dict[str, float] = {}
@@ -140,12 +141,9 @@ class EngineLoop:
         rid = command.request_id
         try:
             params = command.params
-            if params is None or isinstance(params, Mapping):
+            if not isinstance(params, SamplingParams):
                 params = SamplingParams(**dict(params or {}))
-            if command.overflow is None:
-                handle = self._engine.submit(command.messages, params)
-            else:
-                handle = self._engine.submit(command.messages, params, overflow=command.overflow)
+            handle = self._engine.submit(command.messages, params, overflow=command.overflow)
         # Bad sampling values, a full queue, a prompt that is too long, ...
         except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
             log.bridge.warning("request %s rejected: %s", rid, exc)

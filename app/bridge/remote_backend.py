@@ -85,7 +85,7 @@ def _status_error(response: httpx.Response, url: str) -> RemoteError:
     with contextlib.suppress(ValueError, AttributeError, TypeError):
         body = response.json()
         error = body.get("error", body)
-        detail = error.get("message") if isinstance(error, dict) else str(error)
+        detail = str(error.get("message") or "") if isinstance(error, dict) else str(error)
     detail = detail or response.text[:200].strip()
     code = response.status_code
     if code in (401, 403):

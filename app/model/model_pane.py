@@ -271,7 +271,9 @@ class ModelPane(QWidget):
     def minimumSizeHint(self) -> QSize:
         """As narrow as the content allows without scrolling sideways (the scroll area alone would allow less)."""
         hint = super().minimumSizeHint()
-        content = self._scroll.widget().minimumSizeHint().width() + self._scroll.verticalScrollBar().sizeHint().width()
+        widget = self._scroll.widget()
+        content = (widget.minimumSizeHint().width() if widget is not None else 0) \
+            + self._scroll.verticalScrollBar().sizeHint().width()
         return QSize(max(hint.width(), content), hint.height())
 
     # -- public API -------------------------------------------------------------------------------

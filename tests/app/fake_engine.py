@@ -1,8 +1,9 @@
 """A small stand-in for the ``engine`` package, following its public API.
 
-``make_fake_api()`` returns an object with ``LLM``, ``SamplingParams``, ``ModelLoadError``, ``detect_hardware``,
-``recommend``, ``estimate`` and ``Sampler`` that ``EngineBridge(api=...)`` accepts. Every type comes from
-``engine.api``, the contracts the real engine uses, so none is copied here. The fake streams a canned reply one word
+``make_fake_api()`` returns the :class:`~app.bridge.protocols.EngineApi` that ``EngineBridge(api=...)`` accepts,
+as ``app.bridge.jobs.import_engine`` does for the real engine; mypy (``make check``) checks the fake against the
+same Protocols as the real ``LLM``. Every type comes from ``engine.api``, the contracts the real engine uses, so
+none is copied here. The fake streams a canned reply one word
 per ``step()``, batches every running request in each step, honours ``handle.cancel()``, and
 reports ``metrics()`` with the real key set. ``FakeEngine`` implements ``engine.core.loop.Steppable``, so the
 bridge drives it with the engine's own ``run_loop``. It imports neither torch nor Qt.
@@ -14,15 +15,17 @@ import itertools
 import re
 import threading
 import time
-import types
 from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import psutil
 
+from app.bridge.protocols import EngineApi, LLMFactory
 from engine.api import (
     BYTES_PER_PARAM,
+    EngineMetrics,
     HardwareInfo,
     ModelLoadError,
     Recommendation,
@@ -97,13 +100,25 @@ class FakeHandle:
             self._request.is_cancelled = True
 
 
+class _FakeKVCache:
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+
+class _FakeRunner:
+    def __init__(self, kv_bytes: int) -> None:
+        self.kv = _FakeKVCache(kv_bytes)
+
+
 class FakeEngine:
     """Thread-safe submit/cancel/wake, step() from one driver thread, like the real engine.
 
     ``fail_next_steps`` makes that many coming ``step()`` calls raise, as a broken model would.
     """
 
-    def __init__(self, max_batch_size: int, step_delay_s: float) -> None:
+    def __init__(self, max_batch_size: int, step_delay_s: float, kv_bytes: int = 0) -> None:
+        #: The KV cache's size, as the real engine's ``runner.kv.nbytes`` gives it.
+        self.runner = _FakeRunner(kv_bytes)
         self._lock = threading.Condition()
         self._ids = itertools.count(1)
         self._waiting: deque[_Request] = deque()
@@ -211,19 +226,19 @@ class FakeEngine:
             self._waiting.clear()
         return [StepOutput(r.request_id, "", [], True, "error", {}, message) for r in requests]
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self) -> EngineMetrics:
         with self._lock:
             running, waiting = len(self._running), len(self._waiting)
+            generated = self.num_generated_total
         elapsed = max(time.monotonic() - self._started_at, 1e-6)
         batch = self._max_batch_size
-        return {
-            "num_running": running, "num_waiting": waiting,
-            "kv_cache_usage": running / batch, "kv_blocks_used": running * 4,
-            "kv_blocks_total": batch * 4, "prefix_cache_hit_rate": 0.0,
-            "throughput_tok_s": self.num_generated_total / elapsed, "requests_per_s": 0.0,
-            "ttft_p50": 0.01, "ttft_p90": 0.02, "ttft_p99": 0.03, "itl_p50": 0.01, "itl_p99": 0.02,
-            "e2e_p50": 0.5, "e2e_p99": 1.0, "batch_efficiency": 1.0, "num_preemptions": 0,
-        }
+        return EngineMetrics(
+            time=time.time(), num_running=running, num_waiting=waiting,
+            kv_cache_usage=running / batch, kv_blocks_used=running * 4, kv_blocks_total=batch * 4,
+            throughput_tok_s=generated / elapsed, num_generated_tokens_total=generated,
+            ttft_p50=0.01, ttft_p90=0.02, ttft_p99=0.03, itl_p50=0.01, itl_p99=0.02, e2e_p50=0.5, e2e_p99=1.0,
+            batch_efficiency=1.0, concurrency_limit=batch,
+        )
 
 
 class FakeLLM:
@@ -233,7 +248,8 @@ class FakeLLM:
 
     def __init__(self, model: str, device: str = "auto", dtype: str = "auto", quantization: str = "auto",
                  max_batch_size: int = 16, max_wait_ms: float = 5.0, kv_cache_bytes: int | None = None,
-                 max_model_len: int | None = None, progress: Any = None, start_loop: bool = True,
+                 max_model_len: int | None = None, progress: Callable[[float, str], None] | None = None,
+                 start_loop: bool = True,
                  deterministic: bool = False, speculative: str = "off", *, load_delay_s: float = 0.0,
                  step_delay_s: float = 0.01) -> None:
         quantization = check_level(quantization)
@@ -262,14 +278,14 @@ class FakeLLM:
         self.max_model_len = max_model_len
         self.sampling_defaults = {"temperature": 0.3, "top_p": 0.3, "repetition_penalty": 1.1} \
             if model == "default" else {}
-        self.engine = FakeEngine(max_batch_size, step_delay_s)
+        self.engine = FakeEngine(max_batch_size, step_delay_s, kv_cache_bytes or 0)
         self.is_closed = False
         #: ``threading.get_ident()`` of the thread that loaded the model, and of the one that closed it (0: open).
         self.load_thread = threading.get_ident()
         self.close_thread = 0
         FakeLLM.instances.append(self)
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self) -> EngineMetrics:
         return self.engine.metrics()
 
     def close(self) -> None:
@@ -313,7 +329,8 @@ def recommend(model: Any, hardware: Any = None, context_length: int | None = Non
 class FakeSampler:
     """Same role as ``engine.system.monitor.Sampler``: process memory plus the engine's metrics, per interval."""
 
-    def __init__(self, interval_s: float = 1.0, metrics_source: Any = None, on_sample: Any = None) -> None:
+    def __init__(self, interval_s: float = 1.0, metrics_source: Callable[[], dict[str, Any] | None] | None = None,
+                 on_sample: Callable[[dict[str, float]], None] | None = None) -> None:
         self._interval_s = interval_s
         self._metrics_source = metrics_source
         self._on_sample = on_sample
@@ -337,17 +354,14 @@ class FakeSampler:
                 return
 
 
-def make_fake_api(load_delay_s: float = 0.0, step_delay_s: float = 0.01) -> types.SimpleNamespace:
-    """Return an ``engine``-shaped namespace whose LLM loads and steps with the given delays."""
+def make_fake_api(load_delay_s: float = 0.0, step_delay_s: float = 0.01) -> EngineApi:
+    """Return the engine's functions, with an LLM that loads and steps with the given delays."""
 
-    def llm(*args: Any, **kwargs: Any) -> FakeLLM:
-        return FakeLLM(*args, load_delay_s=load_delay_s, step_delay_s=step_delay_s, **kwargs)
+    def llm(model: str, **options: Any) -> FakeLLM:
+        return FakeLLM(model, load_delay_s=load_delay_s, step_delay_s=step_delay_s, **options)
 
-    llm_type: Any = llm
-    return types.SimpleNamespace(
-        LLM=llm_type,
-        SamplingParams=SamplingParams,
-        ModelLoadError=ModelLoadError,
+    return EngineApi(
+        LLM=llm,
         detect_hardware=fake_hardware,
         recommend=recommend,
         estimate=estimate,
@@ -385,8 +399,13 @@ class _Found:
         return dict(self._data)
 
 
-def discover_models(home: Any = None, extra_dirs: Any = (), hardware: Any = None) -> list[_Found]:
+def discover_models(home: Path | None = None, extra_dirs: Sequence[Path] = (),
+                    hardware: HardwareInfo | None = None) -> list[_Found]:
     """Same role as ``engine.loading.discovery.discover_models``: :data:`FOUND_MODELS`, plus one "user" model
     per added folder."""
     extra = [{**FOUND_MODELS[0], "name": Path(d).name, "path": str(d), "source": "user"} for d in extra_dirs]
     return [_Found(m) for m in FOUND_MODELS + extra]
+
+
+if TYPE_CHECKING:  # mypy (make check) proves the fake is what the bridge takes the engine for
+    _FAKE_LLM: LLMFactory = FakeLLM

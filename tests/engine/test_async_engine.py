@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from engine import LLM, SamplingParams, StepOutput
+from engine.api import EngineMetrics
 from engine.serving.async_engine import AsyncLLMEngine
 from tests.engine.conftest import build_tiny_model
 
@@ -27,7 +28,7 @@ def params(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
-def wait_until_idle(llm: LLM, timeout_s: float = 5.0) -> dict[str, float]:
+def wait_until_idle(llm: LLM, timeout_s: float = 5.0) -> EngineMetrics:
     deadline = time.monotonic() + timeout_s
     while True:
         metrics = llm.metrics()

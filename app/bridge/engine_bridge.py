@@ -46,8 +46,8 @@ from app.bridge.model_lifecycle import ModelLifecycle
 from app.bridge.protocols import EngineApi
 from app.bridge.remote_backend import RemoteBackend, RemoteEvents
 from app.bridge.signals import EngineSignals
-from app.bridge.types import DEFAULT_MODEL_SPEC, LoadSettings, ModelInfo, RequestInfo
-from engine.api import SamplingParams
+from app.bridge.types import DEFAULT_MODEL_SPEC, LoadSettings, ModelInfo, RequestInfo, engine_metrics_in
+from engine.api import EngineMetrics, SamplingParams
 from engine.core.context import ContextOverflowError, approximate_tokens, fit_messages
 from engine.core.loop import METRICS_INTERVAL_S
 
@@ -99,7 +99,7 @@ class EngineBridge(QObject):
         #: What to drop from a chat longer than the context (``LoadSettings.overflow``), and that context.
         self._overflow = LoadSettings().overflow
         self._context_length = LoadSettings().max_model_len
-        self._last_metrics: dict[str, Any] = {}
+        self._last_metrics: EngineMetrics | None = None
         self._connect_engine()
 
     def _connect_engine(self) -> None:
@@ -120,9 +120,9 @@ class EngineBridge(QObject):
         return self._is_loading
 
     @property
-    def last_metrics(self) -> dict[str, Any]:
-        """The latest ``metrics_updated`` snapshot with engine figures (``num_running``, ...; empty before the
-        first): the engine loop's, or a remote server's."""
+    def last_metrics(self) -> EngineMetrics | None:
+        """The engine's figures in the latest ``metrics_updated`` snapshot that had them (None before the first):
+        the engine loop's, or a remote server's."""
         return self._last_metrics
 
     @property
@@ -151,8 +151,9 @@ class EngineBridge(QObject):
 
     @Slot(object)
     def _on_metrics_updated(self, snapshot: dict[str, Any]) -> None:
-        if "num_running" in snapshot:  # not a resource sample alone
-            self._last_metrics = snapshot
+        metrics = engine_metrics_in(snapshot)
+        if metrics is not None:  # not a resource sample alone
+            self._last_metrics = metrics
 
     # -- the model: GUI -> lifecycle jobs -----------------------------------------------------------
 
@@ -354,7 +355,7 @@ class EngineBridge(QObject):
             self._threads.sampler = sampler
             sampler.start()
 
-    def _engine_metrics(self) -> dict[str, Any] | None:
+    def _engine_metrics(self) -> EngineMetrics | None:
         """A remote server's figures, or None: the local engine's come from its loop, not from here. Sampler
         thread."""
         remote = self.remote

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from engine.api import HardwareInfo, Recommendation, SamplingParams
+from engine.api import EngineMetrics, HardwareInfo, Recommendation, SamplingParams
 from engine.core.loop import Steppable
 
 #: ``progress(fraction, stage)`` during a load.
@@ -98,7 +98,7 @@ class ResourceSampler(Protocol):
 
 
 class SamplerFactory(Protocol):
-    def __call__(self, interval_s: float, *, metrics_source: Callable[[], dict[str, Any] | None],
+    def __call__(self, interval_s: float, *, metrics_source: Callable[[], EngineMetrics | None],
                  on_sample: Callable[[dict[str, float]], None]) -> ResourceSampler: ...
 
 

@@ -6,8 +6,10 @@ thread of its own, with one ``httpx.AsyncClient``; every chat is a task on that 
 It knows nothing of Qt: it reports through the callbacks in :class:`RemoteEvents`, which the bridge
 points at its signals. Errors reach the user in plain words (:func:`describe_error`).
 
-:meth:`RemoteBackend.snapshot` is what the monitor shows: client-side latency and throughput, plus the
-server's KV-cache usage and queue lengths when it exposes Prometheus ``/metrics`` (vLLM and Hearth do).
+:meth:`RemoteBackend.snapshot` is what the monitor shows, as an ``engine.api.EngineMetrics``: client-side latency
+and throughput, overlaid with the server's KV-cache usage, queue lengths and (from Hearth) its scheduler's figures
+when it exposes Prometheus ``/metrics`` (vLLM and Hearth do). Figures a server does not report keep their
+defaults (0).
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
 
 from app import log
+from engine.api import EngineMetrics, RequestMetrics, SamplingParams
 
 CONNECT_TIMEOUT_S = 5.0
 #: Longest silence while a reply streams (a big model's first token on a busy server can take a while).
@@ -111,7 +114,7 @@ def fetch_models(base_url: str, api_key: str = "", timeout_s: float = CONNECT_TI
         raise RemoteError(f"{root}/models did not answer like an OpenAI-compatible server.") from exc
 
 
-def sampling_body(params: Mapping[str, Any] | Any) -> dict[str, Any]:
+def sampling_body(params: Mapping[str, Any] | SamplingParams | None) -> dict[str, Any]:
     """The OpenAI request fields for the chat pane's sampling settings (a dict or a ``SamplingParams``)."""
     if params is None:
         return {}
@@ -125,8 +128,9 @@ def sampling_body(params: Mapping[str, Any] | Any) -> dict[str, Any]:
     return {k: v for k, v in body.items() if v is not None and v != []}
 
 
-def parse_server_metrics(text: str) -> dict[str, float]:
-    """The monitor's keys from a Prometheus page by vLLM (``vllm:``) or Hearth (``hearth:``)."""
+def prometheus_totals(text: str) -> dict[str, float]:
+    """Each series of a Prometheus page summed over its labels, by name without the ``vllm:``/``hearth:`` prefix.
+    Raises ``ValueError`` for a page that is not Prometheus text."""
     from prometheus_client.parser import text_string_to_metric_families
 
     totals: dict[str, float] = {}
@@ -134,22 +138,43 @@ def parse_server_metrics(text: str) -> dict[str, float]:
         for sample in family.samples:
             name = sample.name.split(":", 1)[-1]
             totals[name] = totals.get(name, 0.0) + float(sample.value)
-    out: dict[str, float] = {}
-    for key, names in (("kv_cache_usage", ("kv_cache_usage_perc", "gpu_cache_usage_perc")),
-                       ("num_running", ("num_requests_running",)),
-                       ("num_waiting", ("num_requests_waiting",)),
-                       ("num_preemptions", ("num_preemptions_total",)),
-                       ("kv_blocks_used", ("kv_blocks_used",)),
-                       ("kv_blocks_total", ("kv_blocks_total",)),
-                       ("mean_batch_size", ("mean_batch_size",))):
-        for name in names:
-            if name in totals:
-                out[key] = totals[name]
-                break
-    queries = totals.get("prefix_cache_queries_total")
-    if queries:
-        out["prefix_cache_hit_rate"] = totals.get("prefix_cache_hits_total", 0.0) / queries
-    return out
+    return totals
+
+
+def parse_server_metrics(text: str, base: EngineMetrics | None = None) -> EngineMetrics:
+    """``base`` (the client's own figures) overlaid with what a Prometheus page by vLLM or Hearth reports."""
+    return overlay_server_metrics(base or EngineMetrics(), prometheus_totals(text))
+
+
+def overlay_server_metrics(base: EngineMetrics, totals: Mapping[str, float]) -> EngineMetrics:
+    """``base`` with the figures the server reports in ``totals`` (:func:`prometheus_totals`). The strings are
+    Prometheus series names, the server's vocabulary: vLLM's, which Hearth's ``/metrics`` shares, and Hearth's own
+    (``engine/serving/metrics.py``); a figure no series reports keeps ``base``'s value."""
+
+    def figure(default: float, *names: str) -> float:
+        return next((totals[name] for name in names if name in totals), default)
+
+    queries = int(figure(base.prefix_cache_queries, "prefix_cache_queries_total"))
+    hits = int(figure(base.prefix_cache_hits, "prefix_cache_hits_total"))
+    return replace(
+        base,
+        kv_cache_usage=figure(base.kv_cache_usage, "kv_cache_usage_perc", "gpu_cache_usage_perc"),
+        num_running=int(figure(base.num_running, "num_requests_running")),
+        num_waiting=int(figure(base.num_waiting, "num_requests_waiting")),
+        num_preemptions=int(figure(base.num_preemptions, "num_preemptions_total")),
+        kv_blocks_used=int(figure(base.kv_blocks_used, "kv_blocks_used")),
+        kv_blocks_total=int(figure(base.kv_blocks_total, "kv_blocks_total")),
+        mean_batch_size=figure(base.mean_batch_size, "mean_batch_size"),
+        batch_efficiency=figure(base.batch_efficiency, "batch_efficiency"),
+        concurrency_limit=int(figure(base.concurrency_limit, "concurrency_limit")),
+        controller_adjustments_total=int(figure(base.controller_adjustments_total, "controller_adjustments_total")),
+        spec_enabled=bool(figure(base.spec_enabled, "spec_enabled")),
+        spec_acceptance_rate=figure(base.spec_acceptance_rate, "spec_acceptance_rate"),
+        spec_tokens_per_step=figure(base.spec_tokens_per_step, "spec_tokens_per_step"),
+        prefix_cache_queries=queries,
+        prefix_cache_hits=hits,
+        prefix_cache_hit_rate=hits / queries if queries else base.prefix_cache_hit_rate,
+    )
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -175,7 +200,7 @@ class _ClientStats:
         with self._lock:
             getattr(self, series).append(value)
 
-    def snapshot(self) -> dict[str, float]:
+    def snapshot(self) -> EngineMetrics:
         now = time.monotonic()
         with self._lock:
             for times in (self.tokens, self.finished):
@@ -183,16 +208,15 @@ class _ClientStats:
                     times.popleft()
             ttft, itl, e2e = list(self.ttft), list(self.itl), list(self.e2e)
             span = min(_WINDOW_S, now - self.tokens[0]) if self.tokens else _WINDOW_S
-            return {
-                "num_running": float(self.num_running),
-                "num_waiting": 0.0,
-                "throughput_tok_s": len(self.tokens) / max(span, 1e-3) if self.tokens else 0.0,
-                "requests_per_s": len(self.finished) / _WINDOW_S,
-                "ttft_p50": _percentile(ttft, 50), "ttft_p90": _percentile(ttft, 90),
-                "ttft_p99": _percentile(ttft, 99),
-                "itl_p50": _percentile(itl, 50), "itl_p99": _percentile(itl, 99),
-                "e2e_p50": _percentile(e2e, 50), "e2e_p99": _percentile(e2e, 99),
-            }
+            return EngineMetrics(
+                time=time.time(),
+                num_running=self.num_running,
+                throughput_tok_s=len(self.tokens) / max(span, 1e-3) if self.tokens else 0.0,
+                requests_per_s=len(self.finished) / _WINDOW_S,
+                ttft_p50=_percentile(ttft, 50), ttft_p90=_percentile(ttft, 90), ttft_p99=_percentile(ttft, 99),
+                itl_p50=_percentile(itl, 50), itl_p99=_percentile(itl, 99),
+                e2e_p50=_percentile(e2e, 50), e2e_p99=_percentile(e2e, 99),
+            )
 
 
 class RemoteBackend:
@@ -213,7 +237,8 @@ class RemoteBackend:
         self._events = events
         self._read_timeout_s = read_timeout_s
         self._stats = _ClientStats()
-        self._server_metrics: dict[str, float] = {}
+        #: The server's last ``/metrics`` page (:func:`prometheus_totals`).
+        self._server_totals: dict[str, float] = {}
         self._loop = asyncio.new_event_loop()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._close_message = ""
@@ -224,7 +249,8 @@ class RemoteBackend:
 
     # -- any thread -------------------------------------------------------------------------------
 
-    def submit(self, request_id: str, messages: list[dict[str, str]] | str, params: Any = None) -> None:
+    def submit(self, request_id: str, messages: list[dict[str, str]] | str,
+               params: Mapping[str, Any] | SamplingParams | None = None) -> None:
         """Start streaming a reply; returns at once."""
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
@@ -236,11 +262,9 @@ class RemoteBackend:
         """Stop a reply; it finishes with "abort" (closing the stream cancels it on the server too)."""
         self._loop.call_soon_threadsafe(self._cancel, request_id)
 
-    def snapshot(self) -> dict[str, float]:
+    def snapshot(self) -> EngineMetrics:
         """Client-side figures, overlaid with the server's own where it reports them."""
-        snap = self._stats.snapshot()
-        snap.update(self._server_metrics)
-        return snap
+        return overlay_server_metrics(self._stats.snapshot(), self._server_totals)
 
     def close(self, message: str = "Disconnected from the server before the reply finished.") -> None:
         """Fail the replies in flight with ``message``, then stop the thread. Blocks briefly."""
@@ -341,15 +365,12 @@ class RemoteBackend:
     @staticmethod
     def _metrics(started: float, first: float | None, last: float | None, pieces: int,
                  usage: dict[str, Any]) -> dict[str, Any]:
-        generated = int(usage.get("completion_tokens") or pieces)
-        span = (last - first) if first is not None and last is not None else 0.0
-        return {
-            "ttft_s": None if first is None else first - started,
-            "e2e_s": time.monotonic() - started,
-            "num_prompt_tokens": int(usage.get("prompt_tokens") or 0),
-            "num_generated_tokens": generated,
-            "tok_s": (generated - 1) / span if span > 0 and generated > 1 else 0.0,
-        }
+        """The request's figures in the local engine's form (``RequestMetrics.as_dict``), from the client's clock
+        and the server's token counts."""
+        return RequestMetrics(arrival_time=started, first_token_time=first, last_token_time=last,
+                              finish_time=time.monotonic(),
+                              num_prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                              num_generated_tokens=int(usage.get("completion_tokens") or pieces)).as_dict()
 
     async def _poll_metrics(self) -> None:
         """Scrape the server's ``/metrics`` once a second; stop for good if it has none."""
@@ -360,7 +381,7 @@ class RemoteBackend:
                 if response.status_code != 200:
                     log.bridge.info("%s answered %s; showing client-side figures only", url, response.status_code)
                     return
-                self._server_metrics = parse_server_metrics(response.text)
+                self._server_totals = prometheus_totals(response.text)
             except httpx.HTTPError:
                 pass  # the server is down for now; the chats will say so
             except ValueError:

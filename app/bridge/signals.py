@@ -21,9 +21,10 @@ class EngineSignals(QObject):
             failed before anything changed (a mistyped path, an unreachable server), the model in use stays:
             ``EngineBridge.model_info`` still names it, and "Serve on localhost" keeps serving it.
         model_unloaded(): the model was freed after ``unload_model``.
-        metrics_updated(dict): about once a second each, the engine loop's metrics snapshot (``num_running``,
-            ``throughput_tok_s``, ...) and the resource monitor's sample (memory, CPU, GPUs; with a remote
-            server's figures while one is in use). Both carry ``time``.
+        metrics_updated(dict): about once a second each, the engine loop's metrics snapshot
+            (``EngineMetrics.to_dict()``) and the resource monitor's sample (memory, CPU, GPUs; with a remote
+            server's figures while one is in use). Both carry ``time``; ``types.engine_metrics_in`` and
+            ``types.resource_figures_in`` read the two parts.
         hardware_detected(HardwareInfo | None): result of ``detect_hardware``.
         error(message): an unexpected engine error, such as the engine loop stopping.
         remote_models_listed(list[str]): the models a remote server offers, after ``connect_remote``.

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from engine.api import QUANTIZATION_LEVELS, SPECULATIVE_METHODS
+from engine.api import QUANTIZATION_LEVELS, SPECULATIVE_METHODS, EngineMetrics
 
 #: ``ModelInfo.device`` of a remote server's model.
 REMOTE_DEVICE = "remote server"
@@ -125,3 +126,22 @@ class RequestInfo:
     finish_reason: str | None
     #: ttft_s, e2e_s, num_prompt_tokens, num_generated_tokens, tok_s (may be empty).
     metrics: dict[str, Any] = field(default_factory=dict)
+
+
+#: The key of a ``metrics_updated`` dict's wall-clock time: the engine's (``EngineMetrics.time``) or the resource
+#: monitor's.
+SAMPLE_TIME = "time"
+#: The names of the engine's figures in a ``metrics_updated`` dict (``EngineMetrics.to_dict()``), but its time.
+ENGINE_FIGURES = frozenset(f.name for f in fields(EngineMetrics)) - {SAMPLE_TIME}
+
+
+def engine_metrics_in(snapshot: Mapping[str, Any]) -> EngineMetrics | None:
+    """The engine's figures in a ``metrics_updated`` dict, or None for a resource sample without any."""
+    return EngineMetrics.from_dict(snapshot) if not ENGINE_FIGURES.isdisjoint(snapshot) else None
+
+
+def resource_figures_in(snapshot: Mapping[str, Any]) -> dict[str, float]:
+    """The resource monitor's figures in a ``metrics_updated`` dict (``engine.system.monitor``: memory, CPU, GPUs):
+    every number that is neither an engine figure nor the time."""
+    return {name: float(value) for name, value in snapshot.items()
+            if name not in ENGINE_FIGURES and name != SAMPLE_TIME and isinstance(value, (int, float))}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
@@ -16,7 +15,7 @@ from PySide6.QtCore import QEvent, Qt, Slot
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QStackedLayout, QVBoxLayout, QWidget
 
-from app.monitor.readings import series_values
+from app.monitor.readings import Reading, series_values
 
 GRAPH_HEIGHT = 240
 #: Axis units drawn in binary multiples, as the rest of the app writes sizes (pyqtgraph's own prefixes are decimal).
@@ -92,7 +91,7 @@ class Graph(QFrame):
 
     def add_curve(self, name: str, label: str, colour: str, *, fill: int = 0, right: bool = False,
                   dashed: bool = False, scales: bool = True) -> None:
-        """Add a series drawn from history key (or ``DERIVED`` name) ``name``.
+        """Add the series ``name``: a ``readings.SERIES`` name or a resource figure's.
 
         Args:
             fill: alpha (0-255) of the area under the curve; 0 draws the line only.
@@ -187,7 +186,7 @@ class Graph(QFrame):
     def placeholder_text(self) -> str | None:
         return self._placeholder.text() if self._stack.currentWidget() is self._placeholder else None
 
-    def update_from(self, times: np.ndarray, rows: list[dict[str, Any]]) -> None:
+    def update_from(self, times: np.ndarray, rows: list[Reading]) -> None:
         for name, curve in self._curves.items():
             curve.setData(times, series_values(rows, name) / self._scale)
         if self._right is not None:

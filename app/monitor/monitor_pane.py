@@ -1,10 +1,12 @@
 """The monitor pane: headline numbers and live graphs of memory, KV cache, throughput and latency.
 
 Data arrive as ``metrics_updated`` dicts from the bridge: the engine's resource monitor sends memory,
-CPU and GPU figures with the loaded model's metrics about once a second, and the engine loop sends
-engine metrics alone. :meth:`MonitorPane._on_metrics_updated` merges them into the latest values; a
-one-second timer turns those into one row of a ten-minute history, which feeds the graphs (pyqtgraph)
-and "Export CSV". While the pane is hidden the history keeps growing but nothing is redrawn.
+CPU and GPU figures (with a remote server's figures while one is in use) about once a second, and the
+engine loop sends the engine's figures alone (``EngineMetrics.to_dict()``).
+:meth:`MonitorPane._on_metrics_updated` keeps the latest of each: the engine's as an ``EngineMetrics``,
+the resource sample by name. A one-second timer turns those into one :class:`~app.monitor.readings.Reading`
+of a ten-minute history, which feeds the graphs (pyqtgraph) and "Export CSV". While the pane is hidden the
+history keeps growing but nothing is redrawn.
 
 The readings stay true when nothing happens: throughput drops to 0 once no token has arrived for
 :data:`THROUGHPUT_IDLE_S`, latencies read "–" until a request has one, and without a GPU the GPU graph
@@ -17,6 +19,7 @@ The plot widget is :class:`app.monitor.graph.Graph`; the series and numbers it d
 from __future__ import annotations
 
 import csv
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable
@@ -41,9 +44,11 @@ from PySide6.QtWidgets import (
 )
 
 from app import log
+from app.bridge.types import SAMPLE_TIME, engine_metrics_in, resource_figures_in
 from app.formatting import format_bytes, format_percent, format_rate, format_seconds
 from app.monitor.graph import Graph, steady_label
-from app.monitor.readings import ENGINE_PREFIXES, STAT_ROWS, STAT_TOOLTIPS, gpu_sum, known_latency
+from app.monitor.readings import STAT_ROWS, STAT_TOOLTIPS, Reading, gpu_sum, latency
+from engine.api import EngineMetrics
 
 SAMPLE_INTERVAL_MS = 1000
 #: Rows of history: ten minutes at one a second.
@@ -77,8 +82,10 @@ class MonitorPane(QWidget):
         super().__init__(parent)
         self.setObjectName("monitorPaneWidget")
         self.stagger_ms = stagger_ms  # 0: periodic redraws update every graph at once
-        self._latest: dict[str, Any] = {}
-        self._history: deque[dict[str, Any]] = deque(maxlen=HISTORY_ROWS)
+        #: The latest figures: the engine's (None without an engine) and the resource sample's.
+        self._engine: EngineMetrics | None = None
+        self._resources: dict[str, float] = {}
+        self._history: deque[Reading] = deque(maxlen=HISTORY_ROWS)
         self._model: dict[str, str] = {}
         self._gpu_names: list[str] = []
         self._needs_redraw = False
@@ -86,7 +93,7 @@ class MonitorPane(QWidget):
         #: The time source for the idle check (tests replace it).
         self.clock: Callable[[], float] = time.monotonic
         self._last_token_time: float | None = None
-        self._tokens_total: float | None = None
+        self._tokens_total: int | None = None
         self._has_gpu: bool | None = None
         self._num_columns = 0
         self._build()
@@ -128,16 +135,16 @@ class MonitorPane(QWidget):
         self.kv_graph.primary = "kv_used_pct"
 
         self.throughput_graph = Graph("Throughput and requests", ("throughput", "tok/s"))
-        self.throughput_graph.add_curve("throughput_tok_s", "tok/s", _COLOURS["orange"], fill=110)
-        self.throughput_graph.add_curve("num_running", "running", _COLOURS["blue"], right=True)
-        self.throughput_graph.add_curve("num_waiting", "waiting", _COLOURS["red"], right=True, dashed=True)
+        self.throughput_graph.add_curve("tokens_per_s", "tok/s", _COLOURS["orange"], fill=110)
+        self.throughput_graph.add_curve("running", "running", _COLOURS["blue"], right=True)
+        self.throughput_graph.add_curve("waiting", "waiting", _COLOURS["red"], right=True, dashed=True)
         self.throughput_graph.set_right_label("requests")
 
         self.latency_graph = Graph("Latency", ("time", "s"))  # pyqtgraph shows ms where that reads better
-        self.latency_graph.add_curve("ttft_p50", "TTFT p50", _COLOURS["blue"])
-        self.latency_graph.add_curve("ttft_p99", "TTFT p99", _COLOURS["blue"], dashed=True)
-        self.latency_graph.add_curve("itl_p50", "ITL p50", _COLOURS["green"])
-        self.latency_graph.add_curve("itl_p99", "ITL p99", _COLOURS["green"], dashed=True)
+        self.latency_graph.add_curve("ttft_median", "TTFT p50", _COLOURS["blue"])
+        self.latency_graph.add_curve("ttft_tail", "TTFT p99", _COLOURS["blue"], dashed=True)
+        self.latency_graph.add_curve("itl_median", "ITL p50", _COLOURS["green"])
+        self.latency_graph.add_curve("itl_tail", "ITL p99", _COLOURS["green"], dashed=True)
 
         for graph in (self.kv_graph, self.throughput_graph, self.latency_graph):
             graph.set_placeholder("No model loaded")
@@ -258,18 +265,24 @@ class MonitorPane(QWidget):
 
     @property
     def snapshot(self) -> dict[str, Any]:
-        """The latest merged values ({} before the first ``metrics_updated``)."""
-        return dict(self._latest)
+        """The latest values by name ({} before the first ``metrics_updated``)."""
+        latest = self._latest()
+        return {} if latest is None else latest.as_row()
 
     @property
-    def history(self) -> list[dict[str, Any]]:
+    def history(self) -> list[Reading]:
         """The rows behind the graphs and the CSV export, oldest first."""
         return list(self._history)
 
+    def _latest(self) -> Reading | None:
+        if self._engine is None and not self._resources:
+            return None
+        return Reading(time.time(), self._engine, dict(self._resources))
+
     def export_csv(self, path: str) -> int:
-        """Write the history to ``path``: a ``time`` column, then one per key. Returns the row count."""
-        rows = list(self._history)
-        columns: dict[str, None] = {"time": None}
+        """Write the history to ``path``: a ``time`` column, then one per figure. Returns the row count."""
+        rows = [reading.as_row() for reading in self._history]
+        columns: dict[str, None] = {SAMPLE_TIME: None}
         for row in rows:
             columns.update(dict.fromkeys(row))
         with open(path, "w", newline="", encoding="utf-8") as f:
@@ -290,12 +303,12 @@ class MonitorPane(QWidget):
         self.num_redraws += 1
         self._decay_idle_throughput()  # a snapshot may have brought the stale figure back since the last row
         rows = list(self._history)
-        latest = self._latest
-        times = np.array([r["time"] for r in rows], dtype=float)
-        has_engine = latest.get("kv_blocks_total") is not None
+        latest = self._latest() or Reading(time.time())
+        times = np.array([r.time for r in rows], dtype=float)
+        has_engine = latest.engine is not None and latest.engine.kv_blocks_total > 0
         for graph in (self.kv_graph, self.throughput_graph, self.latency_graph):
             graph.set_placeholder(None if has_engine else "No model loaded")
-        gpu_count = latest.get("gpu_count")
+        gpu_count = latest.resources.get("gpu_count")
         if gpu_count is None:
             self.gpu_graph.set_placeholder("Waiting for the first sample…")
         else:
@@ -309,14 +322,14 @@ class MonitorPane(QWidget):
         for i, graph in enumerate(self.graphs):
             QTimer.singleShot(i * self.stagger_ms, self, lambda g=graph: g.update_from(times, rows))
 
-    def _update_numbers(self, m: dict[str, Any]) -> None:
-        def get(key: str) -> float | None:
-            return known_latency(key, m.get(key))
-
-        self.headline["tok_s"].setText(format_rate(get("throughput_tok_s")))
-        self.headline["kv"].setText(format_percent(get("kv_cache_usage")))
+    def _update_numbers(self, latest: Reading) -> None:
+        m, resources = latest.engine, latest.resources
+        get = resources.get
+        tok_s = None if m is None else m.throughput_tok_s
+        self.headline["tok_s"].setText(format_rate(tok_s))
+        self.headline["kv"].setText(format_percent(None if m is None else m.kv_cache_usage))
         self.headline["ram"].setText(format_bytes(get("process_rss_bytes")))
-        gpu_used, gpu_total = gpu_sum(m, "memory_used_bytes"), gpu_sum(m, "memory_total_bytes")
+        gpu_used, gpu_total = gpu_sum(resources, "memory_used_bytes"), gpu_sum(resources, "memory_total_bytes")
         if gpu_used is not None:
             self.headline["vram"].setText(f"{format_bytes(gpu_used)} / {format_bytes(gpu_total)}")
         else:
@@ -331,22 +344,25 @@ class MonitorPane(QWidget):
         self.gpu_graph.value_label.setText(
             "–" if gpu_used is None else f"{format_bytes(gpu_used)} of {format_bytes(gpu_total)}"
             + ("" if reserved is None else f" · model {format_bytes(reserved)}"))
-        used, cached, total = get("kv_blocks_used"), get("kv_blocks_cached"), get("kv_blocks_total")
-        self.kv_graph.value_label.setText(
-            "–" if total is None else f"{used or 0:.0f} used · {cached or 0:.0f} cached · "
-            f"{total - (used or 0) - (cached or 0):.0f} free · hits {format_percent(get('prefix_cache_hit_rate'))}")
+        if m is None or not m.kv_blocks_total:
+            self.kv_graph.value_label.setText("–")
+        else:
+            free = m.kv_blocks_total - m.kv_blocks_used - m.kv_blocks_cached
+            self.kv_graph.value_label.setText(
+                f"{m.kv_blocks_used:.0f} used · {m.kv_blocks_cached:.0f} cached · {free:.0f} free · "
+                f"hits {format_percent(m.prefix_cache_hit_rate)}")
+        running, waiting = (0, 0) if m is None else (m.num_running, m.num_waiting)
         self.throughput_graph.value_label.setText(
-            f"{format_rate(get('throughput_tok_s'))} · {get('num_running') or 0:.0f} running · "
-            f"{get('num_waiting') or 0:.0f} waiting")
-        self.latency_graph.value_label.setText(
-            f"TTFT {format_seconds(get('ttft_p50'))} · ITL {format_seconds(get('itl_p50'))}")
+            f"{format_rate(tok_s)} · {running:.0f} running · {waiting:.0f} waiting")
+        ttft, itl = (None, None) if m is None else (latency(m.ttft_p50), latency(m.itl_p50))
+        self.latency_graph.value_label.setText(f"TTFT {format_seconds(ttft)} · ITL {format_seconds(itl)}")
 
-        for title, keys, formatter in STAT_ROWS:
-            values = [get(key) for key in keys]
+        for title, figures, formatter in STAT_ROWS:
+            values = figures(latest)
             self._stat_labels[title].setText(" / ".join("–" if v is None else formatter(v) for v in values))
-        self._gpu_detail.setText(self._gpu_text(m))
+        self._gpu_detail.setText(self._gpu_text(resources))
 
-    def _gpu_text(self, m: dict[str, Any]) -> str:
+    def _gpu_text(self, m: dict[str, float]) -> str:
         count = int(m.get("gpu_count") or 0)
         if not count:
             return "None found" if "gpu_count" in m else "–"
@@ -368,10 +384,11 @@ class MonitorPane(QWidget):
 
     @Slot()
     def _on_sample_timeout(self) -> None:
-        if not self._latest:
-            return
         self._decay_idle_throughput()
-        self._history.append(dict(self._latest, time=time.time()))
+        latest = self._latest()
+        if latest is None:
+            return
+        self._history.append(latest)
         if self.isVisible():
             self.redraw(staggered=self.stagger_ms > 0)
         else:
@@ -379,21 +396,27 @@ class MonitorPane(QWidget):
 
     @Slot(object)
     def _on_metrics_updated(self, snapshot: dict[str, Any]) -> None:
-        self._latest.update(snapshot)
-        total = snapshot.get("num_generated_tokens_total")
-        if total is not None:
+        resources = resource_figures_in(snapshot)
+        if resources:  # a resource sample: each is whole, so it replaces the last
+            self._resources = resources
+        metrics = engine_metrics_in(snapshot)
+        if metrics is None:
+            return
+        self._engine = metrics
+        total = metrics.num_generated_tokens_total
+        if total:
             if total != self._tokens_total:
                 self._tokens_total = total
                 self._last_token_time = self.clock()
-        elif snapshot.get("num_running"):  # a backend without a token count: busy means tokens arrive
+        elif metrics.num_running:  # a backend without a token count: busy means tokens arrive
             self._last_token_time = self.clock()
 
     def _decay_idle_throughput(self) -> None:
         """Read 0 tok/s once no token has arrived for :data:`THROUGHPUT_IDLE_S`, not the last busy figure."""
-        if not self._latest.get("throughput_tok_s"):
+        if self._engine is None or not self._engine.throughput_tok_s:
             return
         if self._last_token_time is None or self.clock() - self._last_token_time > THROUGHPUT_IDLE_S:
-            self._latest["throughput_tok_s"] = 0.0
+            self._engine = dataclasses.replace(self._engine, throughput_tok_s=0.0)
 
     @Slot(object)
     def _on_model_loaded(self, info: Any) -> None:
@@ -406,8 +429,7 @@ class MonitorPane(QWidget):
     def _on_model_unloaded(self) -> None:
         self._model = {}
         self._tokens_total = self._last_token_time = None
-        for key in [k for k in self._latest if k.startswith(ENGINE_PREFIXES)]:
-            del self._latest[key]
+        self._engine = None
         if self.isVisible():
             self.redraw()
 

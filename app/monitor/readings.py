@@ -1,39 +1,130 @@
-"""The monitor's numbers, without Qt: series derived from the metrics rows, and the "Engine" box's rows.
+"""The monitor's numbers, without Qt: a history row (:class:`Reading`), the series the graphs draw from it, and the
+"Engine" box's rows.
 
-A row is one merged ``metrics_updated`` snapshot with its ``time`` (see :mod:`app.monitor.monitor_pane`).
+A reading holds the engine's figures as an ``engine.api.EngineMetrics`` (None without an engine) and the resource
+monitor's sample by name (memory, CPU, GPUs), as ``metrics_updated`` brought them (see
+:mod:`app.monitor.monitor_pane`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from app.bridge.types import SAMPLE_TIME
 from app.formatting import format_percent, format_seconds
+from engine.api import EngineMetrics
 
-#: Engine keys dropped from the latest values when the model is unloaded.
-ENGINE_PREFIXES = ("num_", "kv_", "prefix_", "throughput", "requests_", "ttft_", "itl_", "e2e_", "batch_",
-                   "mean_batch", "concurrency_", "controller_", "spec_")
 
-#: (label, metrics keys, formatter) rows of the "Engine" box.
-STAT_ROWS: tuple[tuple[str, tuple[str, ...], Callable[[float], str]], ...] = (
-    ("Running / waiting", ("num_running", "num_waiting"), lambda v: f"{v:.0f}"),
-    ("Batch efficiency", ("batch_efficiency",), format_percent),
-    ("Mean batch size", ("mean_batch_size",), lambda v: f"{v:.1f}"),
-    ("Preemptions", ("num_preemptions",), lambda v: f"{v:.0f}"),
-    ("Concurrency limit / changes", ("concurrency_limit", "controller_adjustments_total"), lambda v: f"{v:.0f}"),
-    ("Speculation: drafts accepted", ("spec_acceptance_rate",), format_percent),
-    ("Speculation: tokens per step", ("spec_tokens_per_step",), lambda v: f"{v:.2f}"),
-    ("KV blocks used / cached / total", ("kv_blocks_used", "kv_blocks_cached", "kv_blocks_total"),
+@dataclass(slots=True)
+class Reading:
+    """One row of the monitor's history, or its latest values."""
+
+    time: float
+    engine: EngineMetrics | None = None
+    resources: dict[str, float] = field(default_factory=dict)
+
+    def as_row(self) -> dict[str, Any]:
+        """Every figure by name, as "Export CSV" writes it."""
+        engine = self.engine.to_dict() if self.engine is not None else {}
+        return {**self.resources, **engine, SAMPLE_TIME: self.time}
+
+
+Series = Callable[[Reading], float | None]
+#: An "Engine" box row's figures (None shows "–").
+Figures = Callable[[Reading], tuple[float | None, ...]]
+
+
+def latency(value: float) -> float | None:
+    """A latency; None when it is 0: the engine reports 0 until a request has been timed (not "0 ms")."""
+    return value or None
+
+
+def hearth_only(metrics: EngineMetrics, value: float) -> float | None:
+    """A figure of Hearth's own scheduler; None from a server that reports no concurrency limit (one that is not
+    Hearth), where the 0 would be a default, not a reading."""
+    return value if metrics.concurrency_limit else None
+
+
+def engine_series(figure: Callable[[EngineMetrics], float | None]) -> Series:
+    """A series of one engine figure; no value where there is no engine."""
+    return lambda r: None if r.engine is None else figure(r.engine)
+
+
+def kv_percent(blocks: Callable[[EngineMetrics], int]) -> Series:
+    """Some of the KV blocks, as a percentage of all blocks; no value without a KV cache."""
+    return lambda r: None if r.engine is None or not r.engine.kv_blocks_total \
+        else 100.0 * blocks(r.engine) / r.engine.kv_blocks_total
+
+
+def gpu_sum(resources: Mapping[str, float], name: str) -> float | None:
+    """Sum of ``gpu{i}_{name}`` over the GPUs in a resource sample; None without GPUs."""
+    count = int(resources.get("gpu_count") or 0)
+    values = [resources[f"gpu{i}_{name}"] for i in range(count) if f"gpu{i}_{name}" in resources]
+    return float(sum(values)) if values else None
+
+
+#: The graphs' series by name, besides the resource sample's own figures (read by name).
+SERIES: dict[str, Series] = {
+    "gpu_memory_used_bytes": lambda r: gpu_sum(r.resources, "memory_used_bytes"),
+    "gpu_memory_total_bytes": lambda r: gpu_sum(r.resources, "memory_total_bytes"),
+    "kv_used_pct": kv_percent(lambda m: m.kv_blocks_used),
+    "kv_used_cached_pct": kv_percent(lambda m: m.kv_blocks_used + m.kv_blocks_cached),
+    "kv_all_pct": kv_percent(lambda m: m.kv_blocks_total),
+    "prefix_hit_pct": engine_series(lambda m: 100.0 * m.prefix_cache_hit_rate),
+    "tokens_per_s": engine_series(lambda m: m.throughput_tok_s),
+    "running": engine_series(lambda m: m.num_running),
+    "waiting": engine_series(lambda m: m.num_waiting),
+    "ttft_median": engine_series(lambda m: latency(m.ttft_p50)),
+    "ttft_tail": engine_series(lambda m: latency(m.ttft_p99)),
+    "itl_median": engine_series(lambda m: latency(m.itl_p50)),
+    "itl_tail": engine_series(lambda m: latency(m.itl_p99)),
+}
+
+
+def series_values(readings: Iterable[Reading], name: str) -> np.ndarray:
+    """One value per reading for a :data:`SERIES` name or a resource figure; NaN where a reading has none."""
+    series = SERIES.get(name)
+    values = [series(r) if series is not None else r.resources.get(name) for r in readings]
+    return np.array([math.nan if v is None else float(v) for v in values], dtype=float)
+
+
+def _engine_row(figures: Callable[[EngineMetrics], tuple[float | None, ...]]) -> Figures:
+    """An "Engine" box row of engine figures: as many "–" as it has figures where there is no engine."""
+    missing = (None,) * len(figures(EngineMetrics()))
+    return lambda r: missing if r.engine is None else figures(r.engine)
+
+
+def _kv_blocks(m: EngineMetrics) -> tuple[float | None, ...]:
+    return (m.kv_blocks_used, m.kv_blocks_cached, m.kv_blocks_total) if m.kv_blocks_total else (None,) * 3
+
+
+#: (label, figures, formatter) rows of the "Engine" box.
+STAT_ROWS: tuple[tuple[str, Figures, Callable[[float], str]], ...] = (
+    ("Running / waiting", _engine_row(lambda m: (m.num_running, m.num_waiting)), lambda v: f"{v:.0f}"),
+    ("Batch efficiency", _engine_row(lambda m: (hearth_only(m, m.batch_efficiency),)), format_percent),
+    ("Mean batch size", _engine_row(lambda m: (hearth_only(m, m.mean_batch_size),)), lambda v: f"{v:.1f}"),
+    ("Preemptions", _engine_row(lambda m: (m.num_preemptions,)), lambda v: f"{v:.0f}"),
+    ("Concurrency limit / changes", _engine_row(lambda m: (hearth_only(m, m.concurrency_limit),
+                                                           hearth_only(m, m.controller_adjustments_total))),
      lambda v: f"{v:.0f}"),
-    ("Prefix cache hits", ("prefix_cache_hit_rate",), format_percent),
-    ("Time to first token (p50 / p90 / p99)", ("ttft_p50", "ttft_p90", "ttft_p99"), format_seconds),
-    ("Time between tokens (p50 / p99)", ("itl_p50", "itl_p99"), format_seconds),
-    ("Whole reply (p50 / p99)", ("e2e_p50", "e2e_p99"), format_seconds),
-    ("Requests per second", ("requests_per_s",), lambda v: f"{v:.2f}"),
-    ("CPU (all cores)", ("cpu_percent",), lambda v: f"{v:.0f} %"),
+    ("Speculation: drafts accepted", _engine_row(lambda m: (hearth_only(m, m.spec_acceptance_rate),)),
+     format_percent),
+    ("Speculation: tokens per step", _engine_row(lambda m: (hearth_only(m, m.spec_tokens_per_step),)),
+     lambda v: f"{v:.2f}"),
+    ("KV blocks used / cached / total", _engine_row(_kv_blocks), lambda v: f"{v:.0f}"),
+    ("Prefix cache hits", _engine_row(lambda m: (m.prefix_cache_hit_rate,)), format_percent),
+    ("Time to first token (p50 / p90 / p99)",
+     _engine_row(lambda m: (latency(m.ttft_p50), latency(m.ttft_p90), latency(m.ttft_p99))), format_seconds),
+    ("Time between tokens (p50 / p99)", _engine_row(lambda m: (latency(m.itl_p50), latency(m.itl_p99))),
+     format_seconds),
+    ("Whole reply (p50 / p99)", _engine_row(lambda m: (latency(m.e2e_p50), latency(m.e2e_p99))), format_seconds),
+    ("Requests per second", _engine_row(lambda m: (m.requests_per_s,)), lambda v: f"{v:.2f}"),
+    ("CPU (all cores)", lambda r: (r.resources.get("cpu_percent"),), lambda v: f"{v:.0f} %"),
 )
 
 #: What the less obvious rows of the "Engine" box mean (their tooltips).
@@ -52,48 +143,3 @@ STAT_TOOLTIPS = {
     "Speculation: tokens per step": "Tokens each reply gains per engine step: 1 without speculation, more when "
                                     "drafts are accepted.",
 }
-
-#: Latency figures: the engine reports 0 for these until a request has been timed.
-LATENCY_PREFIXES = ("ttft_", "itl_", "e2e_")
-
-
-def known_latency(key: str, value: Any) -> float | None:
-    """``value`` as a float; None when missing, or a latency of 0 (nothing timed yet, not "0 ms")."""
-    if value is None:
-        return None
-    number = float(value)
-    return None if number == 0.0 and key.startswith(LATENCY_PREFIXES) else number
-
-
-def gpu_sum(row: dict[str, Any], name: str) -> float | None:
-    """Sum of ``gpu{i}_{name}`` over the GPUs in ``row``; None without GPUs."""
-    count = int(row.get("gpu_count") or 0)
-    values = [row[f"gpu{i}_{name}"] for i in range(count) if f"gpu{i}_{name}" in row]
-    return float(sum(values)) if values else None
-
-
-def kv_percent(row: dict[str, Any], *keys: str) -> float | None:
-    """The KV blocks counted in ``keys``, as a percentage of all blocks; None without an engine."""
-    total = row.get("kv_blocks_total")
-    if not total or any(row.get(k) is None for k in keys):
-        return None
-    return 100.0 * sum(float(row[k]) for k in keys) / float(total)
-
-
-#: Derived series: name -> function of one history row (None where it has no value).
-DERIVED: dict[str, Callable[[dict[str, Any]], float | None]] = {
-    "gpu_memory_used_bytes": lambda r: gpu_sum(r, "memory_used_bytes"),
-    "gpu_memory_total_bytes": lambda r: gpu_sum(r, "memory_total_bytes"),
-    "kv_used_pct": lambda r: kv_percent(r, "kv_blocks_used"),
-    "kv_used_cached_pct": lambda r: kv_percent(r, "kv_blocks_used", "kv_blocks_cached"),
-    "kv_all_pct": lambda r: 100.0 if r.get("kv_blocks_total") else None,
-    "prefix_hit_pct": lambda r: None if r.get("prefix_cache_hit_rate") is None
-    else 100.0 * float(r["prefix_cache_hit_rate"]),
-}
-
-
-def series_values(rows: Iterable[dict[str, Any]], name: str) -> np.ndarray:
-    """One value per row for a raw key or a ``DERIVED`` name; NaN where a row has none."""
-    derive = DERIVED.get(name)
-    values = [derive(r) if derive is not None else known_latency(name, r.get(name)) for r in rows]
-    return np.array([math.nan if v is None else float(v) for v in values], dtype=float)

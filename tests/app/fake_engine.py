@@ -3,10 +3,10 @@
 ``make_fake_api()`` returns the :class:`~app.bridge.protocols.EngineApi` that ``EngineBridge(api=...)`` accepts,
 as ``app.bridge.jobs.import_engine`` does for the real engine; mypy (``make check``) checks the fake against the
 same Protocols as the real ``LLM``. Every type comes from ``engine.api``, the contracts the real engine uses, so
-none is copied here. The fake streams a canned reply one word
-per ``step()``, batches every running request in each step, honours ``handle.cancel()``, and
-reports ``metrics()`` with the real key set. ``FakeEngine`` implements ``engine.core.loop.Steppable``, so the
-bridge drives it with the engine's own ``run_loop``. It imports neither torch nor Qt.
+none is copied here. The fake streams a canned reply one word per ``step()``, batches every running request in
+each step, honours ``handle.cancel()``, and reports ``metrics()`` as an ``engine.api.EngineMetrics``.
+``FakeEngine`` implements ``engine.core.loop.Steppable``, so the bridge drives it with the engine's own
+``run_loop``. It imports neither torch nor Qt.
 """
 
 from __future__ import annotations
@@ -329,7 +329,7 @@ def recommend(model: Any, hardware: Any = None, context_length: int | None = Non
 class FakeSampler:
     """Same role as ``engine.system.monitor.Sampler``: process memory plus the engine's metrics, per interval."""
 
-    def __init__(self, interval_s: float = 1.0, metrics_source: Callable[[], dict[str, Any] | None] | None = None,
+    def __init__(self, interval_s: float = 1.0, metrics_source: Callable[[], EngineMetrics | None] | None = None,
                  on_sample: Callable[[dict[str, float]], None] | None = None) -> None:
         self._interval_s = interval_s
         self._metrics_source = metrics_source
@@ -346,8 +346,11 @@ class FakeSampler:
 
     def _run(self) -> None:
         while True:
-            sample = {"time": time.time(), "process_rss_bytes": float(psutil.Process().memory_info().rss)}
-            sample.update((self._metrics_source and self._metrics_source()) or {})
+            sample: dict[str, float] = {"time": time.time(),
+                                        "process_rss_bytes": float(psutil.Process().memory_info().rss)}
+            metrics = self._metrics_source() if self._metrics_source is not None else None
+            if metrics is not None:  # as the real sampler does: the figures by name, all numbers
+                sample.update((name, float(value)) for name, value in metrics.to_dict().items() if name != "time")
             if self._on_sample is not None:
                 self._on_sample(sample)
             if self._stop.wait(self._interval_s):

@@ -14,6 +14,7 @@ import shiboken6
 
 from app.bridge.engine_bridge import EngineBridge
 from app.bridge.types import LoadSettings, ModelInfo, RequestInfo
+from engine.api import EngineMetrics
 from tests.app.fake_engine import FRANCE_REPLY, FakeLLM, make_fake_api
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -148,7 +149,7 @@ def test_cancel_keeps_partial_text_and_finishes_with_abort(qtbot: Any, loaded_br
     partial = texts[rid]
     qtbot.wait(50)
     assert texts[rid] == partial
-    qtbot.wait_until(lambda: loaded_bridge.last_metrics.get("num_running") == 0, timeout=3000)
+    qtbot.wait_until(lambda: (m := loaded_bridge.last_metrics) is not None and m.num_running == 0, timeout=3000)
 
 
 def test_bad_sampling_params_fail_the_request(qtbot: Any, loaded_bridge: EngineBridge) -> None:
@@ -213,7 +214,7 @@ def test_the_engine_loop_alone_publishes_metrics_once_a_second(qtbot: Any, loade
     callers: set[str] = set()
     metrics = engine.metrics
 
-    def recorded() -> dict[str, float]:
+    def recorded() -> EngineMetrics:
         callers.add(threading.current_thread().name)
         return metrics()
 
@@ -229,7 +230,7 @@ def test_the_engine_loop_alone_publishes_metrics_once_a_second(qtbot: Any, loade
     qtbot.wait(2500)
     assert len(snapshots) - count in (2, 3), time.monotonic() - started
     assert {"num_running", "kv_cache_usage", "throughput_tok_s", "time"} <= snapshots[-1].keys()
-    assert loaded_bridge.last_metrics is snapshots[-1]
+    assert loaded_bridge.last_metrics == EngineMetrics.from_dict(snapshots[-1])
     assert len(callers) == 1 and callers <= engine.step_threads  # the thread that steps, nobody else
 
 

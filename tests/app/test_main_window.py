@@ -95,7 +95,7 @@ def test_delete_conversation_while_streaming(qtbot: Any, window: MainWindow) -> 
     qtbot.mouseClick(ui_flows.child(window, QPushButton, "deleteChatButton"), Qt.MouseButton.LeftButton)
     assert window.replies.num_streaming == 0
     assert len(window.chat_pane.store) == 1  # a fresh, empty conversation replaces it
-    qtbot.wait_until(lambda: window.bridge.last_metrics.get("num_running") == 0, timeout=5000)
+    qtbot.wait_until(lambda: (m := window.bridge.last_metrics) is not None and m.num_running == 0, timeout=5000)
 
 
 def test_unload_fails_streaming_reply_and_disables_send(qtbot: Any, window: MainWindow) -> None:

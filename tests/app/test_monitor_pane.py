@@ -60,9 +60,9 @@ def test_graphs_and_headline_follow_the_metrics(pane: MonitorPane) -> None:
     assert pane.kv_graph.curve_data("kv_used_cached_pct") == [40.0, 60.0]  # stacked: used + cached
     assert pane.kv_graph.curve_data("kv_all_pct") == [100.0, 100.0]
     assert pane.kv_graph.curve_data("prefix_hit_pct") == [25.0, 25.0]
-    assert pane.throughput_graph.curve_data("throughput_tok_s") == [42.0, 0.0]
-    assert pane.throughput_graph.curve_data("num_running") == [3.0, 3.0]
-    assert pane.latency_graph.curve_data("ttft_p99") == pytest.approx([0.3, 0.3])
+    assert pane.throughput_graph.curve_data("tokens_per_s") == [42.0, 0.0]
+    assert pane.throughput_graph.curve_data("running") == [3.0, 3.0]
+    assert pane.latency_graph.curve_data("ttft_tail") == pytest.approx([0.3, 0.3])
     assert pane.rss_graph.samples == [0.5 * GiB] * 2
     assert pane.headline["kv"].text() == "50 %"
     assert pane.headline["tok_s"].text() == "0.0 tok/s"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,18 +11,17 @@ import pytest
 from app.bridge.engine_bridge import EngineBridge
 from app.bridge.remote_backend import api_root, parse_server_metrics, sampling_body
 from app.bridge.types import REMOTE_DEVICE, ModelInfo, RequestInfo
-from tests.engine.server_process import ServerProcess, free_port, run_server
+from engine.api import EngineMetrics
+from tests.engine.server_process import API_KEY, KEYED, ServerProcess, free_port
 
 pytestmark = pytest.mark.slow
 
-API_KEY = "sk-remote-test"
 HI = [{"role": "user", "content": "Say hello."}]
 
 
 @pytest.fixture(scope="module")
-def server(repo_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with run_server(repo_root, tmp_path_factory.mktemp("remote") / "server.log", API_KEY) as proc:
-        yield proc
+def server(shared_server: Callable[..., ServerProcess]) -> ServerProcess:
+    return shared_server(*KEYED)
 
 
 @pytest.fixture
@@ -54,9 +53,10 @@ def test_bridge_streams_a_reply_from_the_server(qtbot: Any, bridge: EngineBridge
     assert finished.finish_reason in ("stop", "length") and "".join(deltas).strip()
     assert 0 < finished.metrics["num_generated_tokens"] <= 8 and finished.metrics["ttft_s"] > 0
     # The monitor's figures: client-side latency plus the server's own KV-cache gauge from /metrics.
-    qtbot.wait_until(lambda: "kv_cache_usage" in (bridge._engine_metrics() or {}), timeout=5000)
+    qtbot.wait_until(lambda: (m := bridge._engine_metrics()) is not None and m.kv_blocks_total > 0, timeout=5000)
     snapshot = bridge._engine_metrics()
-    assert snapshot is not None and snapshot["ttft_p50"] > 0 and snapshot["kv_blocks_total"] > 0
+    assert snapshot is not None and snapshot.ttft_p50 > 0 and snapshot.kv_blocks_total > 0
+    assert snapshot.concurrency_limit > 0  # a Hearth server: its scheduler's own figures too
 
 
 def test_cancel_stops_a_remote_reply(qtbot: Any, bridge: EngineBridge, server: ServerProcess) -> None:
@@ -106,8 +106,12 @@ def test_helpers() -> None:
         "temperature": 0.5, "max_tokens": 9}
     text = ('vllm:kv_cache_usage_perc{engine="0"} 0.25\nvllm:num_requests_running{engine="0"} 3\n'
             'vllm:prefix_cache_queries_total 10\nvllm:prefix_cache_hits_total 4\n')
-    assert parse_server_metrics(text) == {"kv_cache_usage": 0.25, "num_running": 3.0,
-                                          "prefix_cache_hit_rate": 0.4}
+    assert parse_server_metrics(text) == EngineMetrics(kv_cache_usage=0.25, num_running=3, prefix_cache_queries=10,
+                                                       prefix_cache_hits=4, prefix_cache_hit_rate=0.4)
+    client = EngineMetrics(time=5.0, num_running=1, ttft_p50=0.2)  # the server's figures win where it has them
+    assert parse_server_metrics(text, client) == EngineMetrics(
+        time=5.0, kv_cache_usage=0.25, num_running=3, ttft_p50=0.2, prefix_cache_queries=10, prefix_cache_hits=4,
+        prefix_cache_hit_rate=0.4)
 
 
 def test_serve_on_localhost_shares_the_loaded_engine(qtbot: Any, bridge: EngineBridge, tmp_path: Path,

@@ -213,7 +213,7 @@ def test_idle_throughput_decays_to_zero(qtbot: Any) -> None:
     pane._on_metrics_updated(idle)
     pane._on_sample_timeout()
     assert pane.headline["tok_s"].text() == "0.0 tok/s"
-    assert pane.throughput_graph.curve_data("throughput_tok_s")[-1] == 0.0
+    assert pane.throughput_graph.curve_data("tokens_per_s")[-1] == 0.0
     pane._on_metrics_updated(idle)  # the stale figure again, between two rows
     pane.redraw()
     assert pane.headline["tok_s"].text() == "0.0 tok/s"

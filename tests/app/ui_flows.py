@@ -103,8 +103,9 @@ def flow_stop_mid_reply(qtbot: Any, win: MainWindow, timeouts: Timeouts = Timeou
     assert len(partial) > 30
     assert "stopped" in win.chat_pane.view.message_text(1)
     stopped_at = time.time()
-    qtbot.wait_until(lambda: win.bridge.last_metrics.get("time", 0) > stopped_at, timeout=3000)
-    assert win.bridge.last_metrics["num_running"] == 0
+    qtbot.wait_until(lambda: (m := win.bridge.last_metrics) is not None and m.time > stopped_at, timeout=3000)
+    metrics = win.bridge.last_metrics
+    assert metrics is not None and metrics.num_running == 0
     assert reply.content == partial
     assert not stop.isEnabled()
 

@@ -1,10 +1,19 @@
-"""Fixtures shared by the whole suite."""
+"""Fixtures shared by the whole suite.
+
+Loading the default model and starting a server are the suite's costly steps, so both are shared for the session:
+``shared_default_llm`` keeps one engine per level and options, ``shared_server`` one server process per set of flags.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.engine.server_process import ServerProcess
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,3 +48,44 @@ def native_decode_step() -> None:
 
     if native_problem(torch.device("cpu"), torch.float32) is None:
         EXTENSION.start(wait=True)
+
+
+@pytest.fixture(scope="session")
+def shared_default_llm(default_model_dir: Path) -> Iterator[Callable[..., Any]]:
+    """``shared_default_llm(level, **options)``: the default model at ``level`` ("fp32", "bf16", "int8", "int4"),
+    loaded once per session for each set of options, stepped by the caller (no loop thread), closed at the end.
+
+    ``kv_cache_bytes`` defaults to 64 MiB, so callers that ask only for a level share one engine. A test may submit,
+    step, cancel its own finished work and reset the prefix cache (the engine then holds what it held before, bar
+    the prefix cache and rolling metrics); a test that leaves requests running, closes the engine, changes its
+    config, kernels or speculation, or needs the loop thread loads its own ``LLM``.
+    """
+    from engine import LLM
+
+    engines: dict[tuple[Any, ...], Any] = {}
+
+    def get(level: str, **options: Any) -> Any:
+        options.setdefault("kv_cache_bytes", 64 << 20)
+        key = (level, *sorted(options.items()))
+        if key not in engines:
+            engines[key] = LLM("default", quantization=level, start_loop=False, **options)
+        llm = engines[key]
+        assert not llm.engine.has_work(), "a test left requests in a shared engine"
+        return llm
+
+    yield get
+    for llm in engines.values():
+        llm.close()
+
+
+@pytest.fixture(scope="session")
+def shared_server(repo_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., ServerProcess]]:
+    """``shared_server(api_key, *flags)``: ``python -m engine.serve`` on the default model with these flags, started
+    on first use and kept for the session (``tests/engine/server_process.py``: ``KEYED``, ``OPEN``)."""
+    from tests.engine.server_process import ServerPool
+
+    pool = ServerPool(repo_root, tmp_path_factory.mktemp("servers"))
+    try:
+        yield pool.get
+    finally:
+        pool.close()

@@ -1,9 +1,13 @@
-"""Engine fixtures: the default model in fp32 with its HF twin, and tiny random models of several families."""
+"""Engine fixtures: the default model in fp32 with its HF twin, and tiny random models of several families.
+
+``tiny_llm(model, **options)`` makes engines on the tiny models with the options most tests want (fp32, stepped by
+the test, a small KV cache) and closes them at teardown.
+"""
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +54,32 @@ def tiny_model_dirs(tmp_path_factory: pytest.TempPathFactory, default_model_dir:
     return {f: build_tiny_model(f, root / f, default_model_dir) for f in TESTED_MODEL_TYPES}
 
 
-@pytest.fixture(scope="session")
-def default_llm(default_model_dir: Path) -> Iterator[Any]:
-    """The default model in fp32, stepped by the test itself (no loop thread)."""
+#: What ``tiny_llm`` passes to ``LLM`` unless the test says otherwise.
+TINY_LLM_OPTIONS: dict[str, Any] = {"dtype": "float32", "start_loop": False, "kv_cache_bytes": 8 << 20}
+
+
+@pytest.fixture
+def tiny_llm(tiny_model_dirs: dict[str, Path]) -> Iterator[Callable[..., Any]]:
+    """``tiny_llm(model="llama", **options)``: an ``LLM`` on a tiny model, named by its family in
+    ``tiny_model_dirs`` or given as a folder, with ``TINY_LLM_OPTIONS`` under ``options``; closed at teardown."""
     from engine import LLM
 
-    llm = LLM("default", dtype="float32", start_loop=False, kv_cache_bytes=256 << 20, max_num_batched_tokens=256)
-    yield llm
-    llm.close()
+    made: list[Any] = []
+
+    def make(model: str | Path = "llama", **options: Any) -> Any:
+        folder = tiny_model_dirs[model] if isinstance(model, str) and model in tiny_model_dirs else model
+        made.append(LLM(folder, **{**TINY_LLM_OPTIONS, **options}))
+        return made[-1]
+
+    yield make
+    for llm in made:
+        llm.close()
+
+
+@pytest.fixture(scope="session")
+def default_llm(shared_default_llm: Callable[..., Any]) -> Any:
+    """The default model in fp32, stepped by the test itself (no loop thread), shared by the session."""
+    return shared_default_llm("fp32", kv_cache_bytes=256 << 20, max_num_batched_tokens=256)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,10 @@
-"""Run ``python -m engine.serve`` in a subprocess on a free loopback port, for the server and remote tests."""
+"""Run ``python -m engine.serve`` in a subprocess on a free loopback port, for the server and remote tests.
+
+Starting one loads the default model, so the suite shares them: :class:`ServerPool` (the ``shared_server`` fixture in
+``tests/conftest.py``) starts one per set of flags and keeps it for the session. A test module asks for the flags it
+needs (``KEYED`` or ``OPEN``); requests are all a module may leave behind, so the modules' tests read the server's
+counters as differences or wait for its gauges to settle.
+"""
 
 from __future__ import annotations
 
@@ -15,8 +21,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.tools.local_server import ServerExited, free_port, stop, wait_until_healthy
 
-#: Model load plus warm-up takes 10-20 s on a shared machine; allow for a slow one.
-START_TIMEOUT_S = 120.0
+#: Model load plus warm-up; generous, because a busy shared machine slows it several-fold.
+START_TIMEOUT_S = 300.0
+
+#: The API key of the shared keyed server (``KEYED``).
+API_KEY = "sk-hearth-test"
+#: The shared servers' arguments to ``shared_server`` / :meth:`ServerPool.get`: the API key, then extra flags.
+#: ``KEYED`` guards ``/v1``, ``/api`` and ``/metrics`` with ``API_KEY``; ``OPEN`` has no key, as by default.
+KEYED: tuple[str, ...] = (API_KEY, "--metrics-auth")
+OPEN: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -58,6 +71,36 @@ def run_server(repo_root: Path, log_path: Path, api_key: str | None = None, *ext
         yield server
     finally:
         stop(process)
+
+
+class ServerPool:
+    """Servers started on first use, one per (api_key, flags), all stopped by :meth:`close`.
+
+    A server that failed to start is not retried: every later request for it raises the same error at once.
+    """
+
+    def __init__(self, repo_root: Path, log_dir: Path) -> None:
+        self._repo_root, self._log_dir = repo_root, log_dir
+        self._servers: dict[tuple[str | None, tuple[str, ...]], ServerProcess | RuntimeError] = {}
+        self._stack = contextlib.ExitStack()
+
+    def get(self, api_key: str | None = None, *extra: str) -> ServerProcess:
+        """The running server with these flags, started now if it is the first request for them."""
+        key = (api_key, extra)
+        if key not in self._servers:
+            log_path = self._log_dir / f"server-{len(self._servers)}.log"
+            try:
+                self._servers[key] = self._stack.enter_context(run_server(self._repo_root, log_path, api_key, *extra))
+            except RuntimeError as exc:
+                self._servers[key] = exc
+        server = self._servers[key]
+        if isinstance(server, RuntimeError):
+            raise server
+        return server
+
+    def close(self) -> None:
+        self._stack.close()
+        self._servers.clear()
 
 
 def scrape(http: httpx.Client) -> dict[str, float]:

@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
 
-from tests.engine.server_process import ServerProcess, run_server
+from tests.engine.server_process import KEYED, ServerProcess
 
 ollama = pytest.importorskip("ollama")
 pytestmark = pytest.mark.slow
-API_KEY = "sk-ollama-test"
 
 
 @pytest.fixture(scope="module")
-def server(repo_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with run_server(repo_root, tmp_path_factory.mktemp("ollama") / "server.log", API_KEY) as proc:
-        yield proc
+def server(shared_server: Callable[..., ServerProcess]) -> ServerProcess:
+    return shared_server(*KEYED)  # the API key guards /api/* as well as /v1
 
 
 @pytest.fixture(scope="module")

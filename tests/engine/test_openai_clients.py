@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -14,7 +13,7 @@ import pytest
 from openai import OpenAI
 from pydantic import BaseModel, ConfigDict, Field
 
-from tests.engine.server_process import ServerProcess, run_server
+from tests.engine.server_process import OPEN, ServerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -34,9 +33,8 @@ class Person(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def server(repo_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with run_server(repo_root, tmp_path_factory.mktemp("clients") / "server.log") as proc:
-        yield proc
+def server(shared_server: Callable[..., ServerProcess]) -> ServerProcess:
+    return shared_server(*OPEN)  # no API key
 
 
 @pytest.fixture(scope="module")

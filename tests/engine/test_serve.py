@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,20 +13,17 @@ import pytest
 from openai import AuthenticationError, BadRequestError, OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.engine.server_process import ServerProcess, run_server, scrape
+from tests.engine.server_process import API_KEY, KEYED, ServerProcess, scrape
 
 pytestmark = pytest.mark.slow
 
-API_KEY = "sk-hearth-test"
 MODEL = "SmolLM2-135M-Instruct"
 HI = [{"role": "user", "content": "Say hello."}]
 
 
 @pytest.fixture(scope="module")
-def server(repo_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    log_path = tmp_path_factory.mktemp("serve") / "server.log"
-    with run_server(repo_root, log_path, API_KEY, "--metrics-auth") as proc:
-        yield proc
+def server(shared_server: Callable[..., ServerProcess]) -> ServerProcess:
+    return shared_server(*KEYED)  # an API key, on /metrics too
 
 
 @pytest.fixture

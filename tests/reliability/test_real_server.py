@@ -9,22 +9,19 @@ answers the next request. A client that hangs up mid-stream gets its request can
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
 
-from tests.engine.server_process import ServerProcess, run_server, scrape
+from tests.engine.server_process import OPEN, ServerProcess, scrape
 
 HI = [{"role": "user", "content": "Say hi."}]
 
 
 @pytest.fixture(scope="module")
-def server(repo_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    log = tmp_path_factory.mktemp("hostile") / "server.log"
-    with run_server(repo_root, log) as server:
-        yield server
+def server(shared_server: Callable[..., ServerProcess]) -> ServerProcess:
+    return shared_server(*OPEN)
 
 
 @pytest.fixture

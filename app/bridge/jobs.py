@@ -32,7 +32,7 @@ def import_engine() -> EngineApi:
     """Import the engine (slow: torch). Called from pool threads only.
 
     The engine gets every physical core but one: the GUI thread must not compete with busy torch threads for
-    a core, or painting stalls while a reply streams (measured on 2 cores: >100 ms gaps with 2 torch threads).
+    a core, or painting stalls while a reply streams.
     """
     import engine
     from engine.loading import discovery, recommend, validate

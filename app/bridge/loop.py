@@ -56,9 +56,10 @@ Command = Submit | Cancel
 class EngineLoop:
     """Runs the engine's step loop over one loaded model until :meth:`stop`.
 
-    :meth:`run` is called on the thread that loaded the model, which also frees it once stopped (``release``). With OpenMP, each thread that runs torch's parallel work keeps its own team of workers: a model
-    loaded on one thread and stepped on another leaves two teams on the cores, and on a 2-core CPU that made every
-    step about twice as slow (the engine's own loop thread avoids the same, ``LLM._set_up_on_the_loop_thread``).
+    :meth:`run` is called on the thread that loaded the model, which also frees it once stopped (``release``).
+    With OpenMP, each thread that runs torch's parallel work keeps its own team of workers: a model loaded on one
+    thread and stepped on another leaves two teams competing for the cores, which slows every step (the engine's
+    own loop thread avoids the same, ``LLM._set_up_on_the_loop_thread``).
 
     Args:
         llm: the loaded ``LLM`` (or the test fake); its ``engine`` is what the loop steps.

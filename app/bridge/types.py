@@ -42,8 +42,8 @@ class LoadSettings:
     #: app: "Regenerate at temperature 0" must give the same answer. It costs speed, so the engine's default is off.
     deterministic: bool = True
     #: Speculative decoding (``EngineConfig.speculative``): "off", "ngram" or "self-int4"; replies are unchanged.
-    #: "ngram" in the app: 2.1x on a reply that quotes the chat, no loss on open chat (``engine.bench
-    #: --speculative``); with repeatable replies it does not change a single bit of a greedy reply.
+    #: "ngram" in the app: faster on a reply that quotes the chat, no loss on open chat (``engine.bench
+    #: --speculative``, docs/BENCHMARKS.md); with repeatable replies it does not change a single bit of a greedy reply.
     speculative: str = "ngram"
 
     def __post_init__(self) -> None:

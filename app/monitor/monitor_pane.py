@@ -47,7 +47,7 @@ from app import log
 from app.bridge.types import SAMPLE_TIME, engine_metrics_in, resource_figures_in
 from app.formatting import format_bytes, format_percent, format_rate, format_seconds
 from app.monitor.graph import Graph, steady_label
-from app.monitor.readings import STAT_ROWS, STAT_TOOLTIPS, Reading, gpu_sum, latency
+from app.monitor.readings import STAT_ROWS, STAT_TOOLTIPS, Reading, gpu_sum, gpu_text, latency
 from engine.api import EngineMetrics
 
 SAMPLE_INTERVAL_MS = 1000
@@ -296,8 +296,8 @@ class MonitorPane(QWidget):
 
         Args:
             staggered: hand the graphs their new data one at a time, ``stagger_ms`` apart, so that their
-                repaints land in separate event-loop turns. Painting all five plots at once takes over 100 ms
-                on a slow CPU while a reply streams; one at a time, none blocks the loop for long.
+                repaints land in separate event-loop turns. Painting all five plots at once can stall a slow
+                CPU's event loop while a reply streams; one at a time, none blocks it for long.
         """
         self._needs_redraw = False
         self.num_redraws += 1
@@ -360,20 +360,7 @@ class MonitorPane(QWidget):
         for title, figures, formatter in STAT_ROWS:
             values = figures(latest)
             self._stat_labels[title].setText(" / ".join("–" if v is None else formatter(v) for v in values))
-        self._gpu_detail.setText(self._gpu_text(resources))
-
-    def _gpu_text(self, m: dict[str, float]) -> str:
-        count = int(m.get("gpu_count") or 0)
-        if not count:
-            return "None found" if "gpu_count" in m else "–"
-        parts = []
-        for i in range(count):
-            name = self._gpu_names[i] if i < len(self._gpu_names) else f"GPU {i}"
-            bits = [f"{m[f'gpu{i}_utilization_percent']:.0f} % busy" if f"gpu{i}_utilization_percent" in m else "",
-                    f"{m[f'gpu{i}_temperature_c']:.0f} °C" if f"gpu{i}_temperature_c" in m else "",
-                    f"{m[f'gpu{i}_power_w']:.0f} W" if f"gpu{i}_power_w" in m else ""]
-            parts.append(f"{name}: " + ", ".join(b for b in bits if b))
-        return "\n".join(parts)
+        self._gpu_detail.setText(gpu_text(resources, self._gpu_names))
 
     # -- events -----------------------------------------------------------------------------------
 

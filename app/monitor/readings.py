@@ -68,6 +68,21 @@ def gpu_sum(resources: Mapping[str, float], name: str) -> float | None:
     return float(sum(values)) if values else None
 
 
+def gpu_text(resources: Mapping[str, float], names: list[str]) -> str:
+    """One line per GPU in a resource sample: how busy, how hot, how much power; ``names`` from the hardware."""
+    count = int(resources.get("gpu_count") or 0)
+    if not count:
+        return "None found" if "gpu_count" in resources else "–"
+    parts = []
+    for i in range(count):
+        name = names[i] if i < len(names) else f"GPU {i}"
+        figures = ((f"gpu{i}_utilization_percent", "{:.0f} % busy"), (f"gpu{i}_temperature_c", "{:.0f} °C"),
+                   (f"gpu{i}_power_w", "{:.0f} W"))
+        parts.append(f"{name}: " + ", ".join(form.format(resources[key]) for key, form in figures
+                                             if key in resources))
+    return "\n".join(parts)
+
+
 #: The graphs' series by name, besides the resource sample's own figures (read by name).
 SERIES: dict[str, Series] = {
     "gpu_memory_used_bytes": lambda r: gpu_sum(r.resources, "memory_used_bytes"),

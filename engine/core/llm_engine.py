@@ -229,7 +229,7 @@ class LLMEngine:
                 self.executor.run(batch, outputs)
             except Exception as exc:
                 log.exception("engine step failed; failing its %d requests", len(batch.seqs))
-                outputs += self.output.fail_seqs(batch.seqs, exc)
+                outputs += self.output.fail_seqs(batch.seqs, _failure(exc))
             if self.controller is not None:
                 top_after = None if top_req is None else top_req.metrics.last_token_time
                 itl = None if top_before is None or top_after is None else top_after - top_before
@@ -336,6 +336,13 @@ class LLMEngine:
             concurrency_limit=sched.max_running,
         )
         return snap if self.controller is None else self.controller.metrics(snap)
+
+
+def _failure(exc: BaseException) -> str:
+    """What the requests of a batch whose step raised ``exc`` are told."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return "out of memory while generating; lower the batch size or the KV-cache budget"
+    return f"generation failed: {exc}"
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> frozenset[int]:

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import logging
 import time
-
-import torch
+from typing import TYPE_CHECKING
 
 from engine.api import StepOutput, TokenLogprob
 from engine.core.metrics import EngineStats
 from engine.core.request import EngineRequest
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
-from engine.core.speculative import Speculator
-from engine.model.sampler import Sampler
+
+if TYPE_CHECKING:
+    from engine.core.speculative import Speculator
+    from engine.model.sampler import Sampler
 
 log = logging.getLogger("engine")
 
@@ -95,12 +96,8 @@ class OutputProcessor:
         req.finish_reason = "error"
         return self.finish(req, "", error=message)
 
-    def fail_seqs(self, seqs: list[Sequence], exc: BaseException) -> list[StepOutput]:
-        """Fail the requests of a batch whose step raised ``exc``."""
-        if isinstance(exc, torch.OutOfMemoryError):
-            message = "out of memory while generating; lower the batch size or the KV-cache budget"
-        else:
-            message = f"generation failed: {exc}"
+    def fail_seqs(self, seqs: list[Sequence], message: str) -> list[StepOutput]:
+        """Fail the requests of a batch whose step raised, with ``message``."""
         outputs = []
         for seq in seqs:
             req = self.requests.get(seq.request_id)

@@ -163,11 +163,6 @@ class _Callbacks:
         if self._on_metrics is None:
             return
         try:
-            metrics: EngineMetrics | dict[str, Any] = engine.metrics()
-            if isinstance(metrics, EngineMetrics):
-                snapshot = metrics.to_dict()
-            else:  # an engine that still answers a plain dict (the app's test fake)
-                snapshot = {**metrics, "time": time.time()}
-            self._on_metrics(snapshot)
+            self._on_metrics(engine.metrics().to_dict())
         except Exception:  # noqa: BLE001 (logged by _report; the loop goes on)
             self._report("metrics")

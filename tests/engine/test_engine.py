@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import LLM, CapacityError, ModelLoadError, SamplingParams
+from engine.api import EngineMetrics
 from tests.engine.hf_reference import assert_matches_hf
 
 
@@ -199,7 +200,8 @@ def test_run_loop_steps_publishes_metrics_and_waits_idle_without_polling(tiny_ll
         cpu_before = _thread_cpu_s(loop)
         time.sleep(1.0)
         assert _thread_cpu_s(loop) - cpu_before < 0.05  # an idle loop sleeps on a condition variable
-        assert {"num_running", "kv_blocks_used", "throughput_tok_s", "time"} <= snapshots[-1].keys()
+        assert snapshots[-1].keys() == EngineMetrics().to_dict().keys()  # the dict form of one EngineMetrics
+        assert EngineMetrics.from_dict(snapshots[-1]).kv_blocks_total == engine.metrics().kv_blocks_total > 0
         gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(snapshots)]
         assert len(gaps) >= 5 and min(gaps) > 0.15  # one snapshot every metrics_interval_s, never more often
         started = time.monotonic()

@@ -52,4 +52,4 @@ def test_the_contracts_module_stays_light() -> None:
         if isinstance(node, ast.Import | ast.ImportFrom)
         for alias in node.names
     }
-    assert imported <= {"__future__", "dataclasses", "pathlib", "typing", "enum", "math"}, imported
+    assert imported <= {"__future__", "collections", "dataclasses", "pathlib", "typing", "enum", "math"}, imported

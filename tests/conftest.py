@@ -17,6 +17,16 @@ if TYPE_CHECKING:
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+#: Fixtures that load the default model or start a server: every test that uses one, directly or through another
+#: fixture, is marked ``slow`` (it is, whenever it is the first to ask).
+SLOW_FIXTURES = frozenset({"shared_default_llm", "shared_server", "default_hf_model"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:

@@ -14,8 +14,6 @@ from app.bridge.types import REMOTE_DEVICE, ModelInfo, RequestInfo
 from engine.api import EngineMetrics
 from tests.engine.server_process import API_KEY, KEYED, ServerProcess, free_port
 
-pytestmark = pytest.mark.slow
-
 HI = [{"role": "user", "content": "Say hello."}]
 
 
@@ -114,6 +112,7 @@ def test_helpers() -> None:
         prefix_cache_hit_rate=0.4)
 
 
+@pytest.mark.slow  # a tiny model built, loaded and served
 def test_serve_on_localhost_shares_the_loaded_engine(qtbot: Any, bridge: EngineBridge, tmp_path: Path,
                                                      default_model_dir: Path) -> None:
     import httpx

@@ -54,12 +54,14 @@ def tiny_model_dirs(tmp_path_factory: pytest.TempPathFactory, default_model_dir:
     return {f: build_tiny_model(f, root / f, default_model_dir) for f in TESTED_MODEL_TYPES}
 
 
+#: The type of the ``tiny_llm`` fixture: ``tiny_llm(model="llama", **options) -> LLM``.
+TinyLLM = Callable[..., Any]
 #: What ``tiny_llm`` passes to ``LLM`` unless the test says otherwise.
 TINY_LLM_OPTIONS: dict[str, Any] = {"dtype": "float32", "start_loop": False, "kv_cache_bytes": 8 << 20}
 
 
 @pytest.fixture
-def tiny_llm(tiny_model_dirs: dict[str, Path]) -> Iterator[Callable[..., Any]]:
+def tiny_llm(tiny_model_dirs: dict[str, Path]) -> Iterator[TinyLLM]:
     """``tiny_llm(model="llama", **options)``: an ``LLM`` on a tiny model, named by its family in
     ``tiny_model_dirs`` or given as a folder, with ``TINY_LLM_OPTIONS`` under ``options``; closed at teardown."""
     from engine import LLM

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import itertools
 import time
-from pathlib import Path
 
-from engine import LLM
 from engine.api import EngineConfig, EngineMetrics, SamplingParams
 from engine.core.block_manager import BlockManager
 from engine.core.controller import ConcurrencyController, StepReport, p90
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
+from tests.engine.conftest import TinyLLM
 
 
 def _report(now: float, itl: float | None, alone: bool = False, running: int = 8, waiting: int = 4,
@@ -86,23 +85,20 @@ def test_a_waiting_chat_preempts_the_least_urgent_running_request() -> None:
     assert sched.num_preemptions == 1 and len(sched.running) == 2
 
 
-def test_the_chat_keeps_its_pace_with_24_server_requests_in_flight(tiny_model_dirs: dict[str, Path]) -> None:
+def test_the_chat_keeps_its_pace_with_24_server_requests_in_flight(tiny_llm: TinyLLM) -> None:
     """Benchmark-style: reports the chat's p90 time between tokens; asserts only that nothing is lost."""
-    llm = LLM(tiny_model_dirs["llama"], dtype="float32", kv_cache_bytes=16 << 20, max_batch_size=16)
-    try:
-        params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-        solo = llm.engine.submit([7, 8, 9], params, priority=0).result(timeout=60)
-        server = [llm.engine.submit([10 + i, 11, 12, 13], params, priority=5) for i in range(24)]
-        time.sleep(0.05)
-        stamps: list[float] = []
-        chat = llm.engine.submit([7, 8, 9], params, priority=0, on_output=lambda _o: stamps.append(time.monotonic()))
-        out = chat.result(timeout=120)
-        assert out.token_ids == solo.token_ids
-        assert all(h.result(timeout=120).finish_reason == "length" for h in server), "no server request is lost"
-        gaps = [b - a for a, b in itertools.pairwise(stamps)]
-        m = llm.metrics()
-        print(f"chat p90 ITL {1000 * p90(gaps):.1f} ms; concurrency limit {m.concurrency_limit}, "
-              f"{m.controller_adjustments_total} adjustments")
-        assert m.kv_blocks_used == 0
-    finally:
-        llm.close()
+    llm = tiny_llm(start_loop=True, kv_cache_bytes=16 << 20, max_batch_size=16)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    solo = llm.engine.submit([7, 8, 9], params, priority=0).result(timeout=60)
+    server = [llm.engine.submit([10 + i, 11, 12, 13], params, priority=5) for i in range(24)]
+    time.sleep(0.05)
+    stamps: list[float] = []
+    chat = llm.engine.submit([7, 8, 9], params, priority=0, on_output=lambda _o: stamps.append(time.monotonic()))
+    out = chat.result(timeout=120)
+    assert out.token_ids == solo.token_ids
+    assert all(h.result(timeout=120).finish_reason == "length" for h in server), "no server request is lost"
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
+    m = llm.metrics()
+    print(f"chat p90 ITL {1000 * p90(gaps):.1f} ms; concurrency limit {m.concurrency_limit}, "
+          f"{m.controller_adjustments_total} adjustments")
+    assert m.kv_blocks_used == 0

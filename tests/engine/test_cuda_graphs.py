@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from engine import SamplingParams
 from engine.api import NULL_BLOCK
 from engine.model.attention import AttentionContext
 from engine.model.cuda_graphs import MIN_CONTEXT, StaticInputs, batch_bucket, context_bucket
+from tests.engine.conftest import TinyLLM
 from tests.engine.hf_reference import assert_matches_hf
 from tests.engine.test_correctness import MODES, PROMPTS
 
@@ -75,55 +76,42 @@ def _check_greedy(llm: Any, reference: Any, prompts: list[list[int]], max_new: i
 
 
 @pytest.mark.parametrize("family", FUSED_FAMILIES)
-def test_padded_buckets_match_hf_on_a_cpu(family: str, tiny_model_dirs: dict[str, Path]) -> None:
+def test_padded_buckets_match_hf_on_a_cpu(family: str, tiny_model_dirs: dict[str, Path], tiny_llm: TinyLLM) -> None:
     """The graphs' buffers run eagerly: padding rows and masked context buckets leave every token as HF's."""
     from transformers import AutoModelForCausalLM
 
-    folder = tiny_model_dirs[family]
-    reference = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
-    llm = LLM(folder, dtype="float32", start_loop=False, kv_cache_bytes=8 << 20, max_num_batched_tokens=64,
-              max_batch_size=8)
-    try:
-        runner = llm.engine.runner
-        assert runner.enable_cuda_graphs(8, llm.engine.max_model_len, capture=False).startswith("decode steps")
-        graphs = runner.cuda_graphs
-        assert graphs is not None
-        prompts = [llm.engine.tokenize(p) for p in PROMPTS[1:7]]
-        _check_greedy(llm, reference, prompts, 16)
-        batches = {b for b, _ in graphs.captured}
-        assert {1, 8} <= batches and len(batches) >= 3, graphs.captured  # 1 alone, 6 together (bucket 8), and between
-        assert graphs.num_replays > 16 and graphs.disabled_reason is None
-    finally:
-        llm.close()
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dirs[family], dtype="float32").eval()
+    llm = tiny_llm(family, max_num_batched_tokens=64, max_batch_size=8)
+    runner = llm.engine.runner
+    assert runner.enable_cuda_graphs(8, llm.engine.max_model_len, capture=False).startswith("decode steps")
+    graphs = runner.cuda_graphs
+    assert graphs is not None
+    prompts = [llm.engine.tokenize(p) for p in PROMPTS[1:7]]
+    _check_greedy(llm, reference, prompts, 16)
+    batches = {b for b, _ in graphs.captured}
+    assert {1, 8} <= batches and len(batches) >= 3, graphs.captured  # 1 alone, 6 together (bucket 8), and between
+    assert graphs.num_replays > 16 and graphs.disabled_reason is None
 
 
-def test_no_capture_on_a_cpu(tiny_model_dirs: dict[str, Path]) -> None:
-    llm = LLM(tiny_model_dirs["llama"], dtype="float32", start_loop=False, kv_cache_bytes=8 << 20)
-    try:
-        if torch.cuda.is_available():
-            pytest.skip("this machine has a CUDA device")
-        assert llm.graph_status == "no CUDA graphs on cpu"
-        assert llm.engine.runner.cuda_graphs is None
-    finally:
-        llm.close()
+def test_no_capture_on_a_cpu(tiny_llm: TinyLLM) -> None:
+    llm = tiny_llm()
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    assert llm.graph_status == "no CUDA graphs on cpu"
+    assert llm.engine.runner.cuda_graphs is None
 
 
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("family", FUSED_FAMILIES)
-def test_cuda_graphs_match_hf(family: str, tiny_model_dirs: dict[str, Path]) -> None:
+def test_cuda_graphs_match_hf(family: str, tiny_model_dirs: dict[str, Path], tiny_llm: TinyLLM) -> None:
     from transformers import AutoModelForCausalLM
 
-    folder = tiny_model_dirs[family]
-    reference = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval().to("cuda")
-    llm = LLM(folder, device="cuda", dtype="float32", start_loop=False, kv_cache_bytes=8 << 20,
-              max_num_batched_tokens=64, max_batch_size=8)
-    try:
-        graphs = llm.engine.runner.cuda_graphs
-        assert graphs is not None and graphs.capture, llm.graph_status
-        prompts = [llm.engine.tokenize(p) for p in PROMPTS[1:7]]
-        _check_greedy(llm, reference, prompts, 16)
-        assert graphs.disabled_reason is None
-        assert len(graphs.captured) >= 3 and graphs.num_replays > 16
-    finally:
-        llm.close()
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dirs[family], dtype="float32").eval().to("cuda")
+    llm = tiny_llm(family, device="cuda", max_num_batched_tokens=64, max_batch_size=8)
+    graphs = llm.engine.runner.cuda_graphs
+    assert graphs is not None and graphs.capture, llm.graph_status
+    prompts = [llm.engine.tokenize(p) for p in PROMPTS[1:7]]
+    _check_greedy(llm, reference, prompts, 16)
+    assert graphs.disabled_reason is None
+    assert len(graphs.captured) >= 3 and graphs.num_replays > 16

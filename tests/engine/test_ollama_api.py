@@ -11,7 +11,6 @@ import pytest
 from tests.engine.server_process import KEYED, ServerProcess
 
 ollama = pytest.importorskip("ollama")
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

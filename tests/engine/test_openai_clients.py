@@ -15,8 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tests.engine.server_process import OPEN, ServerProcess
 
-pytestmark = pytest.mark.slow
-
 MODEL = "default"
 HI = [{"role": "user", "content": "Say hello."}]
 WEATHER = [{"type": "function", "function": {

@@ -15,8 +15,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.engine.server_process import API_KEY, KEYED, ServerProcess, scrape
 
-pytestmark = pytest.mark.slow
-
 MODEL = "SmolLM2-135M-Instruct"
 HI = [{"role": "user", "content": "Say hello."}]
 

@@ -201,6 +201,7 @@ def test_other_tokenizer_classes_still_load_through_transformers(default_model_d
     assert isinstance(native.load_tokenizer(default_model_dir), Tokenizer)
 
 
+@pytest.mark.slow  # loads the default model in a fresh interpreter
 def test_default_model_starts_without_importing_transformers(default_model_dir: Path, repo_root: Path) -> None:
     """transformers costs most of a second of every start; the default model (the native path) never imports it."""
     code = (

@@ -172,6 +172,7 @@ def test_beside_torchs_kernel_it_costs_no_memory(monkeypatch: pytest.MonkeyPatch
     assert small.plan_for("gate_up", (8, 4), {"int4": base, "int4_vnni": over}, "int4", frozenset()).used == ["int4"]
 
 
+@pytest.mark.slow  # loads the default model at int4
 def test_native_steps_run_it_as_eager_layers_do(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, vnni_kernels: None
 ) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -269,9 +269,6 @@ class EngineConfig:
             ``{"draft_model": PATH}`` (a small model with the same tokenizer). Output is unchanged: greedy
             replies are token-identical and sampled ones keep their distribution.
         num_speculative_tokens: tokens drafted per step for a speculating sequence (k).
-        compile: decode steps compiled with torch.compile (``engine/model/compiled.py``): ``"off"``,
-            ``"default"`` or ``"max-autotune"`` (inductor's modes), or ``"auto"``: compiled where a measurement
-            on this machine finds it faster (cached). Needs a C++ compiler; eager otherwise, and in a frozen bundle.
         native: native decode steps (``engine/model/native.py``): every layer of a decode-only step in one C++
             call, built once per machine with its C++ compiler. ``"auto"``: per batch bucket where a measurement
             on this machine finds it faster (cached), not at fp32; ``"on"``: wherever it can run; ``"off"``, which
@@ -280,6 +277,7 @@ class EngineConfig:
             cannot run.
         cuda_graphs: on a CUDA GPU, replay decode steps from CUDA graphs captured per batch and context bucket
             (``engine/model/cuda_graphs.py``); ignored on a CPU.
+        compile: removed (:data:`COMPILE_REMOVED`); any value raises ``TypeError``.
     """
 
     max_batch_size: int = 16
@@ -295,11 +293,13 @@ class EngineConfig:
     deterministic: bool = False
     speculative: str | dict[str, str] = "off"
     num_speculative_tokens: int = 4
-    compile: str = "off"
     native: str = "auto"
     cuda_graphs: bool = True
+    compile: InitVar[object] = None  # removed: kept only to tell old callers so
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, compile: object) -> None:
+        if compile is not None:
+            raise TypeError(f"EngineConfig(compile=...): {COMPILE_REMOVED}")
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.max_wait_ms < 0:
@@ -319,15 +319,16 @@ class EngineConfig:
         check_speculative(self.speculative)
         if not 1 <= self.num_speculative_tokens <= 16:
             raise ValueError(f"num_speculative_tokens must be in [1, 16], got {self.num_speculative_tokens}")
-        if self.compile not in COMPILE_MODES:
-            raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
         if self.native not in NATIVE_MODES:
             raise ValueError(f"native must be one of {', '.join(NATIVE_MODES)}, got {self.native!r}")
 
 
 SPECULATIVE_METHODS = ("off", "ngram", "self-int4")
-#: ``EngineConfig.compile`` values
-COMPILE_MODES = ("auto", "off", "default", "max-autotune")
+#: Why ``compile=`` (``LLM``, ``EngineConfig``) and ``--compile`` are refused.
+COMPILE_REMOVED = (
+    "the torch.compile decode path was removed: it measured slower than the eager and native decode paths. "
+    "Drop the option; the native decode step (EngineConfig.native, \"auto\" by default) replaces it."
+)
 #: ``EngineConfig.native`` values
 NATIVE_MODES = ("auto", "on", "off")
 

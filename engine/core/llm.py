@@ -111,8 +111,6 @@ class LLM:
             if level in WEIGHT_LEVELS and progress is not None:
                 progress(0.9, "quantize")
             self.engine = self._build_engine(loaded, level, quant_backend)
-            #: how decode steps run: compiled per batch bucket, or eager and why (``EngineConfig.compile``)
-            self.compile_status = self.engine.runner.enable_compile(self.config.compile)
             self.engine.runner.enable_native(self.config.native)
             #: whether decode steps replay from CUDA graphs, and why not (``EngineConfig.cuda_graphs``)
             self.graph_status = "off (cuda_graphs=False)"
@@ -227,11 +225,10 @@ class LLM:
 
     @property
     def decode_status(self) -> str:
-        """How decode steps run: CUDA graphs on a GPU; natively, compiled or eager on a CPU (and why)."""
+        """How decode steps run: CUDA graphs on a GPU; natively or eager on a CPU (and why)."""
         if self.device.startswith("cuda"):
             return self.graph_status
-        compiled = "off" if self.config.compile == "off" else self.compile_status
-        return f"{self.engine.runner.native_status}; torch.compile: {compiled}"
+        return self.engine.runner.native_status
 
     def metrics(self) -> EngineMetrics:
         """The engine's figures now (see :class:`~engine.api.EngineMetrics`)."""

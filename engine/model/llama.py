@@ -21,17 +21,10 @@ import torch.nn.functional as F
 
 from engine.architectures import attention_shape
 from engine.model.attention import AttentionContext, paged_attention
-from engine.model.autotune import Kernel, bucket_index
-from engine.model.compiled import (
-    CompiledDecode,
-    LayerShape,
-    LayerWeights,
-    compile_problem,
-    linear_spec,
-    mark_dynamic,
-)
+from engine.model.autotune import Kernel
 from engine.model.cuda_graphs import GraphedDecode
 from engine.model.kv_cache import NULL_BLOCK, KVCache
+from engine.model.layer_spec import LayerShape, LayerWeights, linear_spec
 from engine.model.native import EXTENSION, NativeDecode, native_problem
 from engine.model.quantization import DenseLinear
 
@@ -175,8 +168,7 @@ class FusedDecoder:
     def __init__(self, model: Any, linear: LinearFactory, quantized: bool) -> None:
         self._inner = model.model
         self._quantized = quantized
-        #: compiled decode steps, once ``enable_compile`` is called
-        self.compiled: CompiledDecode | None = None
+        self._config = model.config
         #: native decode steps (one C++ call for every layer), once ``enable_native`` is called
         self.native: NativeDecode | None = None
         #: decode steps replayed from CUDA graphs, once ``enable_graphs`` is called
@@ -243,8 +235,6 @@ class FusedDecoder:
         decode_only = ctx.num_decode == ids.shape[0] and not ctx.prefills and not ctx.invariant
         if self.native is not None and (decode_only or (self.native.every_step and ctx.invariant)):
             hidden = self._native_layers(self.native, stack, ids, pos, kv, ctx)
-        if hidden is None and self.compiled is not None and decode_only:
-            hidden = self._compiled_layers(self.compiled, stack, ids, pos, kv, ctx)
         if hidden is None:
             hidden = self._layers(stack, ids, pos, kv, ctx)
         return None if keep is None else stack.lm_head(hidden[keep])
@@ -277,8 +267,8 @@ class FusedDecoder:
         hidden = int(self._stack.final_norm.shape[0])
         layout = (len(self._stack.layers), self.num_kv_heads, self.head_dim)
         self.native = NativeDecode(
-            mode, shape, functools.partial(self._compiled_weights, padded=True), hidden, self._stack.dtype, layout,
-            self._rotary, signature, every_step,
+            mode, shape, self._native_weights, hidden, self._stack.dtype, layout, self._rotary, self._eager_trial,
+            signature, every_step,
         )
         return None
 
@@ -302,64 +292,33 @@ class FusedDecoder:
             return None
         return _rms_norm(x, stack.final_norm, self._eps)
 
-    # --- compiled decode steps (engine/model/compiled.py) ------------------------------------------------------
-    def enable_compile(self, mode: str, kv: KVCache, signature: str) -> str | None:
-        """Compile decode steps in ``mode`` from now on (lazily, per batch bucket); why not, if they cannot be."""
-        problem = compile_problem(kv.k.device)
-        if problem is not None:
-            return problem
-        shape = LayerShape(self._q_dim, self._kv_dim, self.head_dim, self.num_heads, self._eps, self._scale)
-        hidden = int(self._stack.final_norm.shape[0])
-        layout = (self.num_kv_heads, self.head_dim, kv.dtype)
-        self.compiled = CompiledDecode(
-            mode, shape, self._compiled_weights, hidden, self._stack.dtype, layout, self._rotary, signature
-        )
-        return None
-
-    def _compiled_weights(self, bucket: int, padded: bool = False) -> list[LayerWeights] | None:
-        """Every layer's weights as the compiled layer (or, ``padded``, the native step) takes them, for one bucket;
-        None if a kernel cannot be."""
+    def _native_weights(self, bucket: int) -> list[LayerWeights] | None:
+        """Every layer's weights as the native step takes them, for one bucket; None if a kernel has no native form."""
         out = []
         for layer in self._stack.layers:
             kernels = (layer.qkv, layer.o, layer.gate_up, layer.down)
-            specs = [linear_spec(k, bucket, self._stack.dtype, padded) for k in kernels]
-            qkv, o, gate_up, down = specs
+            qkv, o, gate_up, down = [linear_spec(k, bucket, self._stack.dtype) for k in kernels]
             if qkv is None or o is None or gate_up is None or down is None:
                 return None
             out.append(LayerWeights(layer.input_norm, qkv, layer.q_norm, layer.k_norm, o, layer.post_norm, gate_up, down))
         return out
 
-    def _compiled_layers(
-        self,
-        compiled: CompiledDecode,
-        stack: _Stack,
-        ids: torch.Tensor,
-        pos: torch.Tensor,
-        kv: KVCache,
-        ctx: AttentionContext,
-    ) -> torch.Tensor | None:
-        """The layers of a decode-only step through the compiled layer; None while its bucket runs eager."""
-        t = ids.shape[0]
-        ready = compiled.layers_for(t)
-        if ready is None or ctx.decode_slots is None:
-            return None
-        fn, weights = ready
-        # the layout compiled for: row-major strides (a cut row table has others, even in one row)
-        slots = ctx.decode_slots.reshape(-1).view(ctx.decode_slots.shape)
-        mask = ctx.decode_mask
-        if mask is None:  # the compiled graph always takes a mask
-            mask = torch.zeros(t, 1, 1, slots.shape[1], device=slots.device)
-        x = self._inner.embed_tokens(ids).to(stack.dtype)
-        cos, sin = self._rotary(x, pos)
-        mark_dynamic(bucket_index(t), x, cos, sin, ctx.slot_mapping, slots, mask)
-        shape = compiled.shape
-        try:
-            for i, w in enumerate(weights):
-                x = fn(shape, x, cos, sin, w, kv.k[i], kv.v[i], ctx.slot_mapping, slots, mask)
-        except Exception as exc:  # noqa: BLE001 -- the step reruns eager (rewriting the same K/V slots)
-            compiled.fail(t, exc)
-            return None
-        return _rms_norm(x, stack.final_norm, self._eps)
+    def _eager_trial(self, rows: int, length: int) -> Callable[[], torch.Tensor]:
+        """The eager layers of one decode step of ``rows`` sequences, ``length`` tokens each, over a scratch KV pool:
+        what ``native="auto"`` times the native step against (on the same shapes)."""
+        block = 16
+        first = (NULL_BLOCK + 1) * block  # the null block stays untouched
+        kv = KVCache(self._config, -(-(first + length + rows) // block), block, torch.float32, torch.device("cpu"))
+        kv.k.zero_()
+        kv.v.zero_()
+        prefix = torch.arange(first, first + length - 1)
+        slot_mapping = torch.arange(first + length - 1, first + length - 1 + rows)
+        slots = torch.cat([prefix.repeat(rows, 1), slot_mapping[:, None]], dim=1)
+        span = (first, length) if rows == 1 else None  # a lone decode reads one run of the pool, as in a real step
+        ctx = AttentionContext(slot_mapping, rows, slots, None, [], decode_lens=[length] * rows, decode_span=span)
+        x = torch.randn(rows, int(self._stack.final_norm.shape[0])).to(self._stack.dtype)
+        cos, sin = self._rotary(x, torch.full((rows,), length - 1, dtype=torch.long))
+        return functools.partial(self._decoder_layers, self._stack, x, cos, sin, kv, ctx)
 
     def _rotary(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of each token's position, [T, 1, D]."""
@@ -369,10 +328,19 @@ class FusedDecoder:
     def _layers(
         self, stack: _Stack, ids: torch.Tensor, pos: torch.Tensor, kv: KVCache, ctx: AttentionContext
     ) -> torch.Tensor:
+        """The eager step: embedding, every decoder layer, final norm."""
         x = self._inner.embed_tokens(ids).to(stack.dtype)
         cos, sin = self._rotary(x, pos)
+        return _rms_norm(self._decoder_layers(stack, x, cos, sin, kv, ctx), stack.final_norm, self._eps)
+
+    def _decoder_layers(
+        self, stack: _Stack, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCache,
+        ctx: AttentionContext,
+    ) -> torch.Tensor:
+        """Every decoder layer over the packed step's hidden states (writing its K/V): the layer math's one Python
+        form, which ``csrc/decode_step.cpp`` mirrors natively."""
         sin = _signed_sin(sin)
-        eps, t = self._eps, ids.shape[0]
+        eps, t = self._eps, x.shape[0]
         qd, kvd, hd, nh = self._q_dim, self._kv_dim, self.head_dim, self.num_heads
         for i, layer in enumerate(stack.layers):
             h = _rms_norm(x, layer.input_norm, eps)
@@ -388,4 +356,4 @@ class FusedDecoder:
             h = _rms_norm(x, layer.post_norm, eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
-        return _rms_norm(x, stack.final_norm, eps)
+        return x

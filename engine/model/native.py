@@ -19,9 +19,9 @@ reason logged and shown by ``python -m engine info``.
 
 ``EngineConfig.native``:
 
-* ``"auto"``: per batch bucket, the native step is timed against the eager layer the first time a step lands in
-  that bucket, and kept where it is at least :data:`MIN_GAIN` faster; the verdict is cached per machine with the
-  compile verdicts (``engine/model/compiled.py``). fp32 models stay eager: that level promises HF's own ops.
+* ``"auto"``: per batch bucket, the native step is timed against the eager layers the first time a step lands in
+  that bucket, and kept where it is at least :data:`MIN_GAIN` faster; the verdict is cached per machine
+  (``engine/model/layer_spec.py``). fp32 models stay eager: that level promises HF's own ops.
 * ``"on"``: native wherever it can run (fp32 too: tests check it against HF ``generate``).
 * ``"off"``: eager.
 
@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 
 from engine.model.autotune import BUCKET_NAMES, BUCKETS, bucket_index
-from engine.model.compiled import LayerShape, LayerWeights, LinearSpec, Rotary, VerdictCache, decode_layer
+from engine.model.layer_spec import LayerShape, LayerWeights, LinearSpec, Rotary, VerdictCache
 from engine.system import hardware
 from engine.system.paths import build_cache_dir
 
@@ -271,10 +271,18 @@ def flatten(weights: list[LayerWeights], dtype: torch.dtype) -> tuple[list[torch
 class NativeDecode:
     """The native decode step of one fused decoder: per batch bucket, native or eager, decided on first use.
 
-    Takes what :class:`engine.model.compiled.CompiledDecode` takes (the same layer shape, per-bucket weights,
-    rotary and cache signature), except: ``mode`` is "auto" (timed against eager per bucket, cached) or "on";
-    ``kv_layout`` is ``(layers, kv_heads, head_dim)``; ``layers(bucket)`` may describe row-padded kernels; and
-    ``every_step`` (deterministic mode) runs every step natively.
+    Args:
+        mode: "auto" (timed against eager per bucket, the verdict cached) or "on".
+        shape: the layer's constants.
+        layers: every layer's weights, per bucket: ``layers(bucket)`` (None where a kernel has no native form).
+        hidden: the hidden size; dtype: the activation dtype.
+        kv_layout: ``(layers, kv_heads, head_dim)`` of the pool.
+        rotary: ``rotary(x, positions)`` -> cos, sin as the eager path computes them ([T, 1, D]).
+        eager_trial: ``eager_trial(rows, context)`` -> a function that runs the eager layers of one decode step of
+            ``rows`` sequences at that context length over scratch inputs: what ``auto`` times the native step
+            against.
+        signature: names the model and its kernels, for ``auto``'s cache.
+        every_step: (deterministic mode) every step runs natively.
     """
 
     def __init__(
@@ -286,6 +294,7 @@ class NativeDecode:
         dtype: torch.dtype,
         kv_layout: tuple[int, int, int],
         rotary: Rotary,
+        eager_trial: Callable[[int, int], Callable[[], object]],
         signature: str,
         every_step: bool = False,
     ) -> None:
@@ -296,6 +305,7 @@ class NativeDecode:
         self.shape = shape
         self._layers = layers
         self._hidden, self._dtype, self._kv_layout, self._rotary = hidden, dtype, kv_layout, rotary
+        self._eager_trial = eager_trial
         self.signature = f"native {_code_digest()} {signature}"
         self._ready: dict[int, int] = {}  # bucket -> handle of its pinned weights
         self._handles: list[int] = []
@@ -362,21 +372,21 @@ class NativeDecode:
         cache = VerdictCache()
         key = VerdictCache.key(self.signature, bucket)
         verdict = cache.get(key)
-        if verdict is not None and not verdict["compiled"]:
+        if verdict is not None and not verdict["native"]:
             return f"eager: {verdict['reason']} (cached)"
         handle = self._pin(weights)
         if verdict is None:
             try:
-                eager_s, native_s = self._time(bucket, weights, handle)
+                eager_s, native_s = self._time(bucket, handle)
             except Exception as exc:  # noqa: BLE001 -- a step that cannot run is a step that stays eager
                 self._unpin(handle)
                 return f"eager: the native step failed a trial run ({type(exc).__name__}: {exc})"
             gain = eager_s / native_s - 1
             reason = f"{gain:+.0%} per step against eager ({eager_s * 1e3:.2f} vs {native_s * 1e3:.2f} ms)"
-            verdict = {"compiled": gain >= MIN_GAIN, "reason": reason, "eager_us": eager_s * 1e6}
-            verdict["compiled_us"] = native_s * 1e6
+            verdict = {"native": gain >= MIN_GAIN, "reason": reason, "eager_us": eager_s * 1e6}
+            verdict["native_us"] = native_s * 1e6
             cache.put(key, verdict)
-            if not verdict["compiled"]:
+            if not verdict["native"]:
                 self._unpin(handle)
                 return f"eager: {reason}"
         else:
@@ -393,7 +403,7 @@ class NativeDecode:
         self._handles.remove(handle)
         EXTENSION.unpin([handle])
 
-    def _time(self, bucket: int, weights: list[LayerWeights], handle: int) -> tuple[float, float]:
+    def _time(self, bucket: int, handle: int) -> tuple[float, float]:
         """Best-of-rounds time of one step's layers, eager and native, interleaved (seconds per step)."""
         rows, length = BUCKETS[bucket], _SCRATCH_CONTEXT
         num_layers, heads, head_dim = self._kv_layout
@@ -404,18 +414,12 @@ class NativeDecode:
         slot_mapping = torch.arange(length, length + rows)
         slots = torch.cat([torch.arange(length - 1).repeat(rows, 1), slot_mapping[:, None]], dim=1)
         lens = torch.full((rows,), length, dtype=torch.long)
-        mask = torch.zeros(rows, 1, 1, length)
-
-        def eager() -> None:
-            h = x
-            for i, w in enumerate(weights):
-                h = decode_layer(self.shape, h, cos, sin, w, pools[0][i], pools[1][i], slot_mapping, slots, mask)
 
         def native() -> None:
             self.run(handle, x, cos, sin, pools[0], pools[1], slot_mapping, slots, lens)
 
         best = {"eager": float("inf"), "native": float("inf")}
-        runs = {"eager": eager, "native": native}
+        runs = {"eager": self._eager_trial(rows, length), "native": native}
         with torch.inference_mode():
             native()  # a first call that raises stops here
             for _ in range(5):

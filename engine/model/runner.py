@@ -34,7 +34,6 @@ from engine.model.attention import (
     step_context,
 )
 from engine.model.autotune import Choice, PlanCache, Tuner
-from engine.model.compiled import CompiledDecode
 from engine.model.cuda_graphs import GraphedDecode
 from engine.model.kernels import KernelBuilder
 from engine.model.kv_cache import NULL_BLOCK, KVCache
@@ -143,29 +142,8 @@ class ModelRunner:
             kv_dtype,
         )
 
-    @property
-    def compiled_decode(self) -> CompiledDecode | None:
-        """The compiled decode steps, when ``enable_compile`` turned them on."""
-        return None if self._decoder is None else self._decoder.compiled
-
-    def enable_compile(self, mode: str) -> str:
-        """Compile decode steps in ``mode`` (``EngineConfig.compile``); returns how steps run, for the log."""
-        if mode == "off":
-            if self._decoder is not None:
-                self._decoder.compiled = None
-            return "eager"
-        if self._decoder is None or self.deterministic:
-            why = "the HF-module path" if self._decoder is None else "deterministic mode"
-        else:
-            problem = self._decoder.enable_compile(mode, self.kv, self._signature())
-            if problem is None:
-                return f"compiled decode steps ({mode}), per batch bucket in the background"
-            why = problem
-        log.info("decode steps run eager (compile=%s): %s", mode, why)
-        return f"eager: {why}"
-
     def _signature(self) -> str:
-        """Names the model and its kernels, for the compile and native verdict caches."""
+        """Names the model and its kernels, for the native step's verdict cache."""
         c = self.config
         return f"{c.model_type} {c.hidden_size}x{c.num_hidden_layers} {self.weight_quantization or self.dtype}"
 

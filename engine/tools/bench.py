@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from engine.api import SamplingParams
+from engine.api import COMPILE_REMOVED, SamplingParams
 from engine.core.llm import LLM
 from engine.system import hardware
 from engine.tools.timings import Timings
@@ -245,21 +245,6 @@ def _bench_cuda_graphs(llm: LLM, levels: list[int], max_tokens: int, repeats: in
     return rows
 
 
-def _bench_compiled(llm: LLM, mode: str, levels: list[int], max_tokens: int) -> dict[tuple[str, int], Any]:
-    """Our engine again with compiled decode steps (each bucket compiled before it is timed)."""
-    status = llm.engine.runner.enable_compile(mode)
-    compiled = llm.engine.runner.compiled_decode
-    rows: dict[tuple[str, int], Any] = {}
-    for c in levels:
-        how = compiled.prepare(c) if compiled is not None else status
-        bench_engine(llm, c, 4)
-        rows[("hearth_compiled", c)] = row = bench_engine(llm, c, max_tokens).row("hearth_compiled", c)
-        row.update(level=llm.quantization, compile=mode, decode_steps=how)
-        _emit(row)
-    llm.engine.runner.enable_compile("off")
-    return rows
-
-
 def _emit(row: dict[str, Any]) -> None:
     print(json.dumps(row), flush=True)
 
@@ -279,8 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--level", default=None, help="our quantization level (int4, int8, bf16, ...) instead of --dtype")
     parser.add_argument("--llama-server", default=None, metavar="PATH", help="also measure this llama-server binary")
     parser.add_argument("--gguf", default=None, help="the GGUF llama-server runs (default: the model's own)")
-    parser.add_argument("--compile", default="off", metavar="MODE",
-                        help="also measure our engine with decode steps compiled in MODE (auto, default, max-autotune)")
+    parser.add_argument("--compile", nargs="?", const="", default=None, help=argparse.SUPPRESS)  # removed: refused
     parser.add_argument("--device", default="auto", help="ours and HF's: auto, cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="also measure our engine with CUDA graphs off, in rounds alternating with on (a GPU)")
@@ -295,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the engine stepped by hand against its loop thread and Hearth's server "
                              "(engine/tools/bench_paths.py)")
     args = parser.parse_args(argv)
+    if args.compile is not None:
+        parser.error(f"--compile: {COMPILE_REMOVED}")
     args.concurrency = args.concurrency or ("1,4" if args.structured else "1,4,16")
     args.max_tokens = args.max_tokens or (160 if args.structured else 64)
     logging.basicConfig(level=logging.WARNING)
@@ -339,8 +325,6 @@ def main(argv: list[str] | None = None) -> int:
             results[("hearth", c)] = row = bench_engine(llm, c, args.max_tokens).row("hearth", c)
             row["level"] = llm.quantization
             _emit(row)
-    if args.compile != "off":
-        results.update(_bench_compiled(llm, args.compile, levels, args.max_tokens))
 
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM
@@ -397,11 +381,6 @@ def main(argv: list[str] | None = None) -> int:
         eager = results.get(("hearth_no_cuda_graphs", c))
         if eager and mine:
             summary[f"c{c}_cuda_graphs_vs_eager"] = round(mine["tok_s"] / eager["tok_s"], 2)
-        compiled = results.get(("hearth_compiled", c))
-        if compiled and mine:
-            summary[f"c{c}_compiled_vs_eager"] = round(compiled["tok_s"] / mine["tok_s"], 2)
-            if theirs:
-                summary[f"c{c}_compiled_vs_llama_server"] = round(compiled["tok_s"] / theirs["tok_s"], 2)
     if len(summary) > 1:
         _emit(summary)
     llm.close()

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.api import EngineConfig
+from engine.api import COMPILE_REMOVED, EngineConfig
 from engine.architectures import ARCHITECTURES, TESTED_MODEL_TYPES
 from engine.model import native
-from engine.model.compiled import VerdictCache
+from engine.model.layer_spec import VerdictCache
 from tests.engine.conftest import TOKENIZER_FILES
 from tests.engine.hf_reference import assert_matches_hf
 from tests.engine.test_correctness import MODES, PROMPTS
@@ -218,7 +218,7 @@ def test_auto_keeps_fp32_eager_and_reads_cached_verdicts(
         assert decode.reasons[0].split(":")[0] in ("native", "eager"), decode.reasons
         cache = VerdictCache()
         assert cache.get(VerdictCache.key(decode.signature, 0)) is not None, decode.reasons  # measured, written
-        cache.put(VerdictCache.key(decode.signature, 1), {"compiled": False, "reason": "measured slower"})
+        cache.put(VerdictCache.key(decode.signature, 1), {"native": False, "reason": "measured slower"})
         assert decode.weights_for(3) is None
         assert decode.reasons[1] == "eager: measured slower (cached)"
     finally:
@@ -326,3 +326,21 @@ def test_a_native_step_that_cannot_start_leaves_the_model_loading(
 def test_native_mode_is_checked() -> None:
     with pytest.raises(ValueError, match="native"):
         EngineConfig(native="fast")
+
+def test_the_removed_compile_option_is_refused_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    """The torch.compile decode path is gone (slower than eager and native): old callers learn why, and what
+    replaces it, from ``EngineConfig``, ``LLM`` (before any model loads) and the benchmark's ``--compile``."""
+    from engine.tools import bench
+
+    assert "native decode step (EngineConfig.native" in COMPILE_REMOVED
+    for value in ("default", "off", "auto"):
+        with pytest.raises(TypeError, match="torch.compile decode path was removed"):
+            EngineConfig(compile=value)
+    with pytest.raises(TypeError, match="slower than the eager and native decode paths"):
+        LLM("no-such-model", compile="default")
+    assert EngineConfig().native == "auto"  # the default still builds
+    for argv in (["--compile", "max-autotune"], ["--compile"]):
+        with pytest.raises(SystemExit) as exit_info:
+            bench.main(argv)
+        assert exit_info.value.code == 2
+        assert "--compile: the torch.compile decode path was removed" in capsys.readouterr().err

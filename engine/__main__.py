@@ -37,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _retune() -> None:
     """Remove this CPU's cached kernel plans and say how many."""
-    from engine.model.autotune import PlanCache
+    from engine.model.plan_cache import PlanCache
     from engine.system.hardware import detect
 
     cache = PlanCache()

@@ -31,7 +31,8 @@ import torch
 
 from engine.loading.formats.gguf_blocks import Int4Parts
 from engine.loading.gguf_weights import GgufWeights, matches
-from engine.model.autotune import Kernel, Plan, TunedLinear, Tuner
+from engine.model.autotune import Kernel, TunedLinear, Tuner
+from engine.model.plan_cache import Plan
 from engine.model.quantization import (
     INT4_GROUP_SIZE,
     DenseLinear,

@@ -33,11 +33,12 @@ from engine.model.attention import (
     register_hf_attention,
     step_context,
 )
-from engine.model.autotune import Choice, PlanCache, Tuner
+from engine.model.autotune import Choice, Tuner
 from engine.model.cuda_graphs import GraphedDecode
 from engine.model.kernels import KernelBuilder
 from engine.model.kv_cache import NULL_BLOCK, KVCache
 from engine.model.llama import FusedDecoder
+from engine.model.plan_cache import PlanCache
 from engine.model.quantization import DenseLinear, Linear, make_linear
 
 log = logging.getLogger("engine")

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from engine.model import autotune
-from engine.model.autotune import BUCKETS, Measurement, PlanCache, TunedLinear, Tuner, bucket_index, choose
+from engine.model.autotune import BUCKETS, Measurement, TunedLinear, Tuner, bucket_index, choose
+from engine.model.plan_cache import CACHE_FILENAME, Plan, PlanCache
 
 
 def _always(name: str, beside: str) -> bool:
@@ -160,7 +161,7 @@ class _Timings:
         return [self.base[value][BUCKETS.index(rows)] * (self.factor if busy else 1.0)] * 5
 
 
-def _plan(path: Path) -> autotune.Plan:
+def _plan(path: Path) -> Plan:
     kernels = {"int4": _Fake(4), "dense": _Fake(16)}
     return Tuner(torch.bfloat16, PlanCache(path), 10_000, 30).plan_for("qkv", (8, 4), kernels, "int4", frozenset())
 
@@ -207,7 +208,7 @@ def test_retune_removes_this_machines_plans(
 
     monkeypatch.setenv("HEARTH_DATA_DIR", str(tmp_path))
     monkeypatch.setattr(autotune, "time_kernel", _Timings())
-    path = tmp_path / autotune.CACHE_FILENAME
+    path = tmp_path / CACHE_FILENAME
     _plan(path)
     Tuner(torch.bfloat16, PlanCache(), 10_000, 30, deterministic=True).plan_for(
         "qkv", (8, 4), {"int4": _Fake(4), "dense": _Fake(16)}, "int4", frozenset()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.model import autotune, native, vnni
+from engine.model import autotune, native, plan_cache, vnni
 from engine.model.autotune import Kernel, PaddedRows, TunedLinear, Tuner
 from engine.model.kernels import KernelBuilder
 from engine.model.quantization import Int4Linear, Int4VnniLinear, Int8Linear, Int8VnniLinear
@@ -184,7 +184,7 @@ def test_native_steps_run_it_as_eager_layers_do(
         return [1.0 if isinstance(inner, Int4VnniLinear) else 5.0] * autotune._REPEATS
 
     monkeypatch.setattr(autotune, "time_kernel", fake_time)
-    monkeypatch.setattr(autotune, "data_dir", lambda: tmp_path)  # plans from the fake timings stay here
+    monkeypatch.setattr(plan_cache, "data_dir", lambda: tmp_path)  # plans from the fake timings stay here
     llm = LLM("default", quantization="int4", native="on", start_loop=False, kv_cache_bytes=64 << 20)
     try:
         for choice in llm.engine.runner.kernel_choices:

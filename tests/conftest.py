@@ -65,10 +65,10 @@ def shared_default_llm(default_model_dir: Path) -> Iterator[Callable[..., Any]]:
     """``shared_default_llm(level, **options)``: the default model at ``level`` ("fp32", "bf16", "int8", "int4"),
     loaded once per session for each set of options, stepped by the caller (no loop thread), closed at the end.
 
-    ``kv_cache_bytes`` defaults to 64 MiB, so callers that ask only for a level share one engine. A test may submit,
-    step, cancel its own finished work and reset the prefix cache (the engine then holds what it held before, bar
-    the prefix cache and rolling metrics); a test that leaves requests running, closes the engine, changes its
-    config, kernels or speculation, or needs the loop thread loads its own ``LLM``.
+    ``kv_cache_bytes`` defaults to 64 MiB, so callers that ask only for a level share one engine. A test may submit
+    requests and step them until all have finished (cancelled ones too), and may reset the prefix cache: later tests
+    then find the engine as it was, bar its prefix cache and rolling metrics. A test that leaves requests unfinished,
+    closes the engine, changes its config, kernels or speculation, or needs the loop thread loads its own ``LLM``.
     """
     from engine import LLM
 

@@ -48,7 +48,8 @@ def _run_all(engine: Any, prompt: Any, params: list[SamplingParams]) -> list[Any
 
 
 @pytest.fixture(scope="module")
-def tiny_llm(tiny_model_dirs: dict[str, Path]) -> Any:
+def batch32_llm(tiny_model_dirs: dict[str, Path]) -> Any:
+    """The tiny llama with room for 32 sequences, shared by the module (each test drains what it submits)."""
     from engine import LLM
 
     llm = LLM(str(tiny_model_dirs["llama"]), dtype="float32", start_loop=False, kv_cache_bytes=64 << 20,
@@ -57,9 +58,9 @@ def tiny_llm(tiny_model_dirs: dict[str, Path]) -> Any:
     llm.close()
 
 
-def test_100_seeded_samples_on_a_tiny_model_all_validate(tiny_llm: Any) -> None:
+def test_100_seeded_samples_on_a_tiny_model_all_validate(batch32_llm: Any) -> None:
     params = [SamplingParams(max_tokens=250, temperature=1.0, seed=seed, json_schema=SCHEMA) for seed in range(100)]
-    outs = _run_all(tiny_llm.engine, [{"role": "user", "content": "A shape, as JSON."}], params)
+    outs = _run_all(batch32_llm.engine, [{"role": "user", "content": "A shape, as JSON."}], params)
     for out in outs:
         assert out.finish_reason == "stop", (out.finish_reason, out.text)
         Shape.model_validate_json(out.text)  # raises if the document does not validate
@@ -79,15 +80,15 @@ def test_json_object_and_schema_on_the_default_model(default_llm: Any) -> None:
     assert isinstance(json.loads(outs[3].text), dict)
 
 
-def test_a_schema_the_grammar_cannot_take_is_a_value_error(tiny_llm: Any) -> None:
+def test_a_schema_the_grammar_cannot_take_is_a_value_error(batch32_llm: Any) -> None:
     with pytest.raises(ValueError, match="json_schema"):
-        tiny_llm.engine.submit("Hi", SamplingParams(json_schema={"type": "no-such-type"}))
+        batch32_llm.engine.submit("Hi", SamplingParams(json_schema={"type": "no-such-type"}))
 
 
 
-def test_n_sequences_share_the_prompt_blocks(tiny_llm: Any) -> None:
+def test_n_sequences_share_the_prompt_blocks(batch32_llm: Any) -> None:
     """``submit_n``: the first sequence computes the prompt, the others find its full blocks in the prefix cache."""
-    engine = tiny_llm.engine
+    engine = batch32_llm.engine
     prompt = list(range(100, 160))  # 60 tokens: three full blocks of 16
     handles = engine.submit_n(prompt, SamplingParams(max_tokens=4, temperature=1.0, seed=7, n=3))
     while engine.has_work():

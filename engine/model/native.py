@@ -297,16 +297,13 @@ class NativeDecode:
 
     Args:
         mode: "auto" (timed against eager per bucket, the verdict cached) or "on".
-        shape: the layer's constants.
+        shape, hidden, dtype: the layer's constants, the hidden size, the activation dtype.
         layers: every layer's weights, per bucket: ``layers(bucket)`` (None where a kernel has no native form).
-        hidden: the hidden size; dtype: the activation dtype.
         kv_layout: ``(layers, kv_heads, head_dim)`` of the pool.
         rotary: ``rotary(x, positions)`` -> cos, sin as the eager path computes them ([T, 1, D]).
-        eager_trial: ``eager_trial(rows, context)`` -> a function that runs the eager layers of one decode step of
-            ``rows`` sequences at that context length over scratch inputs: what ``auto`` times the native step
-            against.
-        signature: names the model and its kernels, for ``auto``'s cache.
-        every_step: (deterministic mode) every step runs natively.
+        eager_trial: ``eager_trial(rows, context)`` -> a function running one eager decode step's layers over
+            scratch inputs: what ``auto`` times the native step against.
+        signature: names the model and its kernels, for ``auto``'s cache; every_step: (deterministic mode) all.
     """
 
     def __init__(

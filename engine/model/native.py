@@ -32,36 +32,25 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import shutil
-import subprocess
 import sys
-import sysconfig
-import tempfile
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
 from engine.model.autotune import BUCKET_NAMES, BUCKETS, bucket_index
 from engine.model.layer_spec import LayerShape, LayerWeights, LinearSpec, Rotary, VerdictCache
+from engine.model.native_build import build, build_key, compiler, source_digest, sources
 from engine.system import hardware
 from engine.system.paths import build_cache_dir
 
 log = logging.getLogger("engine")
 
-#: The extension's C++ sources: one .cpp per op family with its header (``decode_step.cpp`` registers the ops).
-SOURCE_DIR = Path(__file__).parent / "csrc"
 #: ``auto`` keeps the native step for a bucket only where it is at least this much faster than eager.
 MIN_GAIN = 0.05
-# -fopenmp at compile time only: at::parallel_for is OpenMP pragmas inlined from ATen's headers (serial without it),
-# and the library is linked without libgomp, so they bind to the OpenMP runtime torch already loaded (one pool).
-# Every warning is an error; torch's headers come in as system headers (-isystem), whose warnings are not ours.
-_FLAGS = ["-O3", "-march=native", "-std=c++17", "-fPIC", "-fopenmp", "-Wall", "-Werror"]
 _KINDS = {"int4": 0, "int8": 1, "dense": 2, "int4_vnni": 3}
 #: The offline bundle's prebuilt copy for any x86-64 CPU with AVX2: where it lies in the bundle, what it is built
 #: for, and the CPU flags (as /proc/cpuinfo names them) that this needs.
@@ -81,15 +70,6 @@ BUNDLED_BUILDS = (
 _SCRATCH_CONTEXT = 64  # context length of the timing calls
 
 
-def _compiler() -> str | None:
-    for name in (os.environ.get("CXX"), sysconfig.get_config_var("CXX"), "c++", "g++", "clang++"):
-        if name:
-            path = shutil.which(name.split()[0])
-            if path is not None:
-                return path
-    return None
-
-
 def native_problem(device: torch.device, kv_dtype: torch.dtype) -> str | None:
     """Why native decode steps cannot run here, or None when they can (once built)."""
     if device.type != "cpu":
@@ -106,35 +86,9 @@ def native_problem(device: torch.device, kv_dtype: torch.dtype) -> str | None:
         return None
     if sys.platform == "win32":
         return "native steps are built on Linux and macOS only"
-    if _compiler() is None:
+    if compiler() is None:
         return "no C++ compiler found (set CXX, or install g++)"
     return None
-
-
-def _sources() -> list[Path]:
-    """Every C++ file of the extension, headers included, in a fixed order (none in the bundle)."""
-    return sorted(p for p in SOURCE_DIR.glob("*") if p.suffix in (".cpp", ".h"))
-
-
-def _source_digest() -> str:
-    """One digest of every source file's name and content: any edit to any of them changes it."""
-    digest = hashlib.sha256()
-    for path in _sources():
-        content = path.read_bytes()
-        digest.update(f"{path.name}\0{len(content)}\0".encode())
-        digest.update(content)
-    return digest.hexdigest()
-
-
-def _build_key(compiler: str) -> str:
-    """Names one build: the sources, torch, the compiler and flags, and the CPU it is tuned for."""
-    flags, model = hardware.cpu_flags_and_model()
-    try:
-        version = subprocess.run([compiler, "--version"], check=False, capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        version = compiler
-    parts = [_source_digest(), torch.__version__, version, " ".join(_FLAGS), model, " ".join(sorted(flags))]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
 def _bundle_root() -> Path:
@@ -157,49 +111,7 @@ def library_path() -> Path:
     may not exist yet)."""
     if getattr(sys, "frozen", False):
         return bundled_library() or Path(BUNDLED_LIBRARY)
-    compiler = _compiler()
-    return build_cache_dir() / "native" / f"decode_step-{_build_key(compiler or 'none')}.so"
-
-
-def build(path: Path, march: tuple[str, ...] | None = None) -> None:
-    """Compile the extension into ``path`` (atomically: a half-written library is never loaded).
-
-    Each source file compiles on its own, as many at once as there are cores; then one link.
-    ``march`` replaces ``-march=native``: the offline bundle's prebuilt copies are built for CPU levels
-    (:data:`BUNDLED_BUILDS`) rather than for this CPU.
-    """
-    compiler = _compiler()
-    if compiler is None:
-        raise RuntimeError("no C++ compiler found")
-    from torch.utils.cpp_extension import include_paths, library_paths
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    flags = [g for f in _FLAGS for g in (march if march is not None and f == "-march=native" else (f,))]
-    compile_cmd = [compiler, *flags, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
-    for include in include_paths():
-        compile_cmd += ["-isystem", include]
-    sources = [source for source in _sources() if source.suffix == ".cpp"]
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.stem}-") as scratch:
-        objects = [Path(scratch) / f"{source.stem}.o" for source in sources]
-        steps = [[*compile_cmd, "-c", str(src), "-o", str(obj)] for src, obj in zip(sources, objects, strict=True)]
-        with ThreadPoolExecutor(max_workers=max(1, min(len(steps), os.cpu_count() or 1))) as pool:
-            list(pool.map(_build_step, steps))  # the first failure, in source order, raises
-        tmp = Path(scratch) / path.name
-        link_cmd = [compiler, "-shared", *map(str, objects), "-o", str(tmp)]
-        for lib in library_paths():
-            link_cmd += [f"-L{lib}", f"-Wl,-rpath,{lib}"]
-        _build_step([*link_cmd, "-lc10", "-ltorch_cpu"])
-        os.replace(tmp, path)
-
-
-def _build_step(cmd: list[str]) -> None:
-    """Runs one compile or link; a failure raises with the first error line."""
-    result = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
-    if result.returncode != 0:
-        lines = (result.stderr or result.stdout).strip().splitlines()
-        errors = [line for line in lines if "error" in line] or lines
-        raise RuntimeError(f"the C++ build failed: {errors[0] if errors else result.returncode}")
+    return build_cache_dir() / "native" / f"decode_step-{build_key(compiler() or 'none')}.so"
 
 
 class _Extension:
@@ -465,8 +377,8 @@ def _same_kernels(a: list[LayerWeights], b: list[LayerWeights] | None) -> bool:
 
 def _code_digest() -> str:
     """Names the native code that runs: its sources, or in the bundle (which carries no sources) the prebuilt copy."""
-    if _sources():
-        return _source_digest()[:12]
+    if sources():
+        return source_digest()[:12]
     try:
         return hashlib.sha256(library_path().read_bytes()).hexdigest()[:12]
     except OSError:

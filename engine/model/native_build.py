@@ -1,0 +1,105 @@
+"""Building the native extension: its C++ sources, the compiler and flags, the build's key, and the compile itself.
+
+The sources (``csrc/``) are one ``.cpp`` per op family, each with its header: ``decode_step.cpp`` (the layer loop
+and the op registrations), ``linear.cpp``, ``small_ops.cpp``, ``attention.cpp`` and ``vnni.cpp`` (the AVX512-VNNI
+kernels). Each compiles on its own, as many at once as there are cores, with every warning an error; then one
+link against torch's libraries. Where the build lands, and when it is loaded, is ``engine/model/native.py``'s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from engine.system import hardware
+
+#: The extension's C++ sources: one .cpp per op family with its header (``decode_step.cpp`` registers the ops).
+SOURCE_DIR = Path(__file__).parent / "csrc"
+# -fopenmp at compile time only: at::parallel_for is OpenMP pragmas inlined from ATen's headers (serial without it),
+# and the library is linked without libgomp, so they bind to the OpenMP runtime torch already loaded (one pool).
+# Every warning is an error; torch's headers come in as system headers (-isystem), whose warnings are not ours.
+FLAGS = ["-O3", "-march=native", "-std=c++17", "-fPIC", "-fopenmp", "-Wall", "-Werror"]
+
+
+def compiler() -> str | None:
+    """The C++ compiler to build with (``CXX``, Python's own, or the usual names), if there is one."""
+    for name in (os.environ.get("CXX"), sysconfig.get_config_var("CXX"), "c++", "g++", "clang++"):
+        if name:
+            path = shutil.which(name.split()[0])
+            if path is not None:
+                return path
+    return None
+
+
+def sources() -> list[Path]:
+    """Every C++ file of the extension, headers included, in a fixed order (none in the bundle)."""
+    return sorted(p for p in SOURCE_DIR.glob("*") if p.suffix in (".cpp", ".h"))
+
+
+def source_digest() -> str:
+    """One digest of every source file's name and content: any edit to any of them changes it."""
+    digest = hashlib.sha256()
+    for path in sources():
+        content = path.read_bytes()
+        digest.update(f"{path.name}\0{len(content)}\0".encode())
+        digest.update(content)
+    return digest.hexdigest()
+
+
+def build_key(compiler: str) -> str:
+    """Names one build: the sources, torch, the compiler and flags, and the CPU it is tuned for."""
+    flags, model = hardware.cpu_flags_and_model()
+    try:
+        version = subprocess.run([compiler, "--version"], check=False, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = compiler
+    parts = [source_digest(), torch.__version__, version, " ".join(FLAGS), model, " ".join(sorted(flags))]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def build(path: Path, march: tuple[str, ...] | None = None) -> None:
+    """Compile the extension into ``path`` (atomically: a half-written library is never loaded).
+
+    ``march`` replaces ``-march=native``: the offline bundle's prebuilt copies are built for CPU levels
+    (``engine.model.native.BUNDLED_BUILDS``) rather than for this CPU.
+    """
+    cxx = compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler found")
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    flags = [g for f in FLAGS for g in (march if march is not None and f == "-march=native" else (f,))]
+    compile_cmd = [cxx, *flags, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+    for include in include_paths():
+        compile_cmd += ["-isystem", include]
+    units = [source for source in sources() if source.suffix == ".cpp"]
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.stem}-") as scratch:
+        objects = [Path(scratch) / f"{unit.stem}.o" for unit in units]
+        steps = [[*compile_cmd, "-c", str(unit), "-o", str(obj)] for unit, obj in zip(units, objects, strict=True)]
+        with ThreadPoolExecutor(max_workers=max(1, min(len(steps), os.cpu_count() or 1))) as pool:
+            list(pool.map(_run, steps))  # the first failure, in source order, raises
+        tmp = Path(scratch) / path.name
+        link_cmd = [cxx, "-shared", *map(str, objects), "-o", str(tmp)]
+        for lib in library_paths():
+            link_cmd += [f"-L{lib}", f"-Wl,-rpath,{lib}"]
+        _run([*link_cmd, "-lc10", "-ltorch_cpu"])
+        os.replace(tmp, path)
+
+
+def _run(cmd: list[str]) -> None:
+    """Runs one compile or link; a failure raises with the first error line."""
+    result = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        lines = (result.stderr or result.stdout).strip().splitlines()
+        errors = [line for line in lines if "error" in line] or lines
+        raise RuntimeError(f"the C++ build failed: {errors[0] if errors else result.returncode}")

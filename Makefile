@@ -32,7 +32,10 @@ install: $(STAMP) $(MODEL_STAMP) ## create .venv, install the project and the de
 	$(PY) -m engine.default_model
 	@# the native decode step and VNNI kernels, once per machine (~12 s), so the first start runs at full speed;
 	@# without a C++ compiler this prints why and the engine runs eager
-	$(PY) -c 'from engine.model.native import EXTENSION; print("native decode step:", EXTENSION.start(wait=True) or "ready")'
+	@# every warning an error here (a user's own first-start build only warns); a failed build fails the install
+	HEARTH_NATIVE_WERROR=1 $(PY) -c 'import sys; from engine.model.native import EXTENSION; from engine.model.native_build import compiler; \
+		problem = EXTENSION.start(wait=True); print("native decode step:", problem or "ready"); \
+		sys.exit(1 if problem and compiler() and "C++ build failed" in problem else 0)'
 
 .PHONY: run
 run: install ## open the app

@@ -2,8 +2,8 @@
 
 The native step (``engine/model/native.py``) runs every layer of a decode-only step in one C++ call, so each layer's
 kernels travel as tensors and a kind (:class:`LinearSpec`) rather than as Python objects. The layer math itself
-lives once in Python (``FusedDecoder._decoder_layers`` in ``engine/model/llama.py``) and once in C++
-(``csrc/decode_step.cpp``).
+lives once in Python (``FusedDecoder._decoder_layers`` in ``engine/model/llama.py``) and once in C++ (the layer
+loop in ``csrc/decode_step.cpp`` over the op families beside it).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Native decode steps: every layer of a decode-only step in one C++ call (``csrc/decode_step.cpp``).
+"""Native decode steps: every layer of a decode-only step in one C++ call (the layer loop in ``csrc/decode_step.cpp``,
+its op families beside it in ``csrc/``).
 
 On a small model an eager decode step is mostly per-op overhead: some twenty torch calls per layer from Python.
 The native step runs the layer loop in C++: each layer's tuned matmul kernels (torch's packed int4, int8 or dense
@@ -11,11 +12,12 @@ to the tuner where :func:`engine.model.vnni.vnni_problem` finds nothing against 
 
 The extension is compiled once per machine with the system's C++ compiler, for this CPU (``-march=native``), and
 kept in ``build_cache_dir()/native`` (shared by every data dir) under a key of its source, the torch version, the
-compiler and the CPU's flags. The first start builds it in the background (about 12 s on 2 cores; steps run eager
-meanwhile); later starts load it in milliseconds. The offline bundle carries a copy built when the bundle is
-(``packaging/hearth.spec``), for any x86-64 CPU with AVX2 and FMA, and checks the running CPU's flags before
-loading it. Where there is no compiler, the build fails or the CPU lacks those flags, steps run eager, with the
-reason logged and shown by ``python -m engine info``.
+compiler and the CPU's flags (``engine/model/native_build.py``). The first start builds it in the background, so a
+start never waits on the compiler (steps run eager meanwhile); later starts only load the library. The offline
+bundle carries copies built when the bundle is (``packaging/hearth.spec``, :data:`BUNDLED_BUILDS`), the most
+portable for any x86-64 CPU with AVX2 and FMA, and checks the running CPU's flags before loading one. Where there is
+no compiler, the build fails or the CPU lacks those flags, steps run eager, with the reason logged and shown by
+``python -m engine info``.
 
 ``EngineConfig.native``:
 

@@ -2,8 +2,9 @@
 
 The sources (``csrc/``) are one ``.cpp`` per op family, each with its header: ``decode_step.cpp`` (the layer loop
 and the op registrations), ``linear.cpp``, ``small_ops.cpp``, ``attention.cpp`` and ``vnni.cpp`` (the AVX512-VNNI
-kernels). Each compiles on its own, as many at once as there are cores, with every warning an error; then one
-link against torch's libraries. Where the build lands, and when it is loaded, is ``engine/model/native.py``'s.
+kernels). Each compiles on its own, as many at once as there are cores, with every warning shown (``-Wall``) and,
+where :data:`WERROR_ENV` asks (``make install`` and the tests), made an error; then one link against torch's
+libraries. Where the build lands, and when it is loaded, is ``engine/model/native.py``'s.
 """
 
 from __future__ import annotations

@@ -187,7 +187,7 @@ class Int4Linear:
 
 class Int4VnniLinear:
     """An :class:`Int4Linear`'s very bytes, run by the native extension's AVX512-VNNI kernel
-    (``torch.ops.hearth.int4_vnni_mm``, ``engine/model/csrc/decode_step.cpp``).
+    (``torch.ops.hearth.int4_vnni_mm``, ``engine/model/csrc/vnni.cpp``).
 
     It splits each row's activations per 32 values into two int8 planes (about 16 bits) and sums four 4-bit x
     8-bit products per 32-bit lane, where torch's kernel dequantizes every weight to fp32: measured here 1.5-2x

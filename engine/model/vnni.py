@@ -1,4 +1,4 @@
-"""Whether the native extension's AVX512-VNNI kernels may serve here (``engine/model/csrc/decode_step.cpp``).
+"""Whether the native extension's AVX512-VNNI kernels may serve here (``engine/model/csrc/vnni.cpp``).
 
 ``Int4VnniLinear`` and ``Int8VnniLinear`` (``engine/model/quantization.py``) read torch's own int4 and int8 bytes
 with int8-plane activations. They are offered to the tuner (``engine/model/kernels.py``) only where the extension

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from engine import LLM, SamplingParams
+from engine import SamplingParams
 from engine.architectures import ARCHITECTURES, TESTED_MODEL_TYPES
+from tests.engine.conftest import TinyLLM
 from tests.engine.hf_reference import assert_matches_hf
 
 MAX_NEW = 24
@@ -74,20 +75,16 @@ def test_default_model_matches_hf(
 
 
 @pytest.mark.parametrize("family", TESTED_MODEL_TYPES)
-def test_tiny_models_match_hf(family: str, tiny_model_dirs: dict[str, Path]) -> None:
+def test_tiny_models_match_hf(family: str, tiny_model_dirs: dict[str, Path], tiny_llm: TinyLLM) -> None:
     from transformers import AutoModelForCausalLM
 
-    folder = tiny_model_dirs[family]
-    reference = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
-    llm = LLM(folder, dtype="float32", start_loop=False, kv_cache_bytes=8 << 20, max_num_batched_tokens=64)
-    try:
-        assert llm.engine.runner.is_fused == (ARCHITECTURES[family].path == "fused")
-        prompts = [llm.engine.tokenize(p) for p in PROMPTS[1:7]]
-        params = SamplingParams(max_tokens=16, temperature=0.0)
-        for mode in ("together", "staggered"):
-            outputs = MODES[mode](llm, prompts, params)
-            for p, out in zip(prompts, outputs, strict=True):
-                assert_matches_hf(reference, p, out, 16)
-        assert llm.metrics().kv_blocks_used == 0
-    finally:
-        llm.close()
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dirs[family], dtype="float32").eval()
+    llm = tiny_llm(family, max_num_batched_tokens=64)
+    assert llm.engine.runner.is_fused == (ARCHITECTURES[family].path == "fused")
+    prompts = [llm.engine.tokenize(p) for p in PROMPTS[1:7]]
+    params = SamplingParams(max_tokens=16, temperature=0.0)
+    for mode in ("together", "staggered"):
+        outputs = MODES[mode](llm, prompts, params)
+        for p, out in zip(prompts, outputs, strict=True):
+            assert_matches_hf(reference, p, out, 16)
+    assert llm.metrics().kv_blocks_used == 0

@@ -263,7 +263,7 @@ class EngineConfig:
             tokens exceeds twice its solo figure, or memory runs short; ``max_batch_size`` stays the ceiling.
         deterministic: greedy replies repeat bitwise whatever else shares a step and whatever the prefix cache
             holds: row-invariant kernels and attention (``engine/model/runner.py``; CPU only). Off by default:
-            it cost about half the throughput when measured (bf16 default model, 1 and 16 streams).
+            it gives up the faster kernels whose rounding depends on the batch's shape (docs/BENCHMARKS.md).
         speculative: speculative decoding (``engine/core/speculative.py``): ``"off"``, ``"ngram"`` (drafts looked
             up in the request's own context), ``"self-int4"`` (the model's own int4 copy drafts) or
             ``{"draft_model": PATH}`` (a small model with the same tokenizer). Output is unchanged: greedy

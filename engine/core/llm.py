@@ -78,7 +78,8 @@ class LLM:
 
         Every torch op of the engine then runs on one thread. With OpenMP, each thread that runs parallel work
         keeps its own team of workers: a model loaded on the caller's thread and stepped on another leaves two
-        teams on the cores, and on a 2-core CPU that made every step about twice as slow (measured).
+        teams contending for the cores, each waiting on the other's threads, and every step slows down (most on a
+        machine with few cores; docs/BENCHMARKS.md).
         """
         ready = threading.Event()
         failure: list[BaseException] = []

@@ -149,8 +149,8 @@ class LLMEngine:
                                   self.cancel)
 
     def prepare(self, params: SamplingParams) -> None:
-        """Check and compile ``params``' grammar now (the first one builds the tokenizer's automaton, ~1 s), so
-        ``submit`` does not pay for it on the caller's event loop. ``ValueError`` for a bad schema."""
+        """Check and compile ``params``' grammar now (the first one builds the tokenizer's automaton, the costly
+        part), so ``submit`` does not pay for it on the caller's event loop. ``ValueError`` for a bad schema."""
         self.grammars.matcher(params)
 
     def cancel(self, request_id: str) -> None:

@@ -3,9 +3,10 @@
 The fused decoder (``engine/model/llama.py``) reads an HF causal LM's parameters and calls only its embedding and
 rotary modules, so for the types it runs this module builds a small model with the same attribute names
 (``model.layers[i].self_attn.q_proj``, ``model.norm``, ``lm_head``...) and fills it straight from the files.
-Importing transformers' Llama modeling and config code costs seconds (it pulls in ``torch.distributed``), and
-transformers itself most of a second; this path imports none of it: the config is :class:`ModelConfig`, and the
-tokenizer, where the folder has a plain ``tokenizer.json``, :class:`engine.loading.tokenizer.Tokenizer`.
+Importing transformers' Llama modeling and config code pulls in ``torch.distributed``, and transformers itself is
+a heavy import; a warm start should pay for neither, so this path imports none of it: the config is
+:class:`ModelConfig`, and the tokenizer, where the folder has a plain ``tokenizer.json``,
+:class:`engine.loading.tokenizer.Tokenizer`.
 
 * **safetensors**: the tensors are read into the skeleton in the load dtype (``load_state_dict(assign=True)``).
 * **GGUF**: config and tokenizer are converted once by transformers and cached in the data folder

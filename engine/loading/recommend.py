@@ -11,9 +11,10 @@ alone, before any weight is read, with the formulas of the model registry (``eng
 
 The highest precision that fits with a margin wins. On a CPU, bf16 is preferred when the CPU has native bf16
 (avx512_bf16 or AMX) or torch has fbgemm's packed fp16 GEMM (bf16 weights converted exactly to fp16, fp32 math:
-measured here 3-5x faster than both fp32 and bf16 ``F.linear`` at 1-64 rows, since plain bf16 GEMM runs row by row
-without avx512_bf16). Without either, int8 through torch's packed kernel is the fast choice (int8 weight-only GEMV
-moves 25-37 GB/s against fp32's ~17 GB/s), and fp32 is kept for models small enough that speed is not the issue.
+faster than both fp32 and bf16 ``F.linear``, since plain bf16 GEMM runs row by row without avx512_bf16 and fp32
+reads twice the bytes). Without either, int8 through torch's packed kernel is the fast choice: decode reads every
+weight byte once per token, so fewer bytes win, and torch's int8 GEMV streams its weights faster than an fp32 GEMV
+does (docs/BENCHMARKS.md). fp32 is kept for models small enough that speed is not the issue.
 
 One exception on a CPU: decoder weights that come from a GGUF file whose linear tensors are all blocks one level's
 kernel runs as they are (Q4_0/Q4_1/Q4_K for int4, Q8_0 for int8: :mod:`engine.loading.formats`), given as the GGUF

@@ -1,4 +1,4 @@
-"""A model folder's tokenizer over the ``tokenizers`` library, without importing transformers (most of a second).
+"""A model folder's tokenizer over the ``tokenizers`` library, without importing transformers (a heavy import).
 
 For a folder with a ``tokenizer.json`` whose ``tokenizer_config.json`` names the plain tokenizers-backed class
 (:func:`is_plain`), :class:`Tokenizer` reads the same files transformers 5's ``TokenizersBackend`` reads, the same

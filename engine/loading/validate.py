@@ -121,7 +121,7 @@ def _check_config(config: dict[str, Any], where: Path) -> tuple[str, str]:
 def _transformers_knows(model_type: str) -> bool:
     """Whether the installed transformers has a causal LM of this type (the fused types run without it)."""
     if ARCHITECTURES[model_type].path == "fused":
-        return True  # built by engine/loading/native.py; importing transformers' model tables costs seconds
+        return True  # built by engine/loading/native.py; importing transformers' model tables would slow the start
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES

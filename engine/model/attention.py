@@ -78,14 +78,16 @@ def paged_attention(
     nd = ctx.num_decode
     decoded = None
     if nd:
-        # on a CPU, fp32 decode attention is 3-8x faster than bf16's (measured: torch 2.13, 1-16 rows)
+        # on a CPU, decode attention runs in fp32: torch's bf16 attention there is several times slower
+        # (docs/BENCHMARKS.md), and the CPU's KV pool is fp32 by default (engine/model/kv_cache.py)
         dt = torch.float32 if q.device.type == "cpu" else q.dtype
         keys = _decode_kv(k_pool, ctx).to(dt).transpose(1, 2)  # [B, KVH, L, D]
         values = _decode_kv(v_pool, ctx).to(dt).transpose(1, 2)
         mask = None if ctx.decode_mask is None else ctx.decode_mask.to(dt)
         if q.device.type == "cpu" and nd > 1:
-            # each KV head's query heads as that head's rows (HF's repeat_kv order): with the gather, 5-11 % faster
-            # than SDPA's GQA at 2-16 decodes, and slower for a lone one at long contexts (torch 2.13, 2 threads)
+            # each KV head's query heads as that head's rows (HF's repeat_kv order), so one plain SDPA call reads
+            # each head's keys once for all its query heads. That beats SDPA's GQA when several decodes share the
+            # step; a lone decode keeps SDPA's GQA, which wins at long contexts (docs/BENCHMARKS.md)
             kvh = keys.shape[1]
             grouped = q[:nd].to(dt).view(nd, kvh, -1, q.shape[-1])
             o = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=scale)

@@ -2,8 +2,8 @@
 
 llguidance (the automaton behind llama.cpp's and vLLM's structured output) was picked over xgrammar and
 outlines-core: it installs from PyPI on CPU with no dependencies (xgrammar pulls in triton), compiles a JSON schema
-in ~15 ms (outlines-core builds its index in ~330 ms for the same schema), and computes a 49k-token mask in
-~0.15 ms per row on average, in Rust threads that release the GIL.
+far faster than outlines-core builds its index for it, and computes each row's vocabulary-wide mask in Rust threads
+that release the GIL, so the masks are made while the model computes the step (docs/BENCHMARKS.md).
 
 :class:`GrammarCompiler` turns a request's ``SamplingParams`` into a :class:`Matcher` (caller's thread, at
 submission). Each step, :func:`fill_masks` writes every constrained row's allowed tokens into one bitmask (the
@@ -50,7 +50,8 @@ class Matcher:
 
 
 class GrammarCompiler:
-    """Compiles grammars for one tokenizer. The tokenizer's automaton takes ~1 s to build, once, on first use."""
+    """Compiles grammars for one tokenizer. The tokenizer's automaton is built once, on first use: it spans the
+    whole vocabulary, so building it is the costly part, and every grammar shares it."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: frozenset[int]) -> None:
         self._tokenizer = tokenizer

@@ -7,8 +7,9 @@ For the fused decoder on a CPU with torch's kernels (``KernelBuilder``):
 * **int8/int4** decoder layers: the level's one packed copy of the weights (a dense copy of the dequantized weights
   is faster for batched rows on CPUs with AVX512_BF16, but would undo the memory the level saves). int8 runs
   torch's int8 kernel. int4 runs torch's int4 kernel, or, where the native extension has one for this CPU
-  (AVX512-VNNI), ``Int4VnniLinear`` over the very same bytes: int8-plane activations, 1.5-2x faster for batched
-  rows. Layers whose input width is not a multiple of 32 use int8, as before.
+  (AVX512-VNNI), ``Int4VnniLinear`` over the very same bytes: int8-plane activations multiplied as integers, where
+  torch's kernel dequantizes every weight to fp32 first, so it gains most on batched rows. Layers whose input width
+  is not a multiple of 32 (the int4 group) use int8.
 * **lm_head** at int8/int4: int8 (in torch's int8 kernel, as two int4 kernels over the same weights' nibbles,
   ``Int8AsInt4Pair``, or, with the native extension's VNNI kernels, ``Int8VnniLinear`` over torch's int8 bytes),
   or the dense embedding it is tied to (free: it is held for lookups anyway).
@@ -18,7 +19,7 @@ straight from the file's blocks, when their dequantized values match the loaded 
 Which candidate runs each batch bucket is measured (``engine/model/autotune.py``). In deterministic mode every
 CPU layer, fp32 ones included, goes through the tuner, which keeps only row-invariant kernels (padding rows where
 that makes one invariant). Elsewhere (CUDA, forced backends) layers are built by
-:func:`engine.model.quantization.make_linear` as before.
+:func:`engine.model.quantization.make_linear`, one kernel per level, with nothing to tune.
 """
 
 from __future__ import annotations
@@ -133,9 +134,9 @@ class KernelBuilder:
                 head["int8_vnni"] = lambda: Int8VnniLinear(int8())
                 head["int8_gemv"] = lambda: Int8VnniLinear(int8(), gemv=True)
             return head, "int8", frozenset({"dense"})
-        # decoder layers at int8/int4: the level's one packed kernel. A dense copy of the dequantized weights is
-        # faster for 16+ rows on CPUs with AVX512_BF16 (measured ~1.2x at 16 rows, ~2x at 64), but would hold more
-        # memory than the bf16 model itself: the level is chosen to save it
+        # decoder layers at int8/int4: the level's one packed kernel. A dense copy of the dequantized weights can
+        # win on batched rows on CPUs with AVX512_BF16 (docs/BENCHMARKS.md), but would hold more memory than the
+        # bf16 model itself: the level is chosen to save it
         parts = self._int4_parts(names, weight) if self.level == "int4" else None
         if parts is not None:
             return self._int4(functools.cache(lambda: Int4Linear.from_parts(parts, bias)), weight)

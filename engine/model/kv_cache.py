@@ -28,8 +28,9 @@ def resolve_kv_dtype(name: str, model_dtype: torch.dtype, device: torch.device |
 
     "auto" is float32 on a CPU and the model's own dtype elsewhere. A CPU runs decode attention in fp32 (torch's
     bf16 attention is several times slower there), so an fp32 pool is read as it is stored: no cast per layer and
-    step, and a lone sequence's keys are a view of the pool (measured: 81 -> 28 us per layer at one stream, 390 ->
-    230 us at sixteen, torch 2.13, 2 threads). It holds half as many tokens per byte.
+    step, and a lone sequence's keys are a view of the pool, not a copy: decode attention is bound by reading the
+    context's K and V every layer and step, and a cast would add a pass over them each time (docs/BENCHMARKS.md).
+    It holds half as many tokens per byte.
     """
     if name == "auto":
         return torch.float32 if torch.device(device).type == "cpu" else model_dtype

@@ -9,8 +9,8 @@ Backends, chosen per device:
 
 * **CPU, torch packed kernels.** int8 is weight-only with one scale per output channel, through
   ``torch._weight_int8pack_mm``; int4 is weight-only in groups of 32 input channels (asymmetric, scale and zero
-  per group), through ``torch._weight_int4pack_mm_for_cpu``. bitsandbytes runs ~60x slower on a CPU, so it is
-  not used there.
+  per group), through ``torch._weight_int4pack_mm_for_cpu``. bitsandbytes is built for CUDA and runs far slower than
+  these on a CPU (docs/BENCHMARKS.md), so it is not used there.
 * **CPU, bf16/fp16 models.** fbgemm's packed fp16-weight GEMM with fp32 activations (``PackedFp16Linear``).
 * **CUDA, bitsandbytes.** int8 is LLM.int8 (``Linear8bitLt``); int4 is NF4 with bf16 compute (``Linear4bit``).
 
@@ -105,10 +105,9 @@ class Int8AsInt4Pair:
 
     With ``u = q + 128 = 16·h + l`` (``h``, ``l`` in 0..15) and ``w = s·q``: ``w = (h − 8)·16s + (l − 8)·s + 8s``,
     two int4 layers with scale ``16s``, zero 0 and scale ``s``, zero ``8s``, exact in the activation dtype (the int8
-    kernel rounds ``s`` to it too). The int4 kernel reads its bytes faster than the int8 one reads half as many: a
-    49152x576 lm_head took 1.7 against 2.9 ms at one row, from memory (torch 2.13, 2 threads). Only rounding
-    differs: in bf16 each half is rounded before the sum, about twice the int8 kernel's error (tested). The tuner
-    keeps it where it measures faster.
+    kernel rounds ``s`` to it too). It exists because torch's int4 kernel reads its bytes faster than its int8 kernel
+    reads half as many (docs/BENCHMARKS.md). Only rounding differs: in bf16 each half is rounded before the sum,
+    about twice the int8 kernel's error (tested). The tuner keeps it where it measures faster.
     """
 
     __slots__ = ("_sz", "bias", "group_size", "high", "in_features", "low", "scales")
@@ -190,11 +189,11 @@ class Int4VnniLinear:
     (``torch.ops.hearth.int4_vnni_mm``, ``engine/model/csrc/vnni.cpp``).
 
     It splits each row's activations per 32 values into two int8 planes (about 16 bits) and sums four 4-bit x
-    8-bit products per 32-bit lane, where torch's kernel dequantizes every weight to fp32: measured here 1.5-2x
-    faster from 16 rows and about even at one (weights from memory, 2 threads), agreeing with torch's kernel to
-    the output's rounding. It holds no memory of its own (``base`` owns it), and each row is computed alone
-    (row-invariant). Offered by ``engine/model/kernels.py`` only where ``engine.model.vnni.vnni_problem`` finds
-    none.
+    8-bit products per 32-bit lane, where torch's kernel dequantizes every weight to fp32 and multiplies in fp32:
+    the integer products do more work per instruction, which pays once several rows share each weight read (one
+    row is bound by reading the weights either way). It agrees with torch's kernel to the output's rounding. It
+    holds no memory of its own (``base`` owns it), and each row is computed alone (row-invariant). Offered by
+    ``engine/model/kernels.py`` only where ``engine.model.vnni.vnni_problem`` finds none.
     """
 
     __slots__ = ("base",)
@@ -254,9 +253,9 @@ class PackedFp16Linear:
     """fp16 weights in fbgemm's packed layout, fp32 activations and accumulation (CPU).
 
     Used for bf16/fp16 models on the CPU. Every bf16 weight in fp16's range converts to fp16 exactly (fp16 has more
-    mantissa bits), so this computes the bf16 model in fp32 while reading 2 bytes per weight. Measured here it is
-    3-5x faster than both fp32 and bf16 ``F.linear`` at 1 to 64 rows: bf16 GEMM on a CPU without avx512_bf16 runs
-    row by row, and fp32 reads twice the bytes.
+    mantissa bits), so this computes the bf16 model in fp32 while reading 2 bytes per weight. It beats both fp32 and
+    bf16 ``F.linear`` (docs/BENCHMARKS.md): bf16 GEMM on a CPU without avx512_bf16 runs row by row, and fp32 reads
+    twice the bytes.
     """
 
     #: the activation dtype the kernel takes (callers cast to it and back)

@@ -13,7 +13,8 @@
 // One file per op family, each with its header: linear.cpp (the matmul dispatch), small_ops.cpp (RMSNorm, rotary
 // embedding and K/V writes, SiLU-and-multiply), attention.cpp (paged decode attention) and vnni.cpp (the
 // AVX512-VNNI kernels); common.h holds what they share. This file pins the weights, runs the layer loop and
-// registers the ops. Built and loaded by engine/model/native.py; registered as torch.ops.hearth.decode_layers.
+// registers the ops. Built by engine/model/native_build.py and loaded by engine/model/native.py; registered as
+// torch.ops.hearth.decode_layers.
 
 #include <ATen/ATen.h>
 #include <torch/library.h>

@@ -30,12 +30,13 @@ namespace hearth {
 namespace {
 
 // --- int4 weights x int8-plane activations (AVX512-VNNI) --------------------------------------------------------
-// torch's int4 CPU kernel dequantizes each weight to fp32 and multiplies in fp32: on 16 rows it reaches some
-// 140 GFLOP/s here. This one reads the very same bytes (torch's packed layout, its [groups, N, 2] scales and
-// zeros), splits each row's activations per 32 values into two int8 planes (see quantize_activations), and sums
-// 4 products per 32-bit lane with VPDPBUSD, one pass per plane: measured 1.5-2x faster than torch's from 4 rows
-// up, and agreeing with it to the activation dtype's rounding. With w = scale * q + (zero - 8 * scale) per weight
-// group, and x ~ act_scale * (q1 + q2 / 254) per 32 activations:
+// torch's int4 CPU kernel dequantizes each weight to fp32 and multiplies in fp32: one product per 32-bit lane, so
+// its arithmetic grows with the rows while its weight reads do not. This one reads the very same bytes (torch's
+// packed layout, its [groups, N, 2] scales and zeros), splits each row's activations per 32 values into two int8
+// planes (see quantize_activations), and sums 4 products per 32-bit lane with VPDPBUSD, one pass per plane: fewer
+// instructions per weight even with two passes, which pays once a few rows share the step (docs/BENCHMARKS.md),
+// agreeing with torch's kernel to the activation dtype's rounding. With w = scale * q + (zero - 8 * scale) per
+// weight group, and x ~ act_scale * (q1 + q2 / 254) per 32 activations:
 //   y[n] = sum over 32-value groups g of  scale * act_scale_g * sum_k q[n,k] * (q1[k] + q2[k] / 254)
 //                                         + (zero - 8 * scale) * sum_k x[k]
 // (the zero term takes the exact sum of the activations). Each row is computed alone, in the same order whatever
@@ -99,7 +100,8 @@ inline void scale_pairs(const c10::BFloat16* p, __m512& scale, __m512& offset) {
 // Each row's 32-value groups as two int8 planes, x ~ scale * (q1 + q2 / 254): q1 = round(x / scale) with
 // scale = max|x| / 127, and q2 the rounded remainder (|x / scale - q1| <= 1/2, so |q2| <= 127). Together they
 // keep about 16 bits of each value: one plane alone (8 bits, as llama.cpp's Q8 activations) cost the default
-// model 1.9 % perplexity here, mostly in gate_up and down, whose inputs carry a few large channels.
+// model clearly more perplexity than two (docs/BENCHMARKS.md), mostly in gate_up and down, whose inputs carry a
+// few large channels.
 // Also each group's scale and its exact sum.
 template <typename T>
 void quantize_activations(const T* x, int64_t rows, int64_t k, int8_t* q1, int8_t* q2, float* scale, float* sum) {
@@ -278,8 +280,10 @@ at::Tensor int4_vnni_mm(const at::Tensor& x_in, const at::Tensor& packed_in, int
 namespace {
 
 // --- int8 weights x int8-plane activations (AVX512-VNNI): the lm_head -------------------------------------------
-// torch's int8 kernel ([N, K] row-major int8, one fp32 scale per output channel), read as it is: for a tied
-// lm_head the dense embedding is faster at 5+ rows than torch's int8 kernel, and this is faster than both.
+// torch's int8 kernel ([N, K] row-major int8, one fp32 scale per output channel), read as it is. torch's int8
+// kernel loses to a tied lm_head's dense embedding once a few rows share the step, though it reads half the
+// bytes; this one keeps the int8 bytes and multiplies them as integers, so it can beat both (the tuner decides;
+// docs/BENCHMARKS.md).
 // VPDPBUSD multiplies unsigned by signed bytes: the weights go in as unsigned (w + 128, one XOR), the activation
 // planes as they are, and the +128 comes back off through each activation group's sum, which depends on the row
 // only:  sum_k (w + 128) * q - 128 * sum_k q.  Activations take the two int8 planes of quantize_activations; each

@@ -1,13 +1,11 @@
 """The model pane: pick, load and unload a model; serving, engine and generation settings; hardware.
 
-A failed load keeps the model in use (the bridge checks the files before freeing it); the precision the user
-picked stays picked when the path or device changes; a device this machine lacks is refused with the reason.
-Long because it is the one form the user fills in to run a model (source, path, device, precision,
-loading, the model card), and its choices depend on each other.
+A failed load keeps the model in use (the bridge checks the files before freeing it) and says why; the pane asks
+for a recommendation whenever the path, device or sizing changes, and shows only the answer for the current choice.
 
-The boxes with a role of their own live beside it: :mod:`app.model.quantization_view` (the advice under
-the level choice), :mod:`app.model.server_box`, :mod:`app.model.load_settings`,
-:mod:`app.model.generation_form` and :mod:`app.model.hardware_box`.
+The boxes with a role of their own live beside it: :mod:`app.model.device_precision_form` (device, precision and
+the advice under them), :mod:`app.model.model_card` (the line saying what is loaded), :mod:`app.model.server_box`,
+:mod:`app.model.load_settings`, :mod:`app.model.generation_form` and :mod:`app.model.hardware_box`.
 """
 
 from __future__ import annotations
@@ -37,34 +35,19 @@ from PySide6.QtWidgets import (
 
 from app import log
 from app.bridge.engine_bridge import EngineBridge
-from app.bridge.types import (
-    DEFAULT_MODEL_SPEC,
-    DEVICES,
-    REMOTE_DEVICE,
-    LoadSettings,
-    ModelInfo,
-    QuantizationAdvice,
-)
-from app.formatting import format_bytes
+from app.bridge.types import REMOTE_DEVICE, LoadSettings, ModelInfo, QuantizationAdvice
+from app.model.device_precision_form import DevicePrecisionForm
 from app.model.generation_form import GenerationForm
 from app.model.hardware_box import HardwareBox
 from app.model.load_settings import LoadSettingsForm
-from app.model.quantization_view import QuantizationView, level_name
+from app.model.model_card import model_card
 from app.model.server_box import ServerBox
-from engine.api import LEVEL_DTYPES, LEVEL_LABELS, QUANTIZATION_LEVELS
+from engine.api import LEVEL_DTYPES
 
 DEFAULT_MODEL_TEXT = ("Leave the path empty to use the default model, a small demo model that comes with "
                       "Hearth; the Models tab lists the models already on this computer.")
-#: The model card line's note on the bundled default model.
-DEMO_NOTE = ("A small demo model: quick, but often wrong on facts. For real use, load a larger model from the "
-             "Models tab, or give the path of a Hugging Face folder or a .gguf file above.")
-_DEVICE_LABELS = {"auto": "Automatic", "cpu": "CPU", "cuda": "NVIDIA GPU (CUDA)"}
 SOURCES = (("local", "This computer"), ("remote", "Remote server (OpenAI API)"))
 DEFAULT_REMOTE_URL = "http://localhost:8000/v1"
-#: The "Precision" choices: how the weights are stored (``QUANTIZATION_LEVELS``), in the engine's plain words.
-PRECISION_LABELS = {
-    level: f"Automatic ({words})" if level == "auto" else f"{level} · {words}" for level, words in LEVEL_LABELS.items()
-}
 #: How long the path box must stay unchanged before a recommendation is asked for.
 RECOMMEND_DELAY_MS = 400
 
@@ -84,8 +67,7 @@ class ModelPane(QWidget):
         self.setObjectName("modelPaneWidget")
         self._bridge = bridge
         self._shown_once = False  # the first show asks for a recommendation
-        self._is_precision_chosen = False  # the user picked a precision: recommendations no longer change it
-        self._hardware: Any = None
+        self._hardware: Any = None  # the machine as last detected
         self._build()
         self._set_state(loaded=False, loading=False)
         self._connect_bridge()
@@ -166,32 +148,11 @@ class ModelPane(QWidget):
         hint.setWordWrap(True)
         hint.setEnabled(False)
 
-        self._device_combo = QComboBox()
-        self._device_combo.setObjectName("deviceCombo")
-        for device in DEVICES:
-            self._device_combo.addItem(_DEVICE_LABELS[device], device)
-        self._quantization_combo = QComboBox()
-        self._quantization_combo.setObjectName("quantizationCombo")
-        self._quantization_combo.setToolTip(
-            "How the model's weights are stored. Smaller uses less memory and can be faster, at some cost "
-            "in quality. Automatic picks the most exact one that fits; the reason is shown below.")
-        for level in QUANTIZATION_LEVELS:
-            self._quantization_combo.addItem(PRECISION_LABELS[level], level)
-        self._quantization_combo.currentIndexChanged.connect(self._on_quantization_changed)
-        self._quantization_combo.activated.connect(self._on_quantization_activated)
-        self._quantization_view = QuantizationView()
+        self._choices = DevicePrecisionForm()
         self._path_edit.textChanged.connect(lambda _text: self._recommend_timer.start())
-        self._device_combo.currentIndexChanged.connect(lambda _index: self._recommend_timer.start())
-        self._device_combo.activated.connect(self._on_device_activated)
-        self._device_note = QLabel("")
-        self._device_note.setObjectName("deviceNoteLabel")
-        self._device_note.setWordWrap(True)
-        self._device_note.hide()
+        self._choices.device_changed.connect(self._recommend_timer.start)
         self._auto_load_check = QCheckBox("Load this model when Hearth starts")
         self._auto_load_check.setObjectName("autoLoadCheck")
-        form = QFormLayout()
-        form.addRow("Device", self._device_combo)
-        form.addRow("Precision", self._quantization_combo)
 
         self._load_button = QPushButton("Load model")
         self._load_button.setObjectName("loadModelButton")
@@ -229,9 +190,7 @@ class ModelPane(QWidget):
         local_layout.setContentsMargins(0, 0, 0, 0)
         local_layout.addLayout(path_row)
         local_layout.addWidget(hint)
-        local_layout.addLayout(form)
-        local_layout.addWidget(self._device_note)
-        local_layout.addWidget(self._quantization_view)
+        local_layout.addWidget(self._choices)
         local_layout.addWidget(self._auto_load_check)
 
         layout = QVBoxLayout(group)
@@ -295,16 +254,15 @@ class ModelPane(QWidget):
 
     def quantization(self) -> str:
         """The chosen precision: a quantization level (one of ``QUANTIZATION_LEVELS``)."""
-        return str(self._quantization_combo.currentData())
+        return self._choices.quantization()
 
     def request_recommendation(self) -> None:
         """Ask the bridge (in the background) which quantization the chosen model should load at."""
         self._recommend_timer.stop()
         if self.is_remote():
             return
-        self._quantization_view.show_estimating()
-        self._bridge.recommend_quantization(self.model_spec(), self._device_combo.currentData(),
-                                            self.load_settings())
+        self._choices.show_estimating()
+        self._bridge.recommend_quantization(self.model_spec(), self._choices.device(), self.load_settings())
         self.model_spec_changed.emit(self.model_spec())
 
     @property
@@ -346,8 +304,8 @@ class ModelPane(QWidget):
                                         self._remote_model_combo.currentText().strip())
             return
         level = self.quantization()
-        self._bridge.load_model(self.model_spec(), self._device_combo.currentData(),
-                                LEVEL_DTYPES.get(level, "auto"), self.load_settings())
+        self._bridge.load_model(self.model_spec(), self._choices.device(), LEVEL_DTYPES.get(level, "auto"),
+                                self.load_settings())
 
     # -- widget events ----------------------------------------------------------------------------
 
@@ -380,7 +338,7 @@ class ModelPane(QWidget):
         remote = self.is_remote()
         self._local_box.setVisible(not remote)
         self._remote_box.setVisible(remote)
-        if not remote and self._quantization_view.advice is None:
+        if not remote and self._choices.advice is None:
             self._recommend_timer.start()
         self._set_state(loaded=self._bridge.model_info is not None, loading=self._bridge.is_loading)
 
@@ -393,38 +351,9 @@ class ModelPane(QWidget):
 
     @Slot(object)
     def _on_recommendation_ready(self, advice: QuantizationAdvice) -> None:
-        if advice.spec != self.model_spec() or advice.device != self._device_combo.currentData():
+        if advice.spec != self.model_spec() or advice.device != self._choices.device():
             return  # an answer for a model or device no longer chosen
-        self._quantization_view.show_advice(advice)
-        rec = advice.recommendation
-        if rec is not None and not self._is_precision_chosen:
-            index = self._quantization_combo.findData(rec.quantization)
-            if index >= 0:
-                self._quantization_combo.setCurrentIndex(index)
-        self._quantization_view.update_warning(self.quantization())
-
-    @Slot(int)
-    def _on_quantization_activated(self, _index: int) -> None:
-        self._is_precision_chosen = self.quantization() != "auto"
-
-    @Slot(int)
-    def _on_device_activated(self, _index: int) -> None:
-        """Refuse CUDA on a machine without a usable NVIDIA GPU, with the reason, and fall back to Automatic."""
-        info = self._hardware
-        if self._device_combo.currentData() != "cuda" or info is None or \
-                (info.gpus and info.torch_cuda_available):
-            self._device_note.hide()
-            return
-        reason = str(getattr(info, "gpu_reason", "") or "").rstrip(".")
-        self._device_note.setText(
-            "No NVIDIA GPU that Hearth can use was found" + (f" ({reason})" if reason else "")
-            + ", so the model runs on the CPU. Device is back on Automatic.")
-        self._device_note.show()
-        self._device_combo.setCurrentIndex(self._device_combo.findData("auto"))
-
-    @Slot(int)
-    def _on_quantization_changed(self, _index: int) -> None:
-        self._quantization_view.update_warning(self.quantization())
+        self._choices.show_advice(advice)
 
     @Slot(object)
     def _on_remote_models_listed(self, models: list[str]) -> None:
@@ -480,6 +409,7 @@ class ModelPane(QWidget):
     @Slot(object)
     def _on_hardware_detected(self, info: Any) -> None:
         self._hardware = info
+        self._choices.set_hardware(info)
         self._hardware_box.show_hardware(info)
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -499,23 +429,3 @@ class ModelPane(QWidget):
             return str(current if current.is_dir() else current.parent)
         return str(Path.home())
 
-
-def model_card(info: ModelInfo) -> str:
-    """The model card line: name, device, precision and memory (weights and KV cache), the device's reason, and
-    for the bundled default model a note that it is a small demo model."""
-    if info.device == REMOTE_DEVICE:
-        return f"<b>{html.escape(info.model_name)}</b> on <b>{html.escape(info.spec)}</b>"
-    details = [f"<b>{html.escape(info.model_name)}</b>",
-               f"runs on <b>{html.escape(info.device)}</b> in {html.escape(info.dtype)}"]
-    if info.quantization:
-        details.append(f"precision <b>{html.escape(level_name(info.quantization))}</b>")
-    if info.weights_bytes:
-        details.append(f"{format_bytes(info.weights_bytes)} of weights")
-    if info.kv_cache_bytes:
-        details.append(f"{format_bytes(info.kv_cache_bytes)} KV cache ({info.context_length} tokens per chat)")
-    text = " · ".join(details)
-    if info.device_reason:
-        text += f"<br><span style='color: #8a8a8a'>{html.escape(info.device_reason)}</span>"
-    if info.spec == DEFAULT_MODEL_SPEC:
-        text += f"<br><i>{html.escape(DEMO_NOTE)}</i>"
-    return text

@@ -1,0 +1,38 @@
+"""The model card line under the Model pane's buttons: what is loaded, where, at which precision, in how much memory.
+
+Plain text building (no widgets), so the pane shows the same line after a load and after a failed load that kept
+the model in use.
+"""
+
+from __future__ import annotations
+
+import html
+
+from app.bridge.types import DEFAULT_MODEL_SPEC, REMOTE_DEVICE, ModelInfo
+from app.formatting import format_bytes
+from app.model.quantization_view import level_name
+
+#: The model card line's note on the bundled default model.
+DEMO_NOTE = ("A small demo model: quick, but often wrong on facts. For real use, load a larger model from the "
+             "Models tab, or give the path of a Hugging Face folder or a .gguf file above.")
+
+
+def model_card(info: ModelInfo) -> str:
+    """The model card line: name, device, precision and memory (weights and KV cache), the device's reason, and
+    for the bundled default model a note that it is a small demo model."""
+    if info.device == REMOTE_DEVICE:
+        return f"<b>{html.escape(info.model_name)}</b> on <b>{html.escape(info.spec)}</b>"
+    details = [f"<b>{html.escape(info.model_name)}</b>",
+               f"runs on <b>{html.escape(info.device)}</b> in {html.escape(info.dtype)}"]
+    if info.quantization:
+        details.append(f"precision <b>{html.escape(level_name(info.quantization))}</b>")
+    if info.weights_bytes:
+        details.append(f"{format_bytes(info.weights_bytes)} of weights")
+    if info.kv_cache_bytes:
+        details.append(f"{format_bytes(info.kv_cache_bytes)} KV cache ({info.context_length} tokens per chat)")
+    text = " · ".join(details)
+    if info.device_reason:
+        text += f"<br><span style='color: #8a8a8a'>{html.escape(info.device_reason)}</span>"
+    if info.spec == DEFAULT_MODEL_SPEC:
+        text += f"<br><i>{html.escape(DEMO_NOTE)}</i>"
+    return text

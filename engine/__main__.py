@@ -4,8 +4,8 @@
 ``info`` loads the model, prints what it is and where it runs, and, with ``--quantization`` (default "auto"), builds
 the engine and prints which kernel each weight shape runs per batch bucket, with the timings behind the choice
 (``engine/model/autotune.py``). ``--quantization off`` skips the engine (the loader's facts only). ``--retune``
-first removes the kernel plans cached for this CPU (say, ones measured while the machine was busy), so this load
-measures them again.
+first removes the kernel plans cached for this CPU (``engine/model/plan_cache.py``; say, ones measured while the
+machine was busy), so this load measures them again.
 """
 
 from __future__ import annotations

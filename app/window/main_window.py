@@ -1,7 +1,8 @@
-"""Hearth's main window: the chat in the middle, the model, models and monitor panes beside it, menus and shortcuts.
+"""Hearth's main window: the chat in the middle, the model, models and monitor panes beside it.
 
-Long because the window is where every pane meets: the wiring between them, the menus, and the settings that
-carry over between launches (layout, last model, serving, context) all live here, so no pane knows another.
+The window is where every pane meets: the wiring between them and the settings that carry over between launches
+(layout, last model, serving, context) live here, so no pane knows another. The menus and their shortcuts are in
+:mod:`app.window.menus`.
 """
 
 from __future__ import annotations
@@ -10,14 +11,13 @@ import json
 import os
 import re
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import platformdirs
 from PySide6.QtCore import QByteArray, Qt, QTimer, Slot
-from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence, QShowEvent
-from PySide6.QtWidgets import QDockWidget, QFileDialog, QLabel, QMainWindow, QMenu, QMessageBox, QWidget
+from PySide6.QtGui import QCloseEvent, QGuiApplication, QShowEvent
+from PySide6.QtWidgets import QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox, QWidget
 
 from app import log
 from app.bridge.engine_bridge import EngineBridge
@@ -32,7 +32,7 @@ from app.icon import app_icon
 from app.model.model_pane import ModelPane
 from app.model.models_view import ModelsView
 from app.monitor.monitor_pane import MonitorPane
-from app.window.settings_dialog import SettingsDialog
+from app.window.menus import WindowMenus
 from app.window.theme import apply_theme
 
 DATA_DIR_ENV = "HEARTH_DATA_DIR"
@@ -123,7 +123,7 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self._activity_status)
         self.statusBar().addPermanentWidget(self._model_status)
         self.statusBar().showMessage("Load a model to start.", 5000)
-        self._build_menus()
+        self.menus = WindowMenus(self)
 
         self._restore_settings()
         self.chat_pane.set_sampling_params(self.model_pane.sampling_params())
@@ -175,6 +175,12 @@ class MainWindow(QMainWindow):
         self.settings.model_folders = self.models_view.folders
         self.settings.sync()
 
+    def apply_settings(self) -> None:
+        """Apply the theme, font size and default preset from :attr:`settings`."""
+        apply_theme(self.settings.theme)
+        self.chat_pane.set_font_size(self.settings.font_size)
+        self.chat_pane.default_preset_id = self.settings.default_preset_id
+
     # -- layout -----------------------------------------------------------------------------------
 
     def _make_dock(self, title: str, name: str, pane: QWidget) -> QDockWidget:
@@ -204,60 +210,14 @@ class MainWindow(QMainWindow):
         self.tabifyDockWidget(self.models_dock, self.monitor_dock)
         self.model_dock.raise_()
 
-    def _add_action(self, menu: QMenu, text: str, name: str, slot: Callable[[], object],
-                    shortcut: QKeySequence | QKeySequence.StandardKey | str | None = None) -> QAction:
-        action = QAction(text, self)
-        action.setObjectName(name)
-        if shortcut is not None:
-            action.setShortcut(QKeySequence(shortcut))
-            action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
-        action.triggered.connect(slot)
-        menu.addAction(action)
-        return action
-
-    def _build_menus(self) -> None:
-        file_menu = self.menuBar().addMenu("&File")
-        self._add_action(file_menu, "&New chat", "newChatAction", self._on_new_chat_triggered,
-                         QKeySequence.StandardKey.New)
-        file_menu.addSeparator()
-        self._add_action(file_menu, "&Import conversation (JSON)…", "importJsonAction",
-                         self._on_import_json_triggered)
-        self._add_action(file_menu, "Export as &Markdown…", "exportMarkdownAction",
-                         self._on_export_markdown_triggered)
-        self._add_action(file_menu, "Export as &JSON…", "exportJsonAction", self._on_export_json_triggered)
-        file_menu.addSeparator()
-        self._add_action(file_menu, "&Settings…", "settingsAction", self._on_settings_triggered, "Ctrl+,")
-        file_menu.addSeparator()
-        self._add_action(file_menu, "&Quit", "quitAction", self.close, QKeySequence.StandardKey.Quit)
-
-        chat_menu = self.menuBar().addMenu("&Chat")
-        self._add_action(chat_menu, "&Focus message box", "focusInputAction", self.chat_pane.focus_input,
-                         "Ctrl+L")
-        self._add_action(chat_menu, "&Search conversations", "searchAction", self._on_search_triggered,
-                         "Ctrl+F")
-        chat_menu.addSeparator()
-        self._add_action(chat_menu, "&Regenerate reply", "regenerateAction", self._on_regenerate_triggered,
-                         "Ctrl+R")
-        self._add_action(chat_menu, "&Continue reply", "continueAction", self._on_continue_triggered,
-                         "Ctrl+Shift+R")
-        self._add_action(chat_menu, "S&top reply", "stopAction", self.chat_pane.escape, "Esc")
-        self._add_action(chat_menu, "Copy &last reply", "copyReplyAction", self._on_copy_reply_triggered,
-                         "Ctrl+Shift+C")
-        chat_menu.addSeparator()
-        self._add_action(chat_menu, "&Rename conversation", "renameAction", self._on_rename_triggered, "F2")
-        self._add_action(chat_menu, "System prompt &presets…", "presetsAction",
-                         self.chat_pane.open_presets_dialog)
-
-        view_menu = self.menuBar().addMenu("&View")
+    def reset_layout(self) -> None:
+        """Put the model and monitor panes back as tabs on the right, shown, the model tab in front."""
         for dock in (self.model_dock, self.models_dock, self.monitor_dock):
-            view_menu.addAction(dock.toggleViewAction())
-        view_menu.addSeparator()
-        self._add_action(view_menu, "&Reset layout", "resetLayoutAction", self.reset_layout)
-
-        help_menu = self.menuBar().addMenu("&Help")
-        about = QAction("&About Hearth", self)
-        about.triggered.connect(self._on_about_triggered)
-        help_menu.addAction(about)
+            dock.setFloating(False)
+            dock.show()
+        self.restoreState(self._default_state)
+        self.model_dock.raise_()
+        self._size_side_panel()
 
     # -- wiring -----------------------------------------------------------------------------------
 
@@ -363,46 +323,6 @@ class MainWindow(QMainWindow):
         self._activity_status.setText("" if count == 0 else
                                       f"{count} {'reply' if count == 1 else 'replies'} streaming")
 
-    @Slot()
-    def _on_new_chat_triggered(self) -> None:
-        self.chat_pane.new_conversation()
-
-    @Slot()
-    def _on_search_triggered(self) -> None:
-        self.chat_pane.focus_search()
-
-    @Slot()
-    def _on_regenerate_triggered(self) -> None:
-        self.chat_pane.regenerate()
-
-    @Slot()
-    def _on_continue_triggered(self) -> None:
-        self.chat_pane.continue_reply()
-
-    @Slot()
-    def _on_copy_reply_triggered(self) -> None:
-        conversation = self.chat_pane.current_conversation
-        if conversation is not None and conversation.messages:
-            self.chat_pane.copy_message(len(conversation.messages) - 1)
-
-    @Slot()
-    def _on_rename_triggered(self) -> None:
-        if self.chat_pane.current_conversation is not None:
-            self.chat_pane.sidebar.edit_title(self.chat_pane.current_conversation.id)
-
-    @Slot()
-    def _on_settings_triggered(self) -> None:
-        dialog = SettingsDialog(self.settings, self.storage.list_presets(), self)
-        if dialog.exec() == SettingsDialog.DialogCode.Accepted:
-            dialog.apply_to(self.settings)
-            self.apply_settings()
-
-    def apply_settings(self) -> None:
-        """Apply the theme, font size and default preset from :attr:`settings`."""
-        apply_theme(self.settings.theme)
-        self.chat_pane.set_font_size(self.settings.font_size)
-        self.chat_pane.default_preset_id = self.settings.default_preset_id
-
     # -- export and import ------------------------------------------------------------------------
 
     def export_conversation(self, kind: str) -> Path | None:
@@ -448,33 +368,6 @@ class MainWindow(QMainWindow):
         self.chat_pane.select_conversation(conversation.id)
         self.statusBar().showMessage(f"Imported “{conversation.title}”.", 5000)
         return conversation.id
-
-    @Slot()
-    def _on_export_markdown_triggered(self) -> None:
-        self.export_conversation("markdown")
-
-    @Slot()
-    def _on_export_json_triggered(self) -> None:
-        self.export_conversation("json")
-
-    @Slot()
-    def _on_import_json_triggered(self) -> None:
-        self.import_conversation()
-
-    def reset_layout(self) -> None:
-        """Put the model and monitor panes back as tabs on the right, shown, the model tab in front."""
-        for dock in (self.model_dock, self.models_dock, self.monitor_dock):
-            dock.setFloating(False)
-            dock.show()
-        self.restoreState(self._default_state)
-        self.model_dock.raise_()
-        self._size_side_panel()
-
-    @Slot()
-    def _on_about_triggered(self) -> None:
-        QMessageBox.about(self, "About Hearth",
-                          "<h3>Hearth</h3><p>Chat with language models on your own computer, "
-                          "on Hearth's own inference engine.</p>")
 
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)

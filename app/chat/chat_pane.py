@@ -1,11 +1,10 @@
 """The chat pane: conversation sidebar, per-conversation settings, transcript and message box.
 
-The widgets live in their own modules and the replies stream through :mod:`app.chat.reply_controller`;
-what stays here is the pane's public API (the window's menus call it) and the glue between them.
-
-Long because each user action (send, edit, regenerate, continue, switch branch, delete, undo, choose a
-preset) writes the store and then updates the sidebar, transcript, settings bar and message box in a
-fixed order, and reads best as one method beside the others.
+The widgets live in their own modules, the replies stream through :mod:`app.chat.reply_controller`, and the
+settings bar's edits (preset, sampling, reply format) are stored by :mod:`app.chat.settings_controller`. What stays
+here is the pane's public API (the window's menus call it) and the glue between them: each user action (send, edit,
+regenerate, continue, switch branch, delete, undo) writes the store and then updates the sidebar, transcript and
+message box in a fixed order, one method beside the others.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from app.chat.markdown import code_blocks, split_reasoning
 from app.chat.message_view import MessageView
 from app.chat.preset_dialog import PresetDialog
 from app.chat.reply_controller import ReplyController
+from app.chat.settings_controller import ConversationSettingsController
 from app.data.conversations import Conversation, ConversationStore, Message
 
 
@@ -53,14 +53,12 @@ class ChatPane(QWidget):
         self._replies = replies
         self._current_id: int | None = None
         self._is_model_ready = False
-        self._defaults: dict[str, Any] = {}
-        self._editing_index: int | None = None
         #: The preset new conversations start from.
         self.default_preset_id: int | None = None
         self._replies.reply_changed.connect(self._on_reply_changed)
         self._replies.streaming_changed.connect(self._on_streaming_changed)
         self._build()
-        self._settings_bar.set_presets(self._store.storage.list_presets(), None)
+        self._settings.show_presets()
         existing = self._store.list()
         if existing:
             self.select_conversation(existing[0].id)
@@ -79,10 +77,9 @@ class ChatPane(QWidget):
         self._sidebar.search_changed.connect(self._on_search_changed)
 
         self._settings_bar = ConversationSettings()
-        self._settings_bar.preset_chosen.connect(self._on_preset_chosen)
-        self._settings_bar.sampling_changed.connect(self._on_sampling_changed)
-        self._settings_bar.reply_format_changed.connect(self._on_reply_format_changed)
-        self._settings_bar.manage_presets_requested.connect(self._on_manage_presets_requested)
+        self._settings = ConversationSettingsController(self._store, self._settings_bar,
+                                                        lambda: self.current_conversation, self)
+        self._settings.presets_edited.connect(self._on_presets_edited)
         self._view = MessageView()
         self._view.action_requested.connect(self._on_action_requested)
         self._composer = Composer()
@@ -142,7 +139,7 @@ class ChatPane(QWidget):
         if current is not None and not current.messages:
             conversation = current
         else:
-            conversation = self._store.create(preset_id=self._valid_preset(self.default_preset_id))
+            conversation = self._store.create(preset_id=self._settings.valid_preset(self.default_preset_id))
         self.select_conversation(conversation.id)
         self._composer.setFocus()
         return conversation
@@ -150,7 +147,7 @@ class ChatPane(QWidget):
     def select_conversation(self, conversation_id: int) -> None:
         """Show a conversation (raises KeyError for an unknown or deleted one)."""
         conversation = self._store.get(conversation_id)
-        self._cancel_editing()
+        self._composer.set_editing(None)
         self._current_id = conversation.id
         self._view.show_conversation(conversation)
         self._settings_bar.show_conversation(conversation)
@@ -199,19 +196,22 @@ class ChatPane(QWidget):
 
     def refresh(self) -> None:
         """Re-read the sidebar and presets (after an import, or preset changes)."""
-        self._settings_bar.set_presets(self._store.storage.list_presets(), self.current_conversation)
+        self._settings.show_presets()
         self._refresh_list()
 
     # -- public API: settings ---------------------------------------------------------------------
 
     def set_sampling_params(self, params: dict[str, Any]) -> None:
         """Set the default ``SamplingParams`` keyword arguments (conversations may override them)."""
-        self._defaults = dict(params)
-        self._settings_bar.set_defaults(self._defaults)
+        self._settings.set_defaults(params)
 
     def sampling_params(self, conversation: Conversation) -> dict[str, Any]:
         """The parameters a reply in ``conversation`` is generated with (its reply format included)."""
-        return {**self._defaults, **conversation.sampling_overrides(), **conversation.reply_format()}
+        return self._settings.sampling_params(conversation)
+
+    def open_presets_dialog(self) -> PresetDialog:
+        """Open the presets dialog (window-modal); the lists refresh when it closes."""
+        return self._settings.open_presets_dialog()
 
     def set_model_ready(self, is_ready: bool) -> None:
         """Enable sending while a model is loaded or loading (requests wait for the load)."""
@@ -254,8 +254,7 @@ class ChatPane(QWidget):
         if conversation is None:
             return None
         if index is None:
-            index = next((i for i in range(len(conversation.messages) - 1, -1, -1)
-                          if conversation.messages[i].role == "assistant"), -1)
+            index = conversation.last_reply_index()
         if not self._can_branch(conversation, index, "assistant"):
             return None
         self._store.truncate(conversation, index)
@@ -286,7 +285,7 @@ class ChatPane(QWidget):
             return False
         if not self._store.switch_branch(conversation, index, step):
             return False
-        self._cancel_editing()
+        self._composer.set_editing(None)
         self._view.show_conversation(conversation)
         self._update_controls()
         return True
@@ -311,15 +310,14 @@ class ChatPane(QWidget):
         conversation = self.current_conversation
         if conversation is None or not self._can_branch(conversation, index, "user"):
             return
-        self._editing_index = index
+        self._composer.set_editing(index)
         self._composer.set_text(conversation.messages[index].content)
-        self._composer.show_edit_banner(True)
         self._composer.setFocus()
         self._update_controls()
 
     @property
     def is_editing(self) -> bool:
-        return self._editing_index is not None
+        return self._composer.editing_index is not None
 
     def stop(self) -> None:
         """Stop the reply streaming in the current conversation, keeping its text."""
@@ -329,7 +327,7 @@ class ChatPane(QWidget):
     def escape(self) -> None:
         """Esc: cancel an edit if one is under way, else stop the reply."""
         if self.is_editing:
-            self._cancel_editing()
+            self._composer.set_editing(None)
             self._composer.clear()
         else:
             self.stop()
@@ -356,9 +354,9 @@ class ChatPane(QWidget):
     @Slot()
     def _on_send_requested(self) -> None:
         text = self._composer.text()
-        if self._editing_index is not None:
-            index, self._editing_index = self._editing_index, None
-            self._composer.show_edit_banner(False)
+        index = self._composer.editing_index
+        if index is not None:
+            self._composer.set_editing(None)
             sent = self.edit_message(index, text)
         else:
             sent = self.send(text)
@@ -400,46 +398,8 @@ class ChatPane(QWidget):
     def _on_search_changed(self, text: str) -> None:
         self._refresh_list()
 
-    @Slot(object)
-    def _on_preset_chosen(self, preset_id: int | None) -> None:
-        conversation = self.current_conversation
-        if conversation is None:
-            return
-        prompt = self._store.storage.get_preset(preset_id).system_prompt if preset_id else None
-        self._store.set_system_prompt(conversation, prompt, preset_id)
-        self._settings_bar.show_conversation(conversation)
-
-    @Slot(object)
-    def _on_sampling_changed(self, params: dict[str, Any] | None) -> None:
-        conversation = self.current_conversation
-        if conversation is None:
-            return
-        params = params or {}
-        self._store.set_sampling(conversation, params.get("temperature"), params.get("top_p"),
-                                 params.get("max_tokens"))
-
-    @Slot(bool, object)
-    def _on_reply_format_changed(self, is_json: bool, schema: dict[str, Any] | None) -> None:
-        conversation = self.current_conversation
-        if conversation is not None:
-            self._store.set_reply_format(conversation, is_json, schema)
-
     @Slot()
-    def _on_manage_presets_requested(self) -> None:
-        self.open_presets_dialog()
-
-    def open_presets_dialog(self) -> PresetDialog:
-        """Open the presets dialog (window-modal); the lists refresh when it closes."""
-        dialog = PresetDialog(self._store.storage, self)
-        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        conversation = self.current_conversation
-        dialog.select(conversation.preset_id if conversation is not None else None)
-        dialog.finished.connect(self._on_presets_dialog_finished)
-        dialog.open()
-        return dialog
-
-    @Slot(int)
-    def _on_presets_dialog_finished(self, result: int) -> None:
+    def _on_presets_edited(self) -> None:
         self.refresh()
 
     @Slot(str, int, int)
@@ -475,18 +435,6 @@ class ChatPane(QWidget):
                              else "Load a model first.")
             return False
         return True
-
-    def _cancel_editing(self) -> None:
-        self._editing_index = None
-        self._composer.show_edit_banner(False)
-
-    def _valid_preset(self, preset_id: int | None) -> int | None:
-        if preset_id is None:
-            return None
-        try:
-            return self._store.storage.get_preset(preset_id).id
-        except ValueError:
-            return None
 
     def _update_controls(self) -> None:
         conversation = self.current_conversation

@@ -12,6 +12,9 @@ from app.chat.chat_input import ChatInput
 class Composer(QWidget):
     """Where the user writes a message. The chat pane decides what sending does and when it is allowed.
 
+    While an earlier message is being edited, :attr:`editing_index` names it and the banner says so; the two
+    change together in :meth:`set_editing`.
+
     Signals:
         send_requested(): Enter in the box, or Send.
         stop_requested(): Stop.
@@ -24,6 +27,7 @@ class Composer(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self._editing_index: int | None = None
         self._edit_label = QLabel("Editing your message: Enter sends it as a new branch, Esc cancels.")
         self._edit_label.setObjectName("editBanner")
         self._edit_label.hide()
@@ -63,9 +67,15 @@ class Composer(QWidget):
     def clear(self) -> None:
         self._input.clear()
 
-    def show_edit_banner(self, is_shown: bool) -> None:
-        """Say that sending replaces an earlier message (or stop saying so)."""
-        self._edit_label.setVisible(is_shown)
+    @property
+    def editing_index(self) -> int | None:
+        """The message being edited (sending it makes a new branch), or None."""
+        return self._editing_index
+
+    def set_editing(self, index: int | None) -> None:
+        """Say that sending replaces message ``index`` (None: stop saying so)."""
+        self._editing_index = index
+        self._edit_label.setVisible(index is not None)
 
     def update_controls(self, *, can_send: bool, is_streaming: bool, is_model_ready: bool,
                         is_editing: bool) -> None:

@@ -114,6 +114,10 @@ class Conversation:
         """The position of ``message`` (by identity) in the shown branch, or -1."""
         return next((i for i, m in enumerate(self.messages) if m is message), -1)
 
+    def last_reply_index(self) -> int:
+        """The position of the newest reply (assistant message) in the shown branch, or -1."""
+        return next((i for i in range(len(self.messages) - 1, -1, -1) if self.messages[i].role == "assistant"), -1)
+
     def prompt_messages(self, upto: int | None = None) -> list[dict[str, str]]:
         """The history to send to the engine: the system prompt, then finished turns with text.
 

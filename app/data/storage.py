@@ -9,8 +9,10 @@ Messages form a tree per conversation: editing a user message or regenerating a 
 The rows are the dataclasses of :mod:`app.data.records`; the schema and its upgrades are in
 :mod:`app.data.migrations`.
 
-Long because :class:`Storage` is the database's whole API, one method per query: its lock and
-transactions (:meth:`Storage.batch`) must wrap every one of them, so they stay in one class.
+Long because :class:`Storage` is the database's whole API, one method per query, and the queries of one table
+run those of another inside one transaction (a new message moves its conversation's active leaf, a conversation
+checks its preset, the search reads both conversations and messages): split by table, each part would reach into
+the others' methods through the shared lock and :meth:`Storage.batch`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -96,12 +96,8 @@ def test_attention_of_a_query_is_the_same_in_a_prefill_a_chunk_and_a_decode_batc
 
 # --- the engine ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module", params=["bf16", "int8", "int4"])
-def llm(request: pytest.FixtureRequest) -> Iterator[LLM]:
-    engine = LLM("default", quantization=request.param, start_loop=False, deterministic=True)
-    try:
-        yield engine
-    finally:
-        engine.close()
+def llm(request: pytest.FixtureRequest, shared_default_llm: Callable[..., LLM]) -> LLM:
+    return shared_default_llm(request.param, deterministic=True)
 
 
 def _greedy(llm: LLM, messages: list[dict[str, str]], others: list[str] | None = None) -> list[int]:

@@ -3,7 +3,7 @@ numpy dequantize, matching matmuls, the default model's Q4_1."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -118,8 +118,8 @@ def gguf_int4() -> Iterator[Any]:
     llm.close()
 
 
-def test_default_gguf_runs_its_own_blocks_and_answers(gguf_int4: Any, default_model_dir: Path) -> None:
-    from engine import LLM, SamplingParams
+def test_default_gguf_runs_its_own_blocks_and_answers(gguf_int4: Any, shared_default_llm: Callable[..., Any]) -> None:
+    from engine import SamplingParams
     from engine.tools.perplexity import perplexity
 
     runner = gguf_int4.engine.runner
@@ -130,6 +130,5 @@ def test_default_gguf_runs_its_own_blocks_and_answers(gguf_int4: Any, default_mo
     )
     assert "Paris" in answer.text
     int4_ppl = perplexity(gguf_int4, TEXT)
-    with LLM(default_model_dir, quantization="bf16", start_loop=False, kv_cache_bytes=64 << 20) as bf16:
-        bf16_ppl = perplexity(bf16, TEXT)
+    bf16_ppl = perplexity(shared_default_llm("bf16"), TEXT)  # the converted folder of the same file
     assert abs(int4_ppl / bf16_ppl - 1) < 0.01, (int4_ppl, bf16_ppl)

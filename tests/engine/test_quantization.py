@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,19 +98,16 @@ def test_every_level_runs_batched_through_the_engine(
 
 
 @pytest.fixture(scope="module")
-def perplexities(default_model_dir: Path) -> dict[str, tuple[float, int, list[int]]]:
+def perplexities(shared_default_llm: Callable[..., LLM]) -> dict[str, tuple[float, int, list[int]]]:
     """Perplexity, weight bytes and a greedy continuation for each level of the default model."""
     results = {}
     # the first answer token of "What is the capital of France?" is a near-tie in fp32 ("The" 25.36, "L" 25.26),
     # below bf16's logit resolution, so kernel rounding picks it; this question's answer has margins of 0.75+
     prompt = [{"role": "user", "content": "Name the capital city of France."}]
     for level in ("bf16", "int8", "int4"):
-        llm = LLM("default", quantization=level, start_loop=False, kv_cache_bytes=64 << 20)
-        try:
-            greedy = llm.chat(prompt, SamplingParams(max_tokens=16, temperature=0.0))
-            results[level] = (perplexity(llm, TEXT), llm.weights_bytes, greedy.token_ids, greedy.text)
-        finally:
-            llm.close()
+        llm = shared_default_llm(level)
+        greedy = llm.chat(prompt, SamplingParams(max_tokens=16, temperature=0.0))
+        results[level] = (perplexity(llm, TEXT), llm.weights_bytes, greedy.token_ids, greedy.text)
     return results  # type: ignore[return-value]
 
 

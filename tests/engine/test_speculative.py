@@ -11,6 +11,7 @@ import json
 import math
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
 from engine.core.speculative import SpecPolicy, expected_tokens, ngram_draft
 from engine.model.sampler import Sampler
-from tests.engine.conftest import TOKENIZER_FILES
+from tests.engine.conftest import TOKENIZER_FILES, TinyLLM
 from tests.engine.hf_reference import assert_matches_hf
 
 PARAGRAPH = (
@@ -254,20 +255,20 @@ def test_no_blocks_leak_after_speculative_and_cancelled_requests(ngram_llm: Any)
     assert bm.num_used_blocks == 0 and all(b.ref_count == 0 for b in bm.blocks[1:])
 
 
-def test_repeatable_replies_are_bitwise_the_same_with_speculation(default_model_dir: Path) -> None:
+def test_repeatable_replies_are_bitwise_the_same_with_speculation(shared_default_llm: Callable[..., Any]) -> None:
     """In deterministic mode (bf16, the app's default) a token scored inside a verification chunk has the bits it
     has in plain decoding, so speculation changes nothing in a greedy reply, not even a near tie."""
     paragraph = ("The lighthouse stood on the northern cliff for two hundred years. Every night its keeper climbed "
                  "the ninety steps, trimmed the wick and watched the ships pass between the rocks.")
     messages = [{"role": "user", "content": f"Repeat this paragraph exactly:\n\n{paragraph}"}]
     params = SamplingParams(max_tokens=48, temperature=0.0)
-    replies, accepted = {}, {}
-    for method in ("off", "ngram"):
-        with LLM(default_model_dir, dtype="bfloat16", deterministic=True, speculative=method, start_loop=False) as llm:
-            replies[method] = llm.chat(messages, params).token_ids
-            accepted[method] = llm.metrics().spec_acceptance_rate
-    assert accepted["ngram"] > 0.5  # the drafts were used, not skipped
-    assert replies["ngram"] == replies["off"]
+    plain = shared_default_llm("bf16", deterministic=True).chat(messages, params).token_ids
+    with LLM("default", quantization="bf16", deterministic=True, speculative="ngram", start_loop=False,
+             kv_cache_bytes=64 << 20) as llm:
+        speculated = llm.chat(messages, params).token_ids
+        accepted = llm.metrics().spec_acceptance_rate
+    assert accepted > 0.5  # the drafts were used, not skipped
+    assert speculated == plain
 
 
 def test_default_model_self_int4_greedy_matches_hf(default_model_dir: Path, default_hf_model: Any) -> None:
@@ -289,7 +290,9 @@ REPEATING = [5, 9, 14, 22, 5, 9, 14, 22, 5, 9, 14, 22, 31, 40]
 
 
 @pytest.mark.parametrize("family", TESTED_MODEL_TYPES)
-def test_tiny_models_greedy_unchanged_by_speculation(family: str, tiny_model_dirs: dict[str, Path]) -> None:
+def test_tiny_models_greedy_unchanged_by_speculation(
+    family: str, tiny_model_dirs: dict[str, Path], tiny_llm: TinyLLM
+) -> None:
     from transformers import AutoModelForCausalLM
 
     folder = tiny_model_dirs[family]
@@ -298,19 +301,15 @@ def test_tiny_models_greedy_unchanged_by_speculation(family: str, tiny_model_dir
     # (the int4 copy, or the model itself loaded again as a draft on the HF-module path) always drafts
     drafting: str | dict[str, str] = "self-int4" if ARCHITECTURES[family].path == "fused" else {"draft_model": str(folder)}
     for method in ("ngram", drafting):
-        llm = LLM(folder, dtype="float32", start_loop=False, kv_cache_bytes=8 << 20, max_num_batched_tokens=32,
-                  speculative=method)
+        llm = tiny_llm(family, max_num_batched_tokens=32, speculative=method)
         _always_draft(llm)
-        try:
-            prompts = [REPEATING, llm.engine.tokenize("The capital of France is"), REPEATING[3:] * 2]
-            outputs = _staggered(llm, prompts, SamplingParams(max_tokens=16, temperature=0.0))
-            for p, out in zip(prompts, outputs, strict=True):
-                assert_matches_hf(reference, p, out, 16)
-            if method != "ngram":
-                assert llm.engine.stats.num_spec_verifications > 0, f"{family}/{method} never speculated"
-            assert llm.metrics().kv_blocks_used == 0
-        finally:
-            llm.close()
+        prompts = [REPEATING, llm.engine.tokenize("The capital of France is"), REPEATING[3:] * 2]
+        outputs = _staggered(llm, prompts, SamplingParams(max_tokens=16, temperature=0.0))
+        for p, out in zip(prompts, outputs, strict=True):
+            assert_matches_hf(reference, p, out, 16)
+        if method != "ngram":
+            assert llm.engine.stats.num_spec_verifications > 0, f"{family}/{method} never speculated"
+        assert llm.metrics().kv_blocks_used == 0
 
 
 # --- a separate draft model -------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ It must fall back to eager, with a reason, wherever it cannot run, and refuse ba
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,27 +102,24 @@ def test_every_step_native_matches_hf(family: str, tiny_model_dirs: dict[str, Pa
 
 
 @needs_native
-def test_deterministic_int4_runs_every_step_natively(extension: None) -> None:
+def test_deterministic_int4_runs_every_step_natively(extension: None, shared_default_llm: Callable[..., Any]) -> None:
     """The app's default ("Repeatable replies", int4): prefill, decodes and prefix-cache hits all native."""
-    llm = LLM("default", quantization="int4", deterministic=True, start_loop=False, kv_cache_bytes=64 << 20)
-    try:
-        decode = _native(llm)
-        assert decode.every_step
-        params = SamplingParams(max_tokens=12, temperature=0.0)
-        question = [{"role": "user", "content": "Name the capital city of France."}]
-        before = decode.steps
-        alone = llm.chat(question, params).token_ids
-        assert decode.steps - before >= len(alone)  # the prefill and every decode
-        handles = [llm.engine.submit(question, params)] + [
-            llm.engine.submit([{"role": "user", "content": q}], params) for q in PROMPTS[1:4]
-        ]
-        while not all(h.done() for h in handles):
-            llm.engine.step()
-        assert handles[0].result().token_ids == alone  # a prefix-cache hit, inside a batch of four
-        assert "Paris" in llm.engine.tokenizer.decode(alone)
-        assert decode.reasons == {0: "native for every step (row-invariant: deterministic mode)"}
-    finally:
-        llm.close()
+    llm = shared_default_llm("int4", deterministic=True)
+    decode = _native(llm)
+    assert decode.every_step
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+    question = [{"role": "user", "content": "Name the capital city of France."}]
+    before = decode.steps
+    alone = llm.chat(question, params).token_ids
+    assert decode.steps - before >= len(alone)  # the prefill and every decode
+    handles = [llm.engine.submit(question, params)] + [
+        llm.engine.submit([{"role": "user", "content": q}], params) for q in PROMPTS[1:4]
+    ]
+    while not all(h.done() for h in handles):
+        llm.engine.step()
+    assert handles[0].result().token_ids == alone  # a prefix-cache hit, inside a batch of four
+    assert "Paris" in llm.engine.tokenizer.decode(alone)
+    assert decode.reasons == {0: "native for every step (row-invariant: deterministic mode)"}
 
 
 @needs_native

@@ -325,6 +325,7 @@ def test_native_mode_is_checked() -> None:
     with pytest.raises(ValueError, match="native"):
         EngineConfig(native="fast")
 
+
 def test_the_removed_compile_option_is_refused_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
     """The torch.compile decode path is gone (slower than eager and native): old callers learn why, and what
     replaces it, from ``EngineConfig``, ``LLM`` (before any model loads) and the benchmark's ``--compile``."""

@@ -17,7 +17,7 @@ Two execution paths share the KV pool and the paged attention:
 
 Every registered type has full attention; sliding-window configs are refused by the loader.
 
-Adding a type is one entry in :data:`ARCHITECTURES`; ``tests/engine/test_correctness.py`` then builds a tiny random
+Adding a type is one entry in :data:`ARCHITECTURES`; ``tests/engine/model/test_correctness.py`` then builds a tiny random
 model of it (when ``tiny`` is set) and compares it with HF.
 """
 

@@ -6,6 +6,7 @@ Loading the default model and starting a server are the suite's costly steps, so
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,9 @@ if TYPE_CHECKING:
     from tests.engine.server_process import ServerProcess
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# The suite's native builds (this CPU's, the bundle's copies) make every C++ warning an error, as ``make install`` does.
+os.environ.setdefault("HEARTH_NATIVE_WERROR", "1")
 
 #: Fixtures that load the default model or start a server: every test that uses one, directly or through another
 #: fixture, is marked ``slow`` (it is, whenever it is the first to ask).

@@ -23,7 +23,7 @@ file's path or as a folder converted from one (the default model's folder, whose
 through torch's int4 packed kernel (``engine/loading/gguf_weights.py``; the converted folder's bf16 copy requantizes
 to the same 4-bit codes) at about a third of bf16's bytes per weight, so int4 (int8 for Q8_0) comes first and the
 reason says why. On the default model (Q4_1) int4's perplexity is within 1 % of bf16's
-(``tests/engine/test_quantization.py``).
+(``tests/engine/model/test_quantization.py``).
 """
 
 from __future__ import annotations

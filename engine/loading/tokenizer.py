@@ -6,7 +6,7 @@ way: special tokens from ``tokenizer_config.json`` (``special_tokens_map.json`` 
 the config has no ``added_tokens_decoder``), added tokens added to the backend as transformers adds them,
 ``add_bos_token``/``add_eos_token`` ignored (``tokenizer.json``'s post-processor decides), chat templates from
 ``chat_template.jinja`` and ``additional_chat_templates/`` before the config's. So ids, text and chat prompts are
-transformers' (``tests/engine/test_tokenizer.py`` compares them).
+transformers' (``tests/engine/loading/test_tokenizer.py`` compares them).
 
 It offers the part of transformers' tokenizer API that Hearth uses: ``__call__``/``encode``/``decode``,
 ``apply_chat_template``, token/id conversion, the special tokens and their ids, ``get_vocab``, ``vocab_size``,

@@ -10,7 +10,7 @@ code sits in :mod:`engine.loading.formats.gguf_blocks`, under the same name:
   ``gguf`` package's numpy code, so they are bitwise what transformers' GGUF loader produces.
 
 Adding a block type touches this package (a row here, its unpack in ``gguf_blocks.py``), the kernel that runs its
-parts (``engine/model/quantization.py``), and ``tests/engine/test_gguf_weights.py``, which compares the unpacked
+parts (``engine/model/quantization.py``), and ``tests/engine/loading/test_gguf_weights.py``, which compares the unpacked
 blocks with ``gguf``'s numpy dequantize.
 """
 

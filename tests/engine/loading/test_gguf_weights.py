@@ -16,7 +16,7 @@ from engine.loading.formats import BLOCK_FORMATS
 from engine.loading.formats.gguf_blocks import DEQUANTIZE, UNPACK, Int4Parts, Q8Parts, unpack_int4, unpack_q8
 from engine.model.quantization import Int4Linear, Int8Linear
 
-TEXT = (Path(__file__).parent.parent / "data" / "gettysburg_and_austen.txt").read_text()
+TEXT = (Path(__file__).parents[2] / "data" / "gettysburg_and_austen.txt").read_text()
 #: fp16 fields at the start of each block (scale, or scale and minimum)
 _HALVES = {"Q4_0": 1, "Q4_1": 2, "Q4_K": 2, "Q8_0": 1}
 INT4_KINDS = sorted(k for k, f in BLOCK_FORMATS.items() if f.level == "int4")

@@ -25,7 +25,7 @@ from engine.loading.default_model import (
 from engine.loading.loader import load_model
 from engine.loading.validate import resolve_path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ from engine.model.attention import AttentionContext
 from engine.model.cuda_graphs import MIN_CONTEXT, StaticInputs, batch_bucket, context_bucket
 from tests.engine.conftest import TinyLLM
 from tests.engine.hf_reference import assert_matches_hf
-from tests.engine.test_correctness import MODES, PROMPTS
+from tests.engine.model.test_correctness import MODES, PROMPTS
 
 FUSED_FAMILIES = ("llama", "qwen3")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -22,7 +22,7 @@ from engine.model import native
 from engine.model.layer_spec import VerdictCache
 from tests.engine.conftest import TOKENIZER_FILES
 from tests.engine.hf_reference import assert_matches_hf
-from tests.engine.test_correctness import MODES, PROMPTS
+from tests.engine.model.test_correctness import MODES, PROMPTS
 
 FUSED = tuple(t for t in TESTED_MODEL_TYPES if ARCHITECTURES[t].path == "fused")
 PROBLEM = native.native_problem(torch.device("cpu"), torch.float32)

@@ -23,7 +23,7 @@ from engine.model.quantization import (
 )
 from engine.tools.perplexity import perplexity
 
-TEXT = (Path(__file__).parent.parent / "data" / "gettysburg_and_austen.txt").read_text()
+TEXT = (Path(__file__).parents[2] / "data" / "gettysburg_and_austen.txt").read_text()
 GB = 1_000_000_000
 
 

@@ -44,3 +44,16 @@ def test_warnings_are_errors_only_where_asked(
     compiles = [cmd for cmd in commands if "-c" in cmd]
     assert len(compiles) == len([p for p in native_build.sources() if p.suffix == ".cpp"])
     assert all("-Wall" in cmd and ("-Werror" in cmd) is expected for cmd in compiles)
+
+
+def test_the_kernel_kinds_match_the_cpp_enum() -> None:
+    """``native._KINDS`` numbers each kernel kind as ``csrc/linear.h``'s ``LinearKind`` does: a kind added on one side
+    only would run the wrong kernel, so the two are read and compared here."""
+    import re
+
+    header = (native_build.SOURCE_DIR / "linear.h").read_text()
+    body = re.search(r"enum\s+LinearKind[^{]*\{([^}]*)\}", header)
+    assert body is not None, "csrc/linear.h no longer declares enum LinearKind"
+    cpp = {re.sub(r"(?<!^)([A-Z])", r"_\1", name[1:]).lower(): int(value)
+           for name, value in re.findall(r"(k\w+)\s*=\s*(\d+)", body.group(1))}
+    assert cpp == native._KINDS

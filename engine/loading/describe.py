@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine.api import HardwareInfo, ModelLoadError
-from engine.loading.gguf_reader import read_gguf_header
+from engine.loading.gguf_reader import read_gguf_header, read_regular_text
 from engine.loading.recommend import recommend
 from engine.loading.safetensors_reader import read_safetensors_header
 from engine.loading.validate import inspect_model
@@ -142,9 +142,10 @@ def _split_parts(first: Path, parts: int) -> list[Path]:
 
 
 def read_model_config(folder: Path) -> dict[str, Any] | None:
-    """``folder/config.json`` when it describes a transformers model (has model_type or architectures)."""
+    """``folder/config.json`` when it describes a transformers model (has model_type or architectures); None when
+    it does not, or is not a regular file (a FIFO so named would block the scan)."""
     try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        config = json.loads(read_regular_text(folder / "config.json"))
     except (OSError, UnicodeDecodeError, ValueError):
         return None
     if isinstance(config, dict) and (config.get("model_type") or config.get("architectures")):

@@ -32,7 +32,7 @@ from engine.loading.describe import (
     read_model_config,
     unreadable,
 )
-from engine.loading.gguf_reader import is_gguf_file
+from engine.loading.gguf_reader import is_gguf_file, read_regular_text
 
 logger = logging.getLogger("engine")
 
@@ -106,7 +106,7 @@ def _hf_cache_dirs(home: Path, env: Mapping[str, str]) -> list[Path]:
 def _json_folder(path: Path, key: str) -> list[Path]:
     """A folder named in an app's JSON settings file, if it names one."""
     try:
-        value = json.loads(path.read_text(encoding="utf-8")).get(key)
+        value = json.loads(read_regular_text(path)).get(key)
     except (OSError, UnicodeDecodeError, ValueError, AttributeError):
         return []
     return [Path(value).expanduser()] if isinstance(value, str) and value else []
@@ -115,7 +115,7 @@ def _json_folder(path: Path, key: str) -> list[Path]:
 def _ini_folder(path: Path, key: str) -> list[Path]:
     """A folder named as ``key=...`` in an app's INI settings file, if it names one."""
     try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = read_regular_text(path, errors="replace").splitlines()
     except OSError:
         return []
     values = [line.split("=", 1)[1].strip() for line in lines if line.strip().startswith(f"{key}=")]
@@ -228,7 +228,7 @@ def _hf_candidates(cache: Path) -> Iterator[tuple[str, Path, str]]:
         except OSError:
             continue
         try:
-            main = (repo / "refs" / "main").read_text(encoding="utf-8").strip()
+            main = read_regular_text(repo / "refs" / "main").strip()
         except OSError:
             main = ""
         for snap in snapshots:
@@ -241,7 +241,7 @@ def _jan_imports(root: Path) -> Iterator[tuple[str, Path, str]]:
     """GGUF files outside ``root`` that older Jan versions imported by reference from ``<id>/model.json``."""
     for model_json in sorted(root.glob("*/model.json")):
         try:
-            sources = json.loads(model_json.read_text(encoding="utf-8")).get("sources") or []
+            sources = json.loads(read_regular_text(model_json)).get("sources") or []
         except (OSError, UnicodeDecodeError, ValueError, AttributeError):
             continue
         for item in sources if isinstance(sources, list) else []:

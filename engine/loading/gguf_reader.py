@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 import mmap
+import os
+import stat
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from engine.api import ModelLoadError
 
@@ -15,10 +17,41 @@ from engine.api import ModelLoadError
 GGUF_MAGIC = b"GGUF"
 
 
-def is_gguf_file(path: Path) -> bool:
-    """Whether ``path`` is a file that starts with the GGUF magic, whatever its name."""
+#: GGML_MAX_DIMS: a GGUF tensor has at most this many dimensions.
+GGUF_MAX_DIMS = 4
+#: Array nesting deeper than this is refused (llama.cpp writes flat arrays only).
+_MAX_ARRAY_DEPTH = 4
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """Open ``path`` for reading only if it is a regular file.
+
+    A FIFO, socket or device named like a model file would block ``open()`` (or never end a read), and the
+    Models scan opens files at startup, so the file is opened without blocking and checked before any read.
+
+    Raises:
+        OSError: The path is missing, unreadable or not a regular file.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     try:
-        with open(path, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular_text(path: Path, errors: str = "strict") -> str:
+    """The UTF-8 text of ``path`` if it is a regular file (see :func:`open_regular`); OSError otherwise."""
+    with open_regular(path) as fh:
+        return fh.read().decode("utf-8", errors=errors)
+
+
+def is_gguf_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file that starts with the GGUF magic, whatever its name."""
+    try:
+        with open_regular(path) as f:
             return f.read(4) == GGUF_MAGIC
     except OSError:
         return False
@@ -51,17 +84,37 @@ class _GgufCursor:
         self.pos += length
         return raw.decode("utf-8", errors="replace")
 
-    def skip(self, kind: int) -> None:
+    def count(self, what: str, min_bytes: int) -> int:
+        """A count read from the file, refused when its items (each ``min_bytes`` at least) cannot fit in what
+        is left of the file, so that no loop runs for a count the file could not hold."""
+        value = int(self.take("<Q"))
+        if value > (len(self.data) - self.pos) // min_bytes:
+            raise ModelLoadError(
+                f"{self.name} is corrupt: it claims {value} {what}, more than its {len(self.data)} bytes can "
+                f"hold. {GGUF_ADVICE}"
+            )
+        return value
+
+    def skip(self, kind: int, depth: int = 0) -> None:
         if kind == _GGUF_STRING:
             length = int(self.take("<Q"))  # read first: `pos += take()` would use the old pos
             self.pos += length
         elif kind == _GGUF_ARRAY:
-            item_kind, count = int(self.take("<I")), int(self.take("<Q"))
+            if depth >= _MAX_ARRAY_DEPTH:
+                raise ModelLoadError(f"{self.name} is corrupt: its metadata nests arrays too deep. {GGUF_ADVICE}")
+            item_kind = int(self.take("<I"))
             if item_kind in _GGUF_SCALARS:
-                self.pos += struct.calcsize(_GGUF_SCALARS[item_kind]) * count
+                self.pos += struct.calcsize(_GGUF_SCALARS[item_kind]) * int(self.take("<Q"))
+            elif item_kind in (_GGUF_STRING, _GGUF_ARRAY):
+                # a string takes 8 bytes at least (its length), an array 12 (item type and count)
+                for _ in range(self.count("array items", 8 if item_kind == _GGUF_STRING else 12)):
+                    self.skip(item_kind, depth + 1)
+                    if self.pos > len(self.data):
+                        break
             else:
-                for _ in range(count):
-                    self.skip(item_kind)
+                raise ModelLoadError(
+                    f"{self.name} is corrupt: unknown metadata type {item_kind}. {GGUF_ADVICE}"
+                )
         elif kind in _GGUF_SCALARS:
             self.pos += struct.calcsize(_GGUF_SCALARS[kind])
         else:
@@ -103,13 +156,22 @@ def read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, int, s
     Raises:
         ModelLoadError: The file is not a GGUF, is truncated or is corrupt; the message names it.
     """
+    name = path.name
+    try:
+        fh = open_regular(path)
+    except OSError as exc:
+        raise ModelLoadError(f"Cannot read {path}: {exc.strerror or exc}.") from None
+    with fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size < 24:
+            raise ModelLoadError(f"{name} is truncated ({size} bytes). {GGUF_ADVICE}")
+        return _parse_header(fh, name, size)
+
+
+def _parse_header(fh: BinaryIO, name: str, size: int) -> tuple[dict[str, Any], list[tuple[str, int, str, int]]]:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    name = path.name
-    size = path.stat().st_size
-    if size < 24:
-        raise ModelLoadError(f"{name} is truncated ({size} bytes). {GGUF_ADVICE}")
-    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+    with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
         if data[:4] != b"GGUF":
             raise ModelLoadError(f"{name} is not a GGUF file (it does not start with 'GGUF'). {GGUF_ADVICE}")
         cur = _GgufCursor(data, name)
@@ -119,7 +181,9 @@ def read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, int, s
             raise ModelLoadError(
                 f"{name} uses GGUF version {version}, which is not supported (only 2 and 3, little-endian)."
             )
-        tensor_count, kv_count = int(cur.take("<Q")), int(cur.take("<Q"))
+        # a tensor entry takes 24 bytes at least (name length, dimension count, type, offset), a key 13
+        tensor_count = cur.count("tensors", 24)
+        kv_count = cur.count("metadata entries", 13)
         metadata: dict[str, Any] = {}
         for _ in range(kv_count):
             key, kind = cur.string(), int(cur.take("<I"))
@@ -138,7 +202,13 @@ def read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, int, s
         infos: list[tuple[str, int, int, int]] = []
         for _ in range(tensor_count):
             tname = cur.string()
-            dims = [int(cur.take("<Q")) for _ in range(int(cur.take("<I")))]
+            n_dims = int(cur.take("<I"))
+            if n_dims > GGUF_MAX_DIMS:
+                raise ModelLoadError(
+                    f"{name} is corrupt: tensor '{tname[:80]}' claims {n_dims} dimensions; GGUF allows at most "
+                    f"{GGUF_MAX_DIMS}. {GGUF_ADVICE}"
+                )
+            dims = [int(cur.take("<Q")) for _ in range(n_dims)]
             infos.append((tname, math.prod(dims), int(cur.take("<I")), int(cur.take("<Q"))))
         alignment = int(metadata.get("general.alignment", 32)) or 32
         data_start = -(-cur.pos // alignment) * alignment

@@ -48,6 +48,7 @@ from engine.architectures import (
 )
 from engine.loading.default_model import MARKER_FILENAME
 from engine.loading.formats.gguf_blocks import dequantize
+from engine.loading.gguf_reader import read_regular_text
 from engine.loading.safetensors_reader import safetensors_files
 from engine.loading.tokenizer import Tokenizer, is_plain
 from engine.system.paths import cache_dir, ensure_private_dir
@@ -218,7 +219,7 @@ def load_tokenizer(folder: Path) -> Any:
 
 
 def read_config(folder: Path) -> dict[str, Any]:
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config = json.loads(read_regular_text(folder / "config.json"))
     if not isinstance(config, dict):
         raise ModelLoadError(f"{folder / 'config.json'} is not a JSON object. Re-download the model.")
     return config
@@ -232,7 +233,7 @@ def gguf_side_folder(path: Path) -> Path:
     lays out the default model so, see ``packaging/hearth.spec``).
     """
     try:
-        marker = json.loads((path.parent / MARKER_FILENAME).read_text(encoding="utf-8"))
+        marker = json.loads(read_regular_text(path.parent / MARKER_FILENAME))
     except (OSError, ValueError):
         marker = None
     if isinstance(marker, dict) and marker.get("gguf") == path.name and (path.parent / "config.json").is_file():
@@ -294,6 +295,13 @@ def build(
     config: Any, state: dict[str, torch.Tensor], dtype: torch.dtype, where: Path, generation: dict[str, Any] | None = None
 ) -> NativeCausalLM:
     """The skeleton filled with ``state`` (cast to ``dtype``); a missing or misshapen tensor raises."""
+    layers = {name.split(".")[2] for name in state if name.startswith("model.layers.")}
+    if int(config.num_hidden_layers) > len(layers):  # before the skeleton: each layer costs Python objects
+        raise ModelLoadError(
+            f"The weights in {where} do not match its config: it claims {config.num_hidden_layers} layers but the "
+            f"weights hold {len(layers)}. The download is incomplete or the files come from different models; "
+            "re-download the model."
+        )
     model = NativeCausalLM(config, generation)
     tied = ties_embeddings(config)
     expected = {name: p.shape for name, p in model.named_parameters()}
@@ -321,7 +329,7 @@ def load(path: Path, fmt: str, dtype: torch.dtype) -> tuple[NativeCausalLM, Any,
     tokenizer = load_tokenizer(side)
     state = _gguf_state(path, config, dtype) if fmt == "gguf" else _safetensors_state(path)
     try:
-        generation = json.loads((side / "generation_config.json").read_text(encoding="utf-8"))
+        generation = json.loads(read_regular_text(side / "generation_config.json"))
     except (OSError, ValueError):
         generation = None
     with torch.no_grad():

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from pathlib import Path
 
 from engine.api import ModelLoadError
+from engine.loading.gguf_reader import open_regular
 
 _MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
+#: More dimensions than any weight has; a header claiming more is refused before its shape is multiplied out.
+MAX_SAFETENSORS_DIMS = 16
 #: Bytes per element of each safetensors dtype (sub-byte types are checked loosely).
 SAFETENSORS_ITEMSIZE: dict[str, float] = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
@@ -34,9 +38,9 @@ def read_safetensors_header(path: Path) -> list[tuple[str, str, list[int]]]:
         ModelLoadError: The file is truncated or its header is corrupt; the message names the file.
     """
     advice = "Re-download the model; the file is damaged or was not copied completely."
-    size = path.stat().st_size
     try:
-        with path.open("rb") as fh:
+        with open_regular(path) as fh:
+            size = os.fstat(fh.fileno()).st_size
             prefix = fh.read(8)
             if len(prefix) < 8:
                 raise ModelLoadError(f"{path.name} is truncated ({size} bytes, no header). {advice}")
@@ -62,7 +66,10 @@ def read_safetensors_header(path: Path) -> list[tuple[str, str, list[int]]]:
             continue
         try:
             dtype = str(entry["dtype"])
-            shape = [int(d) for d in entry["shape"]]
+            shape = entry["shape"]
+            if not isinstance(shape, list) or len(shape) > MAX_SAFETENSORS_DIMS:
+                raise TypeError("shape")
+            shape = [int(d) for d in shape]
             begin, end = (int(x) for x in entry["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise ModelLoadError(

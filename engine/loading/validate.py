@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 from engine.api import ModelInfo, ModelLoadError
 from engine.architectures import ARCHITECTURES
 from engine.loading.default_model import bundled_gguf, default_model_path, is_converted
-from engine.loading.gguf_reader import GGUF_ADVICE, is_gguf_file, read_gguf_header
+from engine.loading.gguf_reader import GGUF_ADVICE, is_gguf_file, read_gguf_header, read_regular_text
 from engine.loading.safetensors_reader import (
     FLOAT_DTYPES,
     SAFETENSORS_ITEMSIZE,
@@ -138,12 +139,65 @@ def _read_config(folder: Path) -> dict[str, Any]:
             "folder with config.json, *.safetensors and tokenizer files, or a .gguf file."
         )
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
+        config = json.loads(read_regular_text(config_path))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ModelLoadError(f"{config_path} is not valid JSON ({exc}). Re-download the model.") from None
     if not isinstance(config, dict):
         raise ModelLoadError(f"{config_path} is not a JSON object. Re-download the model.")
     return config
+
+
+_LAYER_INDEX = re.compile(r"\.(\d+)\.")
+
+
+def layers_present(names: Iterable[str]) -> int | None:
+    """How many layers the tensor names number (distinct first index: ``model.layers.N.``, ``blk.N.``, ``h.N.``),
+    or None when no name carries an index."""
+    indices = {int(m.group(1)) for m in map(_LAYER_INDEX.search, names) if m is not None and len(m.group(1)) < 10}
+    return len(indices) if indices else None
+
+
+def check_dimensions(
+    sizes: dict[str, Any], where: Path, num_elements: int, layers: int | None, advice: str
+) -> None:
+    """Refuse a layer count, hidden size or head count that the weights in the file cannot back.
+
+    Every layer holds at least ``hidden_size`` weights (its norm), so ``layers x hidden_size`` cannot exceed
+    the weights present, and the layers cannot outnumber the layer indices the tensor names carry. Checked
+    before anything is built: a skeleton of 10^6 layers would take minutes before any weight is compared.
+
+    Args:
+        sizes: ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``, ``num_key_value_heads`` (absent
+            or None: not checked).
+        where: The model, for the message.
+        num_elements: Weights in the file(s).
+        layers: Distinct layer indices in the tensor names (:func:`layers_present`), None when unknown.
+        advice: What to do, ending the message.
+    """
+    values: dict[str, int] = {}
+    for key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads"):
+        value = sizes.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ModelLoadError(f"{where} is corrupt: its {key} is {str(value)[:40]!r}, not a positive whole "
+                                 f"number. {advice}")  # fmt: skip
+        values[key] = value
+    n_layers, hidden = values.get("num_hidden_layers"), values.get("hidden_size")
+    heads, kv_heads = values.get("num_attention_heads"), values.get("num_key_value_heads")
+    problem = ""
+    if n_layers is not None and layers is not None and n_layers > layers:
+        problem = f"it claims {n_layers} layers but its tensors hold {layers}"
+    elif n_layers is not None and n_layers * (hidden or 1) > num_elements:
+        problem = f"it claims {n_layers} layers of width {hidden or 1}, more than its {num_elements} weights can hold"
+    elif hidden is not None and hidden > num_elements:
+        problem = f"it claims a hidden size of {hidden}, more than its {num_elements} weights"
+    elif heads is not None and hidden is not None and heads > hidden:
+        problem = f"it claims {heads} attention heads for a hidden size of {hidden}"
+    elif kv_heads is not None and heads is not None and kv_heads > heads:
+        problem = f"it claims {kv_heads} key/value heads but only {heads} attention heads"
+    if problem:
+        raise ModelLoadError(f"{where} does not match its weights: {problem}. {advice}")
 
 
 def _check_tokenizer(folder: Path) -> None:
@@ -164,10 +218,12 @@ def _check_folder(folder: Path) -> Checked:
     shards = safetensors_files(folder)
     tensors: list[tuple[int, float, bool]] = []
     dtypes: dict[str, int] = {}
+    names: list[str] = []
     if shards:
         fmt = "safetensors"
         for shard in shards:
-            for _name, dtype, shape in read_safetensors_header(shard):
+            for name, dtype, shape in read_safetensors_header(shard):
+                names.append(name)
                 count = math.prod(shape)
                 tensors.append((count, SAFETENSORS_ITEMSIZE[dtype], dtype in FLOAT_DTYPES))
                 dtypes[dtype] = dtypes.get(dtype, 0) + count
@@ -188,6 +244,8 @@ def _check_folder(folder: Path) -> Checked:
         total = sum(p.stat().st_size for p in weight_files)
         tensors = [(total // itemsize, itemsize, True)]
         num_parameters = None
+    check_dimensions(config, folder / "config.json", sum(t[0] for t in tensors), layers_present(names),
+                     "The config and the weights come from different models; re-download the model.")  # fmt: skip
     info = ModelInfo(
         path=folder,
         format=fmt,
@@ -213,6 +271,15 @@ def _check_gguf(path: Path) -> Checked:
         )
     model_type = str(metadata.get("general.architecture", ""))
     _check_config({"model_type": model_type}, path)
+    keys = {
+        "num_hidden_layers": "block_count",
+        "hidden_size": "embedding_length",
+        "num_attention_heads": "attention.head_count",
+        "num_key_value_heads": "attention.head_count_kv",
+    }
+    sizes = {field: metadata.get(f"{model_type}.{key}") for field, key in keys.items()}
+    total = sum(count for _name, count, _kind, _nbytes in tensor_table)
+    check_dimensions(sizes, path, total, layers_present(n for n, _c, _k, _b in tensor_table), GGUF_ADVICE)
     counts: dict[str, int] = {}
     for _name, count, kind, _nbytes in tensor_table:
         counts[kind] = counts.get(kind, 0) + count

@@ -90,8 +90,8 @@ class _GgufCursor:
         value = int(self.take("<Q"))
         if value > (len(self.data) - self.pos) // min_bytes:
             raise ModelLoadError(
-                f"{self.name} is corrupt: it claims {value} {what}, more than its {len(self.data)} bytes can "
-                f"hold. {GGUF_ADVICE}"
+                f"{self.name} is truncated or corrupt: it claims {value} {what}, more than its {len(self.data)} "
+                f"bytes can hold. {GGUF_ADVICE}"
             )
         return value
 
@@ -104,7 +104,8 @@ class _GgufCursor:
                 raise ModelLoadError(f"{self.name} is corrupt: its metadata nests arrays too deep. {GGUF_ADVICE}")
             item_kind = int(self.take("<I"))
             if item_kind in _GGUF_SCALARS:
-                self.pos += struct.calcsize(_GGUF_SCALARS[item_kind]) * int(self.take("<Q"))
+                count = int(self.take("<Q"))  # read first: `pos += take()` would use the old pos
+                self.pos += struct.calcsize(_GGUF_SCALARS[item_kind]) * count
             elif item_kind in (_GGUF_STRING, _GGUF_ARRAY):
                 # a string takes 8 bytes at least (its length), an array 12 (item type and count)
                 for _ in range(self.count("array items", 8 if item_kind == _GGUF_STRING else 12)):

@@ -314,3 +314,15 @@ def test_a_fifo_settings_file_does_not_block_the_scan(tmp_path: Path) -> None:
     with _released(fifos):
         found = _within(lambda: discover_models(home, (), HARDWARE))
     assert found == []
+
+
+@needs_fifo
+def test_the_native_loader_reads_no_fifo_config(tmp_path: Path) -> None:
+    from engine.loading import native
+
+    folder = _llama_folder(tmp_path / "model", 1)
+    (folder / "config.json").unlink()
+    os.mkfifo(folder / "config.json")
+    with _released([folder / "config.json"]):
+        result = _within(lambda: native.read_config(folder))
+    assert isinstance(result, OSError) and "not a regular file" in str(result), result

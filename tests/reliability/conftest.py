@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from engine.api import CapacityError, SamplingParams, StepOutput
+from engine.api import CapacityError, EngineMetrics, SamplingParams, StepOutput
 from engine.serving.guards import GuardRules
 from engine.serving.openai_app import ServerThread
 from engine.serving.transport import ConnectionLimits
@@ -68,8 +68,8 @@ class FakeEngine:
         on_output(StepOutput(handle.request_id, "Hello!", [1], True, "stop", {"num_generated_tokens": 1}))
         return handle
 
-    def metrics(self) -> dict[str, float]:
-        return {}
+    def metrics(self) -> EngineMetrics:
+        return EngineMetrics()
 
 
 @pytest.fixture

@@ -2,27 +2,36 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from PySide6.QtCore import QEvent, QTimer, QUrl, Signal, Slot
 from PySide6.QtGui import (
     QColor,
+    QCursor,
     QDesktopServices,
     QFont,
+    QImage,
     QPalette,
     QTextBlockFormat,
     QTextCharFormat,
     QTextCursor,
+    QTextDocument,
     QTextFormat,
     QTextFrame,
     QTextFrameFormat,
     QTextOption,
 )
-from PySide6.QtWidgets import QTextBrowser, QWidget
+from PySide6.QtWidgets import QTextBrowser, QToolTip, QWidget
 
 from app.chat.code_highlighter import CODE_BLOCK_PROPERTY, CodeHighlighter
-from app.chat.markdown import add_copy_links, close_open_fence, split_reasoning
+from app.chat.markdown import add_copy_links, close_open_fence, code_blocks, split_reasoning
+from app.chat.safe_markdown import is_web_link, markdown_fragment, shown_address
 from app.data.conversations import STATUS_ERROR, STATUS_STREAMING, Conversation, Message
 from app.formatting import reply_stats_line
 
+#: What :meth:`MessageView.loadResource` answers for any image: a transparent pixel.
+_BLANK_IMAGE = QImage(1, 1, QImage.Format.Format_ARGB32)
+_BLANK_IMAGE.fill(0)
 _ROLE_NAMES = {"user": "You", "assistant": "Hearth", "system": "System"}
 _BUBBLE_PADDING = 10
 _BUBBLE_INDENT = 48
@@ -48,7 +57,10 @@ class MessageView(QTextBrowser):
 
     Under each message a line of links offers its actions (copy, edit, regenerate, continue, and
     "‹ 1/2 ›" to switch between branches); each finished code block gets a "Copy code" link. A
-    click emits :attr:`action_requested`; other links open in the browser. A reply's ``<think>``
+    click emits :attr:`action_requested`. A message is untrusted (a model, a server or an imported file
+    wrote it): nothing in it is ever loaded (images show as text, see :mod:`app.chat.safe_markdown`), and
+    only a click on an http(s) link opens it in the browser; a click on any other link opens nothing and
+    says so (:attr:`link_refused`). A reply's ``<think>``
     reasoning is folded into a "Reasoning" line that shows or hides it when clicked.
 
     Lines wrap at the view's width, long words and code lines included, so one long line never
@@ -58,9 +70,11 @@ class MessageView(QTextBrowser):
     Signals:
         action_requested(str, int, int): the action (one of :data:`ACTIONS`), the message index,
             and the code block index for "copy-code" (else 0).
+        link_refused(str): a link that was clicked and not opened, since it is not an http(s) one.
     """
 
     action_requested = Signal(str, int, int)
+    link_refused = Signal(str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -183,10 +197,23 @@ class MessageView(QTextBrowser):
         if was_at_bottom:
             self._scroll_to_bottom()
 
+    def loadResource(self, kind: int, name: QUrl | str, /) -> Any:
+        """Load nothing: no file, ``qrc:`` or network resource is read for what a message holds.
+
+        Messages are rendered without images, so this is only a backstop. An empty image or text (rather than
+        none) keeps ``QTextDocument`` from reading the file itself.
+        """
+        if kind == QTextDocument.ResourceType.ImageResource.value:
+            return _BLANK_IMAGE
+        return ""
+
     @Slot(QUrl)
     def _on_anchor_clicked(self, url: QUrl) -> None:
         if url.scheme() != ACTION_SCHEME:
-            QDesktopServices.openUrl(url)
+            if is_web_link(url):
+                QDesktopServices.openUrl(url)
+            else:
+                self._refuse_link(url)
             return
         action, _, rest = url.path().partition("/")
         numbers = [int(part) for part in rest.split("/") if part.isdigit()]
@@ -194,6 +221,12 @@ class MessageView(QTextBrowser):
             self.toggle_reasoning(numbers[0])
         elif action in ACTIONS and numbers:
             self.action_requested.emit(action, numbers[0], numbers[1] if len(numbers) > 1 else 0)
+
+    def _refuse_link(self, url: QUrl) -> None:
+        address = url.toString()
+        QToolTip.showText(QCursor.pos(), "Hearth opens only web (http and https) links; this one was not "
+                          f"opened:\n{shown_address(address)}", self.viewport())
+        self.link_refused.emit(address)
 
     # -- rendering --------------------------------------------------------------------------------
 
@@ -238,7 +271,9 @@ class MessageView(QTextBrowser):
                                                    lambda k: action_href("copy-code", index, k)))
             if reply.reasoning or reply.is_thinking:
                 body = f"{self._reasoning_markdown(reply.reasoning, reply.is_thinking, index)}\n\n{body}"
-            cursor.insertMarkdown(f"{name}\n\n{body}")
+            own_links = {action_href("copy-code", index, k) for k in range(len(code_blocks(reply.answer)))}
+            own_links.add(f"{ACTION_SCHEME}:{REASONING_ACTION}/{index}")
+            cursor.insertFragment(markdown_fragment(f"{name}\n\n{body}", own_links, ACTION_SCHEME))
             self._shade_code_blocks(frame.firstPosition(), cursor.position())
         else:
             cursor.insertText(name)

@@ -7,7 +7,7 @@ here and a method where the work belongs; the window's own module keeps the pane
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from PySide6.QtCore import QObject, Qt, Slot
 from PySide6.QtGui import QAction, QKeySequence
@@ -28,8 +28,13 @@ class WindowMenus(QObject):
 
     def __init__(self, window: MainWindow) -> None:
         super().__init__(window)
-        self._window = window
         self._build()
+
+    @property
+    def _window(self) -> MainWindow:
+        """The window, as this object's Qt parent: a Python reference back to it would make a cycle that keeps the
+        window's wrapper alive after Qt deleted it (automatic garbage collection is off: ``app/gui_gc.py``)."""
+        return cast("MainWindow", self.parent())
 
     def _add_action(self, menu: QMenu, text: str, name: str, slot: Callable[[], object],
                     shortcut: QKeySequence | QKeySequence.StandardKey | str | None = None) -> QAction:

@@ -55,7 +55,9 @@ _CHILD = textwrap.dedent("""
     except Exception as e:
         result = {"error": type(e).__name__, "message": str(e)}
     result["seconds"] = time.monotonic() - start
-    result["rss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # this process's own peak (VmHWM): ru_maxrss would carry the parent's peak over fork and exec
+    with open("/proc/self/status") as status:
+        result["rss_kib"] = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
     print(json.dumps(result))
 """)
 

@@ -53,7 +53,7 @@ log = logging.getLogger("engine")
 
 #: ``auto`` keeps the native step for a bucket only where it is at least this much faster than eager.
 MIN_GAIN = 0.05
-_KINDS = {"int4": 0, "int8": 1, "dense": 2, "int4_vnni": 3}
+_KINDS = {"int4": 0, "int8": 1, "dense": 2, "int4_vnni": 3, "gguf": 4}
 #: The offline bundle's prebuilt copy for any x86-64 CPU with AVX2: where it lies in the bundle, what it is built
 #: for, and the CPU flags (as /proc/cpuinfo names them) that this needs.
 BUNDLED_LIBRARY = "native/decode_step.so"
@@ -91,6 +91,15 @@ def native_problem(device: torch.device, kv_dtype: torch.dtype) -> str | None:
     if compiler() is None:
         return "no C++ compiler found (set CXX, or install g++)"
     return None
+
+
+def file_problem() -> str | None:
+    """Why a GGUF file's blocks cannot be multiplied as they are here (the "file" precision's kernels,
+    ``engine/model/gguf_linear.py``), or None. Builds the extension first on a machine that has none (once)."""
+    problem = native_problem(torch.device("cpu"), torch.float32) or EXTENSION.start(wait=True)
+    if problem is None and not hasattr(torch.ops.hearth, "gguf_mm"):
+        problem = "the native extension carries no GGUF block kernels"
+    return problem
 
 
 def _bundle_root() -> Path:

@@ -1,10 +1,10 @@
 """Building the native extension: its C++ sources, the compiler and flags, the build's key, and the compile itself.
 
 The sources (``csrc/``) are one ``.cpp`` per op family, each with its header: ``decode_step.cpp`` (the layer loop
-and the op registrations), ``linear.cpp``, ``small_ops.cpp``, ``attention.cpp`` and ``vnni.cpp`` (the AVX512-VNNI
-kernels). Each compiles on its own, as many at once as there are cores, with every warning shown (``-Wall``) and,
-where :data:`WERROR_ENV` asks (``make install`` and the tests), made an error; then one link against torch's
-libraries. Where the build lands, and when it is loaded, is ``engine/model/native.py``'s.
+and the op registrations), ``linear.cpp``, ``small_ops.cpp``, ``attention.cpp``, ``vnni.cpp`` (the AVX512-VNNI
+kernels) and ``gguf_kernels.cpp`` (matmuls against GGUF block bytes). Each compiles on its own, as many at once as
+there are cores, with every warning shown (``-Wall``) and, where :data:`WERROR_ENV` asks (``make install`` and the
+tests), made an error; then one link against torch's libraries. Where the build lands, and when it is loaded, is ``engine/model/native.py``'s.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "attention.h"
+#include "gguf_kernels.h"
 #include "linear.h"
 #include "small_ops.h"
 #include "vnni.h"
@@ -185,6 +186,8 @@ TORCH_LIBRARY(hearth, m) {
   m.def("vnni_available() -> bool", &hearth::vnni_available);
   m.def("int4_vnni_mm(Tensor x, Tensor packed, int group, Tensor scales_zeros) -> Tensor", &hearth::int4_vnni_mm);
   m.def("int8_vnni_mm(Tensor x, Tensor w, Tensor scales, bool gemv) -> Tensor", &hearth::int8_vnni_mm);
+  m.def("gguf_mm(Tensor x, Tensor w, int type) -> Tensor", &hearth::gguf_mm);
+  m.def("gguf_dequantize(Tensor w, int type) -> Tensor", &hearth::gguf_dequantize);
   m.def(
       "decode_layers(int handle, Tensor x, Tensor cos, Tensor sin, Tensor(a!) k_pool, Tensor(b!) v_pool, "
       "Tensor slot_mapping, Tensor slots, Tensor lens, float eps, float scale, int num_heads) -> Tensor",

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include "gguf_kernels.h"
 #include "vnni.h"
 
 namespace hearth {
@@ -23,6 +24,8 @@ at::Tensor linear(const at::Tensor& x_in, const int64_t* spec, const at::Tensor&
     y = at::_weight_int4pack_mm_for_cpu(x, w, group, s);
   } else if (kind == kInt4Vnni) {
     y = int4_vnni_mm(x, w, group, s);
+  } else if (kind == kGguf) {
+    y = gguf_mm(x, w, group);  // the spec's second field is the ggml type
   } else if (kind == kInt8) {
     y = at::_weight_int8pack_mm(x, w, s);
   } else {

@@ -1,0 +1,187 @@
+"""The native GGUF block kernels (engine/model/csrc/gguf_kernels.cpp): ``gguf_dequantize`` and ``gguf_mm``.
+
+Every block type gets random valid blocks (random quant bytes, sane fp16 scales) in shapes that are not powers of
+two. ``gguf_dequantize`` must give gguf's own numpy dequantize bit for bit. ``gguf_mm`` quantizes its activations
+to int8 per block (d = max|x| / 127, q rounded to nearest even); the test quantizes them the same way in numpy, so
+the kernel must match the float64 product of both dequantized sides to fp32 rounding, and the unquantized product
+within the int8 activations' error. A copy built without AVX2 must agree with this CPU's.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine.model import native, native_build
+
+gguf = pytest.importorskip("gguf")
+T = gguf.GGMLQuantizationType
+#: ggml type -> (weights per block, bytes per block)
+BLOCKS = {T.Q4_0: (32, 18), T.Q4_1: (32, 20), T.Q8_0: (32, 34), T.Q4_K: (256, 144), T.Q5_K: (256, 176),
+          T.Q6_K: (256, 210)}
+ROWS = (1, 3, 5, 17, 64)
+SHAPES = ((96, 512), (96, 768))
+
+
+@pytest.fixture(scope="module")
+def hearth() -> object:
+    problem = native.EXTENSION.start(wait=True)
+    if problem is not None:
+        pytest.skip(problem)
+    return torch.ops.hearth
+
+
+def random_blocks(qtype: T, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """uint8 [n, row bytes]: random quant bytes, with each block's fp16 scales set to sane values."""
+    weights, size = BLOCKS[qtype]
+    count = n * k // weights
+    raw = rng.integers(0, 256, size=(count, size), dtype=np.uint8)
+
+    def halves(low: float, high: float, per_block: int) -> np.ndarray:
+        values = rng.uniform(low, high, size=(count, per_block)).astype(np.float16)
+        return values.view(np.uint8).reshape(count, 2 * per_block)
+
+    if qtype in (T.Q4_0, T.Q8_0):
+        raw[:, 0:2] = halves(1e-3, 1e-2, 1)
+    elif qtype == T.Q4_1:
+        raw[:, 0:2] = halves(1e-3, 1e-2, 1)
+        raw[:, 2:4] = halves(-0.1, 0.1, 1)
+    elif qtype in (T.Q4_K, T.Q5_K):
+        raw[:, 0:4] = halves(1e-4, 1e-3, 2)  # d and dmin (the sub-block scales multiply them by up to 63)
+    else:
+        raw[:, 208:210] = halves(1e-4, 1e-3, 1)
+    return raw.reshape(n, -1)
+
+
+def quantized_activations(x: np.ndarray, block: int) -> np.ndarray:
+    """x as the kernel sees it: per block, d = max|x| / 127 and q = rint(x / d) (via 1 / d, in fp32), as float64."""
+    rows, k = x.shape
+    blocks = x.astype(np.float32).reshape(rows, k // block, block)
+    d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inverse = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+    q = np.rint(blocks * inverse)
+    return (q.astype(np.float64) * d.astype(np.float64)).reshape(rows, k)
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got.astype(np.float64) - want).max() / np.abs(want).max())
+
+
+def activation_block(qtype: T) -> int:
+    return 256 if BLOCKS[qtype][0] == 256 else 32
+
+
+@pytest.mark.parametrize("qtype", list(BLOCKS), ids=lambda t: t.name)
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_dequantize_is_ggufs_own(hearth: object, qtype: T, n: int, k: int) -> None:
+    w = random_blocks(qtype, n, k, np.random.default_rng(int(qtype) * 7 + k))
+    got = hearth.gguf_dequantize(torch.from_numpy(w), int(qtype))  # type: ignore[attr-defined]
+    assert got.dtype == torch.float32 and tuple(got.shape) == (n, k)
+    np.testing.assert_array_equal(got.numpy(), gguf.quants.dequantize(w, qtype))
+
+
+@pytest.mark.parametrize("qtype", list(BLOCKS), ids=lambda t: t.name)
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_matmul_matches_the_dequantized_product(hearth: object, qtype: T, n: int, k: int) -> None:
+    rng = np.random.default_rng(int(qtype) * 11 + k)
+    w = random_blocks(qtype, n, k, rng)
+    dense = gguf.quants.dequantize(w, qtype).astype(np.float64)
+    for m in ROWS:
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        x[0, :40] *= 30.0  # a few large channels, as real activations have
+        y = hearth.gguf_mm(torch.from_numpy(x), torch.from_numpy(w), int(qtype)).numpy()  # type: ignore[attr-defined]
+        assert y.dtype == np.float32 and y.shape == (m, n)
+        exact = quantized_activations(x, activation_block(qtype)) @ dense.T
+        assert relative_error(y, exact) < 1e-5, (m, relative_error(y, exact))
+        assert relative_error(y, x.astype(np.float64) @ dense.T) < 6e-2, m  # int8 activations: their own error
+
+
+@pytest.mark.parametrize("qtype", list(BLOCKS), ids=lambda t: t.name)
+def test_bfloat16_activations(hearth: object, qtype: T) -> None:
+    rng = np.random.default_rng(int(qtype))
+    w = random_blocks(qtype, 40, 512, rng)
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(int(qtype))).to(torch.bfloat16)
+    y = hearth.gguf_mm(x, torch.from_numpy(w), int(qtype))  # type: ignore[attr-defined]
+    assert y.dtype == torch.bfloat16 and tuple(y.shape) == (5, 40)
+    exact = quantized_activations(x.float().numpy(), activation_block(qtype)) @ gguf.quants.dequantize(w, qtype).T
+    assert relative_error(y.float().numpy(), exact) < 1e-2  # the output's bf16 rounding
+    same = hearth.gguf_mm(x.float(), torch.from_numpy(w), int(qtype))  # type: ignore[attr-defined]
+    assert torch.equal(y, same.to(torch.bfloat16))
+
+
+def test_strided_and_empty_inputs(hearth: object) -> None:
+    rng = np.random.default_rng(1)
+    w = torch.from_numpy(random_blocks(T.Q4_K, 64, 512, rng))
+    x = torch.randn(512, 6)
+    strided = hearth.gguf_mm(x.t(), w, int(T.Q4_K))  # type: ignore[attr-defined]
+    assert torch.equal(strided, hearth.gguf_mm(x.t().contiguous(), w, int(T.Q4_K)))  # type: ignore[attr-defined]
+    empty = hearth.gguf_mm(torch.zeros(0, 512), w, int(T.Q4_K))  # type: ignore[attr-defined]
+    assert tuple(empty.shape) == (0, 64)
+    zeros = hearth.gguf_mm(torch.zeros(2, 512), w, int(T.Q4_K))  # type: ignore[attr-defined]
+    assert torch.equal(zeros, torch.zeros(2, 64))
+
+
+def test_bad_inputs_raise(hearth: object) -> None:
+    w = torch.from_numpy(random_blocks(T.Q4_0, 8, 64, np.random.default_rng(2)))
+    x = torch.randn(2, 64)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        hearth.gguf_mm(x.half(), w, int(T.Q4_0))  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError, match="not a multiple of the block"):
+        hearth.gguf_mm(torch.randn(2, 48), w, int(T.Q4_0))  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError, match="bytes per row"):
+        hearth.gguf_mm(torch.randn(2, 96), w, int(T.Q4_0))  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError, match="has no kernel"):
+        hearth.gguf_mm(x, w, int(T.Q2_K))  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError, match="has no kernel"):
+        hearth.gguf_dequantize(w, 99)  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError, match="uint8"):
+        hearth.gguf_mm(x, w.to(torch.int8), int(T.Q4_0))  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError, match="2-D"):
+        hearth.gguf_mm(x[0], w, int(T.Q4_0))  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError, match="whole number"):
+        hearth.gguf_dequantize(w[:, :17], int(T.Q4_0))  # type: ignore[attr-defined]
+
+
+_SCALAR_SCRIPT = """
+import sys
+import numpy as np, torch
+torch.ops.load_library(sys.argv[1])
+data = np.load(sys.argv[2])
+out = {}
+for name in data.files:
+    if name.startswith("w_"):
+        qtype = int(name[2:])
+        out[f"y_{qtype}"] = torch.ops.hearth.gguf_mm(torch.from_numpy(data["x_" + str(qtype)]),
+                                                     torch.from_numpy(data[name]), qtype).numpy()
+        out[f"d_{qtype}"] = torch.ops.hearth.gguf_dequantize(torch.from_numpy(data[name]), qtype).numpy()
+np.savez(sys.argv[3], **out)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(native_build.compiler() is None, reason="no C++ compiler on this machine")
+def test_a_build_without_avx2_agrees(hearth: object, tmp_path: Path) -> None:
+    """The plain loops (any x86-64) compute what the AVX2 kernels do, in a fresh process of their own."""
+    library = tmp_path / "decode_step.so"
+    native_build.build(library, march=("-march=x86-64",), warnings_as_errors=True)
+    rng = np.random.default_rng(3)
+    inputs = {}
+    for qtype in BLOCKS:
+        inputs[f"w_{int(qtype)}"] = random_blocks(qtype, 48, 768, rng)
+        inputs[f"x_{int(qtype)}"] = rng.standard_normal((7, 768)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", **inputs)
+    done = subprocess.run([sys.executable, "-c", _SCALAR_SCRIPT, str(library), str(tmp_path / "in.npz"),
+                           str(tmp_path / "out.npz")], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    plain = np.load(tmp_path / "out.npz")
+    for qtype in BLOCKS:
+        w, x = torch.from_numpy(inputs[f"w_{int(qtype)}"]), torch.from_numpy(inputs[f"x_{int(qtype)}"])
+        here = hearth.gguf_mm(x, w, int(qtype)).numpy()  # type: ignore[attr-defined]
+        assert relative_error(plain[f"y_{int(qtype)}"], here.astype(np.float64)) < 1e-5, qtype.name
+        np.testing.assert_array_equal(plain[f"d_{int(qtype)}"], hearth.gguf_dequantize(w, int(qtype)).numpy())  # type: ignore[attr-defined]

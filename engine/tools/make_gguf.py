@@ -15,6 +15,8 @@ in memory.
 from __future__ import annotations
 
 import argparse
+import functools
+import mmap
 import struct
 import sys
 import time
@@ -91,7 +93,7 @@ def weight_type(file_type: str, role: str, layer: int, layers: int, tied: bool, 
         return Q.Q6_K if cols % 256 == 0 else Q.Q8_0
     if file_type == "Q4_K_M":
         return Q.Q6_K if role in ("attn_v", "ffn_down") and use_more_bits(layer, layers) else Q.Q4_K
-    return Q[file_type]
+    return Q.__members__[file_type]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,18 +133,32 @@ def plan(shape: Shape, file_type: str, vocab: int = VOCAB) -> list[TensorSpec]:
     return specs
 
 
+#: A metadata field as ``GGUFWriter.add_key_value`` takes it: key, value, type, array item type.
+Field = tuple[str, Any, GGUFValueType, GGUFValueType | None]
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 
 
-def tokenizer_fields(source: Path) -> list[tuple[str, Any, GGUFValueType, GGUFValueType | None]]:
+def tokenizer_fields(source: Path) -> list[Field]:
     """Every ``tokenizer.*`` field of ``source`` (vocabulary, merges, special ids, chat template), ready for
-    ``GGUFWriter.add_key_value``: key, value, type, array item type.
+    ``GGUFWriter.add_key_value``: key, value, type, array item type. Not to be changed in place (cached).
 
     Read here rather than through ``gguf.GGUFReader``, which builds an array object for every item of every
     field and tensor before returning one.
     """
-    data = source.read_bytes()
+    stat = source.stat()
+    return _tokenizer_fields(source.resolve(), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def _tokenizer_fields(source: Path, _size: int, _mtime_ns: int) -> list[Field]:
+    with source.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        if data[:4] != b"GGUF":
+            raise ValueError(f"{source} is not a GGUF file")
+        return _read_tokenizer_fields(data, source)
+
+
+def _read_tokenizer_fields(data: mmap.mmap, source: Path) -> list[Field]:
     pos = 24  # magic, version, tensor count, field count
 
     def take(fmt: str) -> Any:
@@ -172,9 +188,7 @@ def tokenizer_fields(source: Path) -> list[tuple[str, Any, GGUFValueType, GGUFVa
             return np.frombuffer(data, dtype, count, pos - dtype.itemsize * count).tolist()
         return [value(item) for _ in range(count)]
 
-    if data[:4] != b"GGUF":
-        raise ValueError(f"{source} is not a GGUF file")
-    fields = []
+    fields: list[Field] = []
     for _ in range(struct.unpack_from("<Q", data, 16)[0]):
         key, kind = string(), take("<I")
         start = pos
@@ -185,6 +199,33 @@ def tokenizer_fields(source: Path) -> list[tuple[str, Any, GGUFValueType, GGUFVa
     return fields
 
 
+def truncate_vocab(fields: list[Field], size: int,
+                   ) -> list[Field]:
+    """The tokenizer cut to its first ``size`` tokens, with the BPE merges among them (a merge whose parts or
+    result fall outside is dropped), so that it still tokenizes any text.
+
+    Raises:
+        ValueError: ``size`` leaves out a special token the fields name (bos, eos, ...) or is not below the
+            vocabulary's size.
+    """
+    values = {key: value for key, value, *_ in fields}
+    tokens = values.get("tokenizer.ggml.tokens", [])
+    if not 0 < size < len(tokens):
+        raise ValueError(f"--vocab must be between 1 and {len(tokens) - 1}, not {size}")
+    named = {key: value for key, value in values.items() if key.endswith("_token_id")}
+    if any(value >= size for value in named.values()):
+        raise ValueError(f"--vocab {size} leaves out special tokens ({named})")
+    kept = set(tokens[:size])
+    out = []
+    for key, value, vtype, sub in fields:
+        if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+            value = value[:size]
+        elif key == "tokenizer.ggml.merges":
+            value = [m for m in value if (p := m.split(" ")) and len(p) == 2 and {*p, "".join(p)} <= kept]
+        out.append((key, value, vtype, sub))
+    return out
+
+
 def _data(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
     if len(spec.shape) == 1:
         noise = rng.standard_normal(spec.shape[0], dtype=np.float32) * np.float32(0.02)
@@ -193,10 +234,12 @@ def _data(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
 
 
 def write_gguf(out: Path, shape_name: str, file_type: str, seed: int = 0, layers: int | None = None,
-               tokenizer_gguf: Path | None = None) -> list[TensorSpec]:
+               vocab: int | None = None, tokenizer_gguf: Path | None = None) -> list[TensorSpec]:
     """Write the random-weight file; returns its tensors. The same arguments give the same bytes.
 
-    ``tokenizer_gguf`` is the GGUF whose tokenizer is copied (default: the default model's).
+    ``vocab`` keeps only the tokenizer's first ``vocab`` tokens (see :func:`truncate_vocab`): a small file that
+    every reader opens at once, for tests. ``tokenizer_gguf`` is the GGUF whose tokenizer is copied (default:
+    the default model's).
 
     Raises:
         ValueError: an unknown shape or type, or a layer count below one.
@@ -226,6 +269,8 @@ def write_gguf(out: Path, shape_name: str, file_type: str, seed: int = 0, layers
     writer.add_layer_norm_rms_eps(shape.norm_eps)
     writer.add_file_type(int(FILE_TYPES.get(file_type, LlamaFileType.GUESSED)))
     tokenizer = tokenizer_fields(tokenizer_gguf)
+    if vocab is not None:
+        tokenizer = truncate_vocab(tokenizer, vocab)
     vocab = next((len(value) for key, value, *_ in tokenizer if key == "tokenizer.ggml.tokens"), VOCAB)
     writer.add_vocab_size(vocab)
     writer.add_rope_dimension_count(shape.head_dim)
@@ -263,11 +308,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="the .gguf file to write")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--layers", type=int, default=None, help="override the shape's layer count")
+    parser.add_argument("--vocab", type=int, default=None,
+                        help="keep only the tokenizer's first N tokens (a small file for tests)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        specs = write_gguf(args.out, args.shape, args.file_type, args.seed, args.layers)
+        specs = write_gguf(args.out, args.shape, args.file_type, args.seed, args.layers, args.vocab)
     except (ValueError, OSError) as exc:
         print(f"make_gguf: {exc}", file=sys.stderr)
         return 2

@@ -242,10 +242,13 @@ def write_gguf(out: Path, shape_name: str, file_type: str, seed: int = 0, layers
     the default model's).
 
     Raises:
-        ValueError: an unknown shape or type, or a layer count below one.
+        ValueError: an unknown shape or type, a layer count below one, or a ``vocab`` out of range.
+        OSError: the file cannot be written.
     """
     if shape_name not in SHAPES:
         raise ValueError(f"unknown shape {shape_name!r}; choose from {', '.join(SHAPES)}")
+    if file_type not in FILE_TYPES:
+        raise ValueError(f"unknown type {file_type!r}; choose from {', '.join(FILE_TYPES)}")
     shape = SHAPES[shape_name]
     if layers is not None:
         if layers < 1:
@@ -255,8 +258,8 @@ def write_gguf(out: Path, shape_name: str, file_type: str, seed: int = 0, layers
         from engine.loading.default_model import source_gguf_path
 
         tokenizer_gguf = source_gguf_path()
-    quantized = file_type != "F16"
-    writer = GGUFWriter(out, shape.arch)
+    partial = out.with_name(f".{out.name}.partial")  # a file cut short never takes the real name
+    writer = GGUFWriter(partial, shape.arch)
     writer.add_type("model")
     writer.add_name(f"{shape.name} random {file_type}")
     writer.add_block_count(shape.layers)
@@ -267,7 +270,7 @@ def write_gguf(out: Path, shape_name: str, file_type: str, seed: int = 0, layers
     writer.add_head_count_kv(shape.kv_heads)
     writer.add_rope_freq_base(shape.rope_theta)
     writer.add_layer_norm_rms_eps(shape.norm_eps)
-    writer.add_file_type(int(FILE_TYPES.get(file_type, LlamaFileType.GUESSED)))
+    writer.add_file_type(int(FILE_TYPES[file_type]))
     tokenizer = tokenizer_fields(tokenizer_gguf)
     if vocab is not None:
         tokenizer = truncate_vocab(tokenizer, vocab)
@@ -276,7 +279,7 @@ def write_gguf(out: Path, shape_name: str, file_type: str, seed: int = 0, layers
     writer.add_rope_dimension_count(shape.head_dim)
     for key, value, vtype, sub_type in tokenizer:
         writer.add_key_value(key, value, vtype, sub_type=sub_type)
-    if quantized:
+    if file_type != "F16":
         writer.add_quantization_version(2)
     specs = plan(shape, file_type, vocab)
     for spec in specs:
@@ -291,8 +294,11 @@ def write_gguf(out: Path, shape_name: str, file_type: str, seed: int = 0, layers
         writer.write_ti_data_to_file()
         for index, spec in enumerate(specs):
             writer.write_tensor_data(_data(spec, np.random.default_rng([seed, index])))
+        writer.close()
+        partial.replace(out)
     finally:
         writer.close()
+        partial.unlink(missing_ok=True)
     return specs
 
 

@@ -134,6 +134,9 @@ def test_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert GGUFReader(out).fields["llama.block_count"].contents() == 1
     assert main(["--shape", "tiny", "--type", "Q8_0", "--layers", "0", "--out", str(out)]) == 2
     assert "at least 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown type"):
+        write_gguf(out, "tiny", "Q3_K")
+    assert [p.name for p in tmp_path.iterdir()] == ["one-layer.gguf"]  # no partial file left behind
     with pytest.raises(ValueError, match="special tokens"):
         truncate_vocab([("tokenizer.ggml.tokens", ["a", "b", "c"], GGUFValueType.ARRAY, GGUFValueType.STRING),
                         ("tokenizer.ggml.eos_token_id", 2, GGUFValueType.UINT32, None)], 2)

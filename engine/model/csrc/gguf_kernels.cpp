@@ -296,48 +296,56 @@ inline __m256i nibbles(const uint8_t* p) {
 
 inline __m256 pairs_to_float(__m256i p) { return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1))); }
 
-template <int R>
-void kernel_q4_0(const uint8_t* w, int64_t nb, const Act32* a, float* y, int64_t ys) {
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = w + b * Q4_0::kBytes;
-    const __m256 dw = _mm256_set1_ps(half_at(blk));
-    const __m256i q = _mm256_sub_epi8(nibbles(blk + 2), _mm256_set1_epi8(8));
-    const __m256i aq = _mm256_sign_epi8(q, q);
-    for (int r = 0; r < R; ++r) {
-      const Act32& x = a[r * nb + b];
-      const __m256 p = pairs_to_float(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(load32(x.q), q)));
-      acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_set1_ps(x.d)), acc[r]);
-    }
+// Runs step(b, acc, off) over a row's blocks with U sets of R accumulators (vector and scalar), U > 1 for few rows
+// so that successive blocks' multiply-adds do not wait on each other; then sums each row's into y.
+template <int R, typename Step>
+inline void over_blocks(int64_t nb, float* y, int64_t ys, Step&& step) {
+  constexpr int U = R == 1 ? 4 : (R == 2 ? 2 : 1);
+  __m256 acc[U][R];
+  float off[U][R] = {};
+  for (int u = 0; u < U; ++u) {
+    for (int r = 0; r < R; ++r) acc[u][r] = _mm256_setzero_ps();
   }
-  for (int r = 0; r < R; ++r) y[r * ys] = hsum_ps(acc[r]);
+  int64_t b = 0;
+  for (; b + U <= nb; b += U) {
+    for (int u = 0; u < U; ++u) step(b + u, acc[u], off[u]);
+  }
+  for (; b < nb; ++b) step(b, acc[0], off[0]);
+  for (int r = 0; r < R; ++r) {
+    __m256 total = acc[0][r];
+    float offset = off[0][r];
+    for (int u = 1; u < U; ++u) {
+      total = _mm256_add_ps(total, acc[u][r]);
+      offset += off[u][r];
+    }
+    y[r * ys] = hsum_ps(total) + offset;
+  }
 }
 
-template <int R>
-void kernel_q8_0(const uint8_t* w, int64_t nb, const Act32* a, float* y, int64_t ys) {
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = w + b * Q8_0::kBytes;
+// Q4_0 and Q8_0: signed weights, so |w| times x with w's sign (VPMADDUBSW takes one unsigned operand).
+template <typename T, int R>
+void kernel_signed32(const uint8_t* w, int64_t nb, const Act32* a, float* y, int64_t ys) {
+  over_blocks<R>(nb, y, ys, [&](int64_t b, __m256* acc, float*) {
+    const uint8_t* blk = w + b * T::kBytes;
     const __m256 dw = _mm256_set1_ps(half_at(blk));
-    const __m256i q = load32(blk + 2);
+    __m256i q;
+    if constexpr (std::is_same_v<T, Q4_0>) {
+      q = _mm256_sub_epi8(nibbles(blk + 2), _mm256_set1_epi8(8));
+    } else {
+      q = load32(blk + 2);
+    }
     const __m256i aq = _mm256_sign_epi8(q, q);
     for (int r = 0; r < R; ++r) {
       const Act32& x = a[r * nb + b];
       const __m256 p = pairs_to_float(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(load32(x.q), q)));
       acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_set1_ps(x.d)), acc[r]);
     }
-  }
-  for (int r = 0; r < R; ++r) y[r * ys] = hsum_ps(acc[r]);
+  });
 }
 
 template <int R>
 void kernel_q4_1(const uint8_t* w, int64_t nb, const Act32* a, float* y, int64_t ys) {
-  __m256 acc[R];
-  float offsets[R] = {};
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
+  over_blocks<R>(nb, y, ys, [&](int64_t b, __m256* acc, float* off) {
     const uint8_t* blk = w + b * Q4_1::kBytes;
     const __m256 dw = _mm256_set1_ps(half_at(blk));
     const float mw = half_at(blk + 2);
@@ -346,10 +354,20 @@ void kernel_q4_1(const uint8_t* w, int64_t nb, const Act32* a, float* y, int64_t
       const Act32& x = a[r * nb + b];
       const __m256 p = pairs_to_float(_mm256_maddubs_epi16(q, load32(x.q)));
       acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_set1_ps(x.d)), acc[r]);
-      offsets[r] += mw * x.s;
+      off[r] += mw * x.s;
     }
-  }
-  for (int r = 0; r < R; ++r) y[r * ys] = hsum_ps(acc[r]) + offsets[r];
+  });
+}
+
+// k_scales in one vector: the 8 scales, then the 8 minimums (bytes), unpacked in 32-bit words.
+inline __m128i k_scales_vec(const uint8_t* packed) {
+  uint32_t u[3];
+  std::memcpy(u, packed, sizeof u);
+  constexpr uint32_t low6 = 0x3F3F3F3F, low4 = 0x0F0F0F0F, low2 = 0x03030303;
+  const uint32_t sc_lo = u[0] & low6, sc_hi = (u[2] & low4) | (((u[0] >> 6) & low2) << 4);
+  const uint32_t mn_lo = u[1] & low6, mn_hi = ((u[2] >> 4) & low4) | (((u[1] >> 6) & low2) << 4);
+  return _mm_set_epi32(static_cast<int>(mn_hi), static_cast<int>(mn_lo), static_cast<int>(sc_hi),
+                       static_cast<int>(sc_lo));
 }
 
 // Broadcasts int16 lane i of each 128-bit half.
@@ -366,9 +384,7 @@ void kernel_qk45(const uint8_t* w, int64_t nb, const Act256* a, float* y, int64_
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = w + b * T::kBytes;
     const float d = half_at(blk), dmin = half_at(blk + 2);
-    alignas(16) uint8_t sm[16];  // the 8 scales, then the 8 minimums
-    k_scales(blk + 4, sm, sm + 8);
-    const __m256i both = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(sm)));
+    const __m256i both = _mm256_cvtepu8_epi16(k_scales_vec(blk + 4));
     const __m128i sc128 = _mm256_castsi256_si128(both), mn128 = _mm256_extracti128_si256(both, 1);
     const __m256i scales = _mm256_set_m128i(sc128, sc128);
     const __m256i mins = _mm256_set_m128i(_mm_unpackhi_epi16(mn128, mn128), _mm_unpacklo_epi16(mn128, mn128));
@@ -451,11 +467,11 @@ void kernel_q6_k(const uint8_t* w, int64_t nb, const Act256* a, float* y, int64_
 template <typename T, int R>
 void kernel(const uint8_t* w, int64_t nb, const typename T::Act* a, float* y, int64_t ys) {
   if constexpr (std::is_same_v<T, Q4_0>) {
-    kernel_q4_0<R>(w, nb, a, y, ys);
+    kernel_signed32<Q4_0, R>(w, nb, a, y, ys);
   } else if constexpr (std::is_same_v<T, Q4_1>) {
     kernel_q4_1<R>(w, nb, a, y, ys);
   } else if constexpr (std::is_same_v<T, Q8_0>) {
-    kernel_q8_0<R>(w, nb, a, y, ys);
+    kernel_signed32<Q8_0, R>(w, nb, a, y, ys);
   } else if constexpr (std::is_same_v<T, Q4_K>) {
     kernel_qk45<false, R>(w, nb, a, y, ys);
   } else if constexpr (std::is_same_v<T, Q5_K>) {

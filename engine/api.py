@@ -37,17 +37,22 @@ class CapacityError(Exception):
 # Quantization levels
 
 #: What ``LLM(quantization=...)`` accepts. ``fp32`` keeps the weights in fp32 (``none`` is an accepted alias);
-#: ``bf16``/``fp16`` store them in 16 bits; ``int8``/``int4`` quantize the decoder's linear layers.
-QUANTIZATION_LEVELS = ("auto", "fp32", "bf16", "fp16", "int8", "int4")
+#: ``bf16``/``fp16`` store them in 16 bits; ``int8``/``int4`` quantize the decoder's linear layers; ``file`` (GGUF
+#: files on a CPU) keeps every weight in the file's own blocks (Q4_K, Q6_K, Q8_0...), mapped from the file, and
+#: multiplies them in those blocks (``engine/model/gguf_linear.py``).
+QUANTIZATION_LEVELS = ("auto", "fp32", "bf16", "fp16", "int8", "int4", "file")
 #: The levels that change the weights themselves, not only their dtype.
-WEIGHT_LEVELS = ("int8", "int4")
-#: Weight dtype of each concrete level (int8/int4 keep the embedding and norms in bf16).
-LEVEL_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "bfloat16", "int4": "bfloat16"}
+WEIGHT_LEVELS = ("int8", "int4", "file")
+#: Weight dtype of each concrete level (int8/int4 keep the embedding and norms in bf16; ``file`` computes in fp32
+#: around its block kernels, and holds only norms and biases as tensors).
+LEVEL_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "bfloat16", "int4": "bfloat16",
+                "file": "float32"}
 #: Bytes per parameter of each level (int4 adds a bf16 scale and zero per group of 32).
 BYTES_PER_PARAM = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0 + 2 / 4096, "int4": 0.5 + 4 / 32}
 #: Each level in plain words, as the app's Precision choices and the server's ``--help`` show it.
 LEVEL_LABELS = {"auto": "the best that fits", "fp32": "full size, exact", "bf16": "half size",
-                "fp16": "half size, for GPUs", "int8": "quarter size", "int4": "eighth size, some quality loss"}
+                "fp16": "half size, for GPUs", "int8": "quarter size", "int4": "eighth size, some quality loss",
+                "file": "as in the GGUF file, read in place"}
 _LEVEL_ALIASES = {
     "none": "fp32",
     "float32": "fp32",
@@ -55,6 +60,7 @@ _LEVEL_ALIASES = {
     "float16": "fp16",
     "q8": "int8",
     "q4": "int4",
+    "gguf": "file",
 }
 
 

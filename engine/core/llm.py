@@ -30,6 +30,7 @@ from engine.loading.loader import LoadedModel, load_model
 from engine.loading.recommend import recommend
 from engine.model.drafter import same_vocabulary
 from engine.model.kv_cache import kv_bytes_per_token, resolve_kv_dtype
+from engine.model.native import file_problem
 from engine.system import hardware
 
 log = logging.getLogger("engine")
@@ -107,7 +108,7 @@ class LLM:
         if dtype == "auto":
             dtype = LEVEL_DTYPES[level]
         self.quantization = level
-        loaded = load_model(model, device=device, dtype=dtype, progress=progress)
+        loaded = load_model(model, device=device, dtype=dtype, progress=progress, keep_blocks=level == "file")
         try:
             if level in WEIGHT_LEVELS and progress is not None:
                 progress(0.9, "quantize")
@@ -145,6 +146,9 @@ class LLM:
     def _auto_level(model: str | Path, device: str) -> str:
         try:
             rec = recommend(model, device=device)
+            if rec.quantization == "file" and file_problem() is not None:  # the block kernels cannot run here
+                log.info("the GGUF file's blocks cannot run as they are: %s", file_problem())
+                rec = recommend(model, device=device, block_kernels=False)
         except (ModelLoadError, ValueError, OSError, KeyError):
             return "bf16"  # the loader will report what is wrong with the model
         log.info("quantization auto -> %s: %s", rec.quantization, rec.reason)

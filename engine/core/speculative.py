@@ -253,6 +253,11 @@ def make_speculator(
             raise ValueError("speculative='self-int4' needs a Llama-family model (the fused path); use 'ngram'")
         if quantization == "int4":
             raise ValueError("the model already runs int4, so its int4 copy would be no faster; use 'ngram'")
+        if quantization == "file":
+            raise ValueError(
+                "the model runs its GGUF file's own blocks, which leave no dense weights to make an int4 copy of; "
+                "use 'ngram'"
+            )
         model, level, name = runner.model, "int4", "self-int4"
     else:
         if draft_model is None:

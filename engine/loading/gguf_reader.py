@@ -9,7 +9,7 @@ import os
 import stat
 import struct
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 from engine.api import ModelLoadError
 
@@ -55,6 +55,9 @@ def is_gguf_file(path: Path) -> bool:
             return f.read(4) == GGUF_MAGIC
     except OSError:
         return False
+
+
+_U64 = struct.Struct("<Q")
 
 
 class _GgufCursor:
@@ -106,7 +109,17 @@ class _GgufCursor:
             if item_kind in _GGUF_SCALARS:
                 count = int(self.take("<Q"))  # read first: `pos += take()` would use the old pos
                 self.pos += struct.calcsize(_GGUF_SCALARS[item_kind]) * count
-            elif item_kind in (_GGUF_STRING, _GGUF_ARRAY):
+            elif item_kind == _GGUF_STRING:  # a vocabulary: 100k+ strings, so one tight loop
+                items = self.count("array items", 8)
+                data, pos, end = self.data, self.pos, len(self.data)
+                length_at = _U64.unpack_from
+                for _ in range(items):
+                    if pos + 8 > end:
+                        self.pos = pos
+                        self.take("<Q")  # raises: the file is truncated
+                    pos += 8 + length_at(data, pos)[0]
+                self.pos = pos
+            elif item_kind == _GGUF_ARRAY:
                 # a string takes 8 bytes at least (its length), an array 12 (item type and count)
                 for _ in range(self.count("array items", 8 if item_kind == _GGUF_STRING else 12)):
                     self.skip(item_kind, depth + 1)
@@ -141,6 +154,21 @@ _GGUF_SCALARS = {
 }
 
 
+class TensorEntry(NamedTuple):
+    """One tensor of a GGUF file's table: where its bytes lie and what they are."""
+
+    name: str
+    dims: tuple[int, ...]  # ggml order: dims[0] is the row length
+    kind: str  # ggml type name ("Q4_K", "F32", ...)
+    kind_id: int  # its number in ``gguf.GGMLQuantizationType``
+    offset: int  # absolute byte offset of its data in the file
+    nbytes: int
+
+    @property
+    def rows(self) -> int:
+        return math.prod(self.dims[1:])
+
+
 def read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, int, str, int]]]:
     """Parse a GGUF file's metadata and tensor table and check every tensor lies inside the file.
 
@@ -157,6 +185,13 @@ def read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, int, s
     Raises:
         ModelLoadError: The file is not a GGUF, is truncated or is corrupt; the message names it.
     """
+    metadata, entries = read_tensor_table(path)
+    return metadata, [(e.name, math.prod(e.dims), e.kind, e.nbytes) for e in entries]
+
+
+def read_tensor_table(path: Path) -> tuple[dict[str, Any], list[TensorEntry]]:
+    """:func:`read_gguf_header` with each tensor's dimensions and place in the file (:class:`TensorEntry`): what
+    reading a tensor's bytes needs, without decoding the vocabulary as ``gguf.GGUFReader`` does."""
     name = path.name
     try:
         fh = open_regular(path)
@@ -169,7 +204,7 @@ def read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, int, s
         return _parse_header(fh, name, size)
 
 
-def _parse_header(fh: BinaryIO, name: str, size: int) -> tuple[dict[str, Any], list[tuple[str, int, str, int]]]:
+def _parse_header(fh: BinaryIO, name: str, size: int) -> tuple[dict[str, Any], list[TensorEntry]]:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
@@ -200,7 +235,7 @@ def _parse_header(fh: BinaryIO, name: str, size: int) -> tuple[dict[str, Any], l
                 cur.skip(kind)
             else:
                 cur.skip(kind)
-        infos: list[tuple[str, int, int, int]] = []
+        infos: list[tuple[str, tuple[int, ...], int, int]] = []
         for _ in range(tensor_count):
             tname = cur.string()
             n_dims = int(cur.take("<I"))
@@ -209,12 +244,13 @@ def _parse_header(fh: BinaryIO, name: str, size: int) -> tuple[dict[str, Any], l
                     f"{name} is corrupt: tensor '{tname[:80]}' claims {n_dims} dimensions; GGUF allows at most "
                     f"{GGUF_MAX_DIMS}. {GGUF_ADVICE}"
                 )
-            dims = [int(cur.take("<Q")) for _ in range(n_dims)]
-            infos.append((tname, math.prod(dims), int(cur.take("<I")), int(cur.take("<Q"))))
+            dims = tuple(int(cur.take("<Q")) for _ in range(n_dims))
+            infos.append((tname, dims, int(cur.take("<I")), int(cur.take("<Q"))))
         alignment = int(metadata.get("general.alignment", 32)) or 32
         data_start = -(-cur.pos // alignment) * alignment
-    tensors: list[tuple[str, int, str, int]] = []
-    for tname, count, kind, offset in infos:
+    tensors: list[TensorEntry] = []
+    for tname, dims, kind, offset in infos:
+        count = math.prod(dims)
         try:
             qtype = GGMLQuantizationType(kind)
             block, type_size = GGML_QUANT_SIZES[qtype]
@@ -229,7 +265,7 @@ def _parse_header(fh: BinaryIO, name: str, size: int) -> tuple[dict[str, Any], l
                 f"{name} is truncated: tensor '{tname}' ends at byte {end} but the file has only {size} "
                 f"bytes. {GGUF_ADVICE}"
             )
-        tensors.append((tname, count, qtype.name, nbytes))
+        tensors.append(TensorEntry(tname, dims, qtype.name, int(qtype.value), data_start + offset, nbytes))
     return metadata, tensors
 
 

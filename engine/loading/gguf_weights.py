@@ -9,15 +9,17 @@ transformers undoes is applied to the blocks); what each block type holds and ho
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from engine.architectures import gguf_layout, qk_order
+from engine.architectures import GgufLayout, gguf_layout, qk_order
 from engine.loading.formats import file_level
 from engine.loading.formats.gguf_blocks import Int4Parts, Q8Parts, unpack_int4, unpack_q8
+from engine.loading.gguf_reader import TensorEntry, read_tensor_table
 
 log = logging.getLogger("engine")
 
@@ -25,20 +27,34 @@ log = logging.getLogger("engine")
 GGUF_SOURCE_ATTR = "hearth_gguf_source"
 
 
+class Blocks(NamedTuple):
+    """One GGUF tensor's rows as the file stores them: ``data`` is uint8 [rows, bytes per row] of ggml type
+    ``kind`` (its number in ``gguf.GGMLQuantizationType``, as the block kernels take it), ``name`` its type name."""
+
+    name: str
+    kind: int
+    data: torch.Tensor
+
+
 class GgufWeights:
     """The quantized tensors of one GGUF file, addressed by HF parameter names."""
 
     def __init__(self, path: Path, config: Any) -> None:
-        from gguf import GGUFReader
-
         self.path = path
-        self._reader = GGUFReader(path)
-        self._tensors = {t.name: t for t in self._reader.tensors}
-        arch_field = self._reader.fields.get("general.architecture")
-        self.architecture = bytes(arch_field.parts[-1]).decode() if arch_field is not None else ""
+        metadata, entries = read_tensor_table(path)
+        self._tensors = {e.name: e for e in entries}
+        self.architecture = str(metadata.get("general.architecture", ""))
         self._layout = gguf_layout(self.architecture)
+        #: every tensor of the file, in file order
+        self.entries = entries
+        self._read: dict[str, torch.Tensor] = {}  # single tensors read by :meth:`blocks` (a tied head's embedding)
         self._heads = int(config.num_attention_heads)
         self._kv_heads = int(getattr(config, "num_key_value_heads", None) or self._heads)
+
+    @property
+    def layout(self) -> GgufLayout | None:
+        """The registry's GGUF layout of this file's architecture, if it lists one."""
+        return self._layout
 
     @property
     def supported(self) -> bool:
@@ -48,7 +64,7 @@ class GgufWeights:
     def kind(self, hf_name: str) -> str | None:
         """The ggml type of the tensor behind an HF parameter, or None when the file has no such tensor."""
         tensor = self._tensors.get(self._gguf_name(hf_name) or "")
-        return None if tensor is None else tensor.tensor_type.name
+        return None if tensor is None else tensor.kind
 
     def _gguf_name(self, hf_name: str) -> str | None:
         if self._layout is None:
@@ -59,11 +75,43 @@ class GgufWeights:
         return name
 
     def _raw(self, hf_name: str) -> torch.Tensor:
-        tensor = self._tensors[self._gguf_name(hf_name) or ""]
-        raw = torch.from_numpy(np.array(tensor.data))  # a copy: the memory map is read-only
+        return self.rows(hf_name, self._tensors[self._gguf_name(hf_name) or ""])
+
+    def blocks(self, hf_names: list[str]) -> list[Blocks]:
+        """The named tensors (stacked along the output rows) as the file's blocks: one :class:`Blocks` per run of
+        neighbours of the same type, each one contiguous copy read with plain file reads. llama's permuted Q/K
+        rows are put in HF order. Float tensors come as type F32/F16/BF16 rows of their bytes."""
+        runs: list[tuple[str, int, list[torch.Tensor]]] = []
+        for name in hf_names:
+            gguf_name = self._gguf_name(name) or ""
+            tensor = self._tensors[gguf_name]
+            if len(hf_names) == 1:  # read once however many layers take it alone (embedding and tied head)
+                if gguf_name not in self._read:
+                    self._read[gguf_name] = self.rows(name, tensor)
+                rows = self._read[gguf_name]
+            else:
+                rows = self.rows(name, tensor)
+            if runs and runs[-1][1] == tensor.kind_id and runs[-1][2][0].shape[1] == rows.shape[1]:
+                runs[-1][2].append(rows)
+            else:
+                runs.append((tensor.kind, tensor.kind_id, [rows]))
+        return [Blocks(name, kind, parts[0] if len(parts) == 1 else torch.cat(parts)) for name, kind, parts in runs]
+
+    def rows(self, hf_name: str, tensor: TensorEntry) -> torch.Tensor:
+        """One tensor's rows of bytes (uint8 [rows, bytes per row]) read from the file, in HF row order."""
+        rows, nbytes = tensor.rows, tensor.nbytes
+        raw = np.empty((rows, nbytes // rows), dtype=np.uint8)
+        with open(self.path, "rb") as f:  # plain reads: pages of the memory map are never touched, so never held
+            view = raw.reshape(-1).data
+            done = 0
+            while done < nbytes:
+                got = os.preadv(f.fileno(), [view[done:]], tensor.offset + done)
+                if got <= 0:
+                    raise OSError(f"{self.path} ended inside tensor {tensor.name}")
+                done += got
         if self._layout is not None and self._layout.permute_qk and (".q_proj." in hf_name or ".k_proj." in hf_name):
-            raw = raw[qk_order(raw.shape[0], self._heads if ".q_proj." in hf_name else self._kv_heads)]
-        return raw
+            raw = raw[qk_order(rows, self._heads if ".q_proj." in hf_name else self._kv_heads)]
+        return torch.from_numpy(raw)
 
     def int4_parts(self, hf_names: list[str]) -> Int4Parts | None:
         """The named tensors stacked along the output rows, if every one has an int4 form."""

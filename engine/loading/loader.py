@@ -132,13 +132,20 @@ def _check_loading_info(loading_info: dict[str, Any], path: Path) -> None:
 
 
 def _materialize(
-    checked: Checked, device: torch.device, dtype: torch.dtype, span: ProgressSpan
+    checked: Checked, device: torch.device, dtype: torch.dtype, span: ProgressSpan, keep_blocks: bool = False
 ) -> tuple[torch.nn.Module, Any, Any]:
     """Read the weights and tokenizer; raise ModelLoadError if the result is not usable."""
     info = checked.info
+    if keep_blocks and (info.format != "gguf" or device.type != "cpu" or _native_config(checked) is None):
+        what = "a GGUF file" if info.format == "gguf" else f"a {info.format} model"
+        raise ModelLoadError(
+            f"The 'file' precision runs a GGUF file's own blocks on the CPU, for the Llama-family models the engine "
+            f"reads itself; {info.path.name} is {what} ({info.architecture}) on {device.type}. Choose int4, int8 "
+            "or bf16 instead."
+        )
     if _native_config(checked) is not None:  # no transformers import on this path (it costs most of a second)
         span.report(0.0, "read weights")
-        model, tokenizer, config = native.load(info.path, info.format, dtype)
+        model, tokenizer, config = native.load(info.path, info.format, dtype, keep_blocks)
         if info.format == "gguf":
             setattr(model, GGUF_SOURCE_ATTR, info.path)
         model.to(device)
@@ -207,6 +214,7 @@ def load_model(
     dtype: str = "auto",
     progress: ProgressFn | None = None,
     max_memory_bytes: int | None = None,
+    keep_blocks: bool = False,
 ) -> LoadedModel:
     """Load a causal LM for inference.
 
@@ -222,6 +230,8 @@ def load_model(
         progress: Called as ``progress(fraction, stage)``.
         max_memory_bytes: Upper bound on the memory the weights may take (in addition to the
             memory actually free).
+        keep_blocks: leave a GGUF file's quantized weights in the file, for the block kernels (the "file"
+            precision; CPU, fused architectures only, else ModelLoadError).
 
     Returns:
         The :class:`LoadedModel`, in eval mode, on its device, in its dtype.
@@ -252,6 +262,8 @@ def load_model(
     torch_device, reason = hardware.resolve_device(device, needed_bytes=wanted, hardware=hw)
     torch_dtype = hardware.resolve_dtype(dtype, torch_device)
     needed = estimate_bytes(checked.tensors, dtype_itemsize(torch_dtype))
+    if keep_blocks:  # the weights are read in place: the file's pages, at most
+        needed = min(needed, path.stat().st_size)
     _check_memory(needed, torch_device, hw, max_memory_bytes)
     logger.info(
         "loading %s (%s, %s) on %s as %s: %s",
@@ -264,7 +276,7 @@ def load_model(
     )
 
     span = ProgressSpan(progress, at(0.05), at(0.95))
-    result = _materialize_or_error(checked, torch_device, torch_dtype, span)
+    result = _materialize_or_error(checked, torch_device, torch_dtype, span, keep_blocks)
     if isinstance(result, ModelLoadError):
         raise result  # raised outside any except block, so it drags no half-built model along
     net, tokenizer, config = result
@@ -286,12 +298,12 @@ def load_model(
 
 
 def _materialize_or_error(
-    checked: Checked, device: torch.device, dtype: torch.dtype, span: ProgressSpan
+    checked: Checked, device: torch.device, dtype: torch.dtype, span: ProgressSpan, keep_blocks: bool = False
 ) -> tuple[torch.nn.Module, Any, Any] | ModelLoadError:
     """Run :func:`_materialize`; on failure free what it allocated and return the error to raise."""
     path = checked.info.path
     try:
-        return _materialize(checked, device, dtype, span)
+        return _materialize(checked, device, dtype, span, keep_blocks)
     except ModelLoadError as exc:
         _forget(exc)
         return exc

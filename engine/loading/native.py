@@ -42,13 +42,13 @@ from engine.architectures import (
     GgufLayout,
     attention_shape,
     execution_path,
-    gguf_layout,
-    qk_order,
     ties_embeddings,
 )
 from engine.loading.default_model import MARKER_FILENAME
+from engine.loading.formats import FLOAT_TYPES
 from engine.loading.formats.gguf_blocks import dequantize
 from engine.loading.gguf_reader import read_regular_text
+from engine.loading.gguf_weights import GgufWeights
 from engine.loading.safetensors_reader import safetensors_files
 from engine.loading.tokenizer import Tokenizer, is_plain
 from engine.system.paths import cache_dir, ensure_private_dir
@@ -271,23 +271,37 @@ def _safetensors_state(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _gguf_state(path: Path, config: Any, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    from gguf import GGUFReader
+#: Set on a model whose GGUF block tensors were left in the file (``keep_blocks``): their parameters are zero-size
+#: stand-ins of the right shape, and the engine's block kernels read the file (``engine/model/gguf_linear.py``).
+BLOCKS_IN_FILE_ATTR = "hearth_blocks_in_file"
 
-    reader = GGUFReader(path)
-    arch_field = reader.fields.get("general.architecture")
+
+def stand_in(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of ``shape`` that holds one element (every stride 0): the place of a weight kept in the file."""
+    return torch.zeros((), dtype=dtype).expand(shape)
+
+
+def is_stand_in(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a :func:`stand_in` (a weight kept in the file), not real values."""
+    return t.dim() > 0 and t.numel() > 1 and all(s == 0 for s in t.stride())
+
+
+def _gguf_state(path: Path, config: Any, dtype: torch.dtype, keep_blocks: bool = False) -> dict[str, torch.Tensor]:
+    """Every tensor of the file by HF name, dequantized; with ``keep_blocks``, quantized 2-D tensors stay in the
+    file as :func:`stand_in` tensors (norms, biases and float tensors are read)."""
+    weights = GgufWeights(path, config)
     # a fused type's file whose layout the registry does not list is read with the Llama-family names, unpermuted
-    layout = gguf_layout(bytes(arch_field.parts[-1]).decode() if arch_field is not None else "") or GgufLayout()
-    heads, kv_heads, _ = attention_shape(config)
+    layout = weights.layout or GgufLayout()
     state: dict[str, torch.Tensor] = {}
-    for tensor in reader.tensors:
+    for tensor in weights.entries:
         name = layout.hf_name(tensor.name)
         if name is None:
             continue
-        value = dequantize(tensor)
-        if layout.permute_qk and (".q_proj." in name or ".k_proj." in name):
-            value = value[qk_order(value.shape[0], heads if ".q_proj." in name else kv_heads)]
-        state[name] = value.to(dtype)
+        shape = tuple(reversed(tensor.dims))
+        if keep_blocks and len(shape) == 2 and tensor.kind not in FLOAT_TYPES:
+            state[name] = stand_in(shape, dtype)
+            continue
+        state[name] = dequantize(tensor.kind, weights.rows(name, tensor)).reshape(shape).to(dtype)
     return state
 
 
@@ -316,18 +330,23 @@ def build(
             f"The weights in {where} do not match its config: {problem}. The download is incomplete or the files "
             "come from different models; re-download the model."
         )
-    model.load_state_dict({n: state[n].to(dtype) for n in expected}, strict=False, assign=True)
+    model.load_state_dict(
+        {n: state[n] if is_stand_in(state[n]) else state[n].to(dtype) for n in expected}, strict=False, assign=True
+    )
     if "lm_head.weight" not in expected:
         model.lm_head.weight = model.model.embed_tokens.weight  # type: ignore[assignment]  # a Parameter too
     return model
 
 
-def load(path: Path, fmt: str, dtype: torch.dtype) -> tuple[NativeCausalLM, Any, Any]:
-    """Model, tokenizer and config of a safetensors folder or a GGUF file (see :func:`supports`)."""
+def load(
+    path: Path, fmt: str, dtype: torch.dtype, keep_blocks: bool = False
+) -> tuple[NativeCausalLM, Any, Any]:
+    """Model, tokenizer and config of a safetensors folder or a GGUF file (see :func:`supports`). With
+    ``keep_blocks`` (GGUF only) the quantized weights stay in the file (:data:`BLOCKS_IN_FILE_ATTR`)."""
     side = gguf_side_folder(path) if fmt == "gguf" else path
     config = make_config(read_config(side))
     tokenizer = load_tokenizer(side)
-    state = _gguf_state(path, config, dtype) if fmt == "gguf" else _safetensors_state(path)
+    state = _gguf_state(path, config, dtype, keep_blocks) if fmt == "gguf" else _safetensors_state(path)
     try:
         generation = json.loads(read_regular_text(side / "generation_config.json"))
     except (OSError, ValueError):
@@ -335,4 +354,6 @@ def load(path: Path, fmt: str, dtype: torch.dtype) -> tuple[NativeCausalLM, Any,
     with torch.no_grad():
         model = build(config, state, dtype, path, generation if isinstance(generation, dict) else None)
     del state
+    if keep_blocks and fmt == "gguf":
+        setattr(model, BLOCKS_IN_FILE_ATTR, True)
     return model, tokenizer, config

@@ -41,7 +41,7 @@ from engine.architectures import (
     kv_bytes_per_token,
     ties_embeddings,
 )
-from engine.loading.formats import file_level
+from engine.loading.formats import FLOAT_TYPES, KERNEL_TYPES, file_level
 from engine.loading.gguf_reader import gguf_config, is_gguf_file, read_gguf_header
 
 _GIB = 1 << 30  # the app shows every size in GiB
@@ -110,13 +110,17 @@ def _read_config(folder: Path) -> dict[str, Any]:
 class FileBlocks:
     """The quantized blocks a model's decoder weights come from, when one CPU level runs them as they are."""
 
-    level: str  # "int4" or "int8"
+    level: str  # "int4", "int8" or "file"
     kinds: str  # the block types, e.g. "Q4_1"
     file: str  # the GGUF file's name
+    nbytes: int = 0  # the file's tensor bytes: what the "file" level holds
 
     @property
     def words(self) -> str:
         """Why this level, in a clause for the recommendation's reason."""
+        if self.level == "file":
+            return (f"the weights stay the {self.kinds} blocks of {self.file}, multiplied as they are (int4 or int8 "
+                    "would requantize them, bf16 would hold them at two bytes per weight)")
         if self.level == "int4":
             return (f"the decoder's linear weights are {self.kinds} blocks in {self.file}, and int4 runs those "
                     "same 4-bit values, reading about a third of bf16's bytes per weight (bf16 would only hold them "
@@ -154,11 +158,17 @@ def gguf_source(model: Any) -> Path | None:
         return None
 
 
-def file_blocks(model: Any, cfg: dict[str, Any]) -> FileBlocks | None:
-    """The level that runs ``model``'s GGUF blocks as they are: the one level whose kernel runs every decoder
-    linear tensor's block type (:func:`engine.loading.formats.file_level`); None when no one level does, or the
-    file's layout (the registry's GGUF layouts) or the model's architecture is not one the fused decoder reads
-    blocks for."""
+def file_blocks(model: Any, cfg: dict[str, Any], block_kernels: bool = True) -> FileBlocks | None:
+    """The level that runs ``model``'s GGUF blocks as they are, or None when none does, or the file's layout (the
+    registry's GGUF layouts) or the model's architecture is not one the fused decoder reads blocks for.
+
+    * "file": ``model`` is a GGUF file whose linear tensors are all types the block kernels run
+      (:data:`engine.loading.formats.KERNEL_TYPES`, or floats), and ``block_kernels`` says those kernels can run
+      here. Chosen where no one packed level runs every block exactly (a Q4_K_M file's Q6_K tensors) or the model
+      is large enough that the packed levels' load (every weight dequantized first) costs more than they save.
+    * "int4"/"int8": the one packed level whose kernel runs every linear tensor's block type
+      (:func:`engine.loading.formats.file_level`).
+    """
     from engine.api import ModelLoadError
 
     gguf = gguf_source(model)
@@ -172,14 +182,29 @@ def file_blocks(model: Any, cfg: dict[str, Any]) -> FileBlocks | None:
     if layout is None:
         return None
     kinds = sorted({kind for name, _count, kind, _nbytes in tensors if layout.is_linear(name)})
+    nbytes = sum(size for _name, _count, _kind, size in tensors)
     levels = {file_level(kind) for kind in kinds}
-    if len(levels) != 1 or None in levels:
-        return None
-    return FileBlocks(str(levels.pop()), " and ".join(kinds), gguf.name)
+    exact = levels.pop() if len(levels) == 1 and None not in levels else None
+    loads_the_file = block_kernels and isinstance(model, (str, Path)) and _is_gguf(Path(model))
+    in_file = loads_the_file and any(k in KERNEL_TYPES for k in kinds) and all(
+        k in KERNEL_TYPES or k in FLOAT_TYPES for k in kinds
+    )
+    if in_file and (exact is None or _large(cfg)):
+        return FileBlocks("file", " and ".join(kinds), gguf.name, nbytes)
+    return None if exact is None else FileBlocks(str(exact), " and ".join(kinds), gguf.name, nbytes)
 
 
-def _weights_bytes(num_params: int, level: str, cfg: dict[str, Any]) -> int:
-    """int8/int4 leave the embedding and lm_head in 16-bit."""
+def _large(cfg: dict[str, Any]) -> bool:
+    try:
+        return count_parameters(cfg) >= SMALL_MODEL_PARAMS
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def _weights_bytes(num_params: int, level: str, cfg: dict[str, Any], blocks: FileBlocks | None = None) -> int:
+    """int8/int4 leave the embedding and lm_head in 16-bit; "file" holds the file's tensors as they are."""
+    if level == "file":
+        return blocks.nbytes if blocks is not None else int(num_params * BYTES_PER_PARAM["int8"])
     if level in ("int8", "int4") and "vocab_size" in cfg:
         embed = int(cfg["vocab_size"]) * int(cfg["hidden_size"]) * (1 if ties_embeddings(cfg) else 2)
         return int(embed * 2 + (num_params - embed) * BYTES_PER_PARAM[level])
@@ -280,7 +305,8 @@ def estimate(
     if level == "auto":
         return recommend(model, hardware, context_length, device, num_chats)
     b = _budget(model, hardware, context_length, device, num_chats)
-    weights = _weights_bytes(b.num_params, level, b.cfg)
+    blocks = file_blocks(model, b.cfg) if level == "file" else None
+    weights = _weights_bytes(b.num_params, level, b.cfg, blocks)
     fits = b.fits(weights)
     name = level
     need = weights + b.kv_budget
@@ -296,22 +322,24 @@ def estimate(
 
 def recommend(
     model: Any, hardware: Any = None, context_length: int | None = None, device: str = "auto",
-    num_chats: int = 1,
+    num_chats: int = 1, block_kernels: bool = True,
 ) -> Recommendation:
     """Recommend a device and quantization level for ``model`` (a path, "default", a config or a dict).
 
     The KV cache is sized as the engine sizes it: ``context_length`` tokens for each of ``num_chats`` concurrent
-    chats (the engine's ``max_batch_size``)."""
+    chats (the engine's ``max_batch_size``). ``block_kernels`` says whether the native block kernels can run here
+    (the "file" level; :func:`file_blocks`)."""
     b = _budget(model, hardware, context_length, device, num_chats)
     info, cfg, num_params, context = b.info, b.cfg, b.num_params, b.context
     per_token, kv_budget, target, free, where = b.per_token, b.kv_budget, b.target, b.free, b.where
     overhead, usable = b.overhead, b.usable
     order = _candidates(target, info, num_params)
-    blocks = file_blocks(model, cfg) if target == "cpu" else None
+    blocks = file_blocks(model, cfg, block_kernels) if target == "cpu" else None
     if blocks is not None:  # the file's own blocks first, then only smaller levels
-        order = [blocks.level] + [lv for lv in order if BYTES_PER_PARAM[lv] < BYTES_PER_PARAM[blocks.level]]
+        own = _weights_bytes(num_params, blocks.level, cfg, blocks)
+        order = [blocks.level] + [lv for lv in order if lv != blocks.level and _weights_bytes(num_params, lv, cfg) < own]
     for level in order:
-        weights = _weights_bytes(num_params, level, cfg)
+        weights = _weights_bytes(num_params, level, cfg, blocks)
         need = weights + kv_budget
         if need <= usable:
             fits = "tight" if need > free * TIGHT - overhead else "yes"
@@ -324,14 +352,14 @@ def recommend(
                 why += f"; {blocks.words}"
             elif level != order[0]:
                 first = order[0]
-                why += f"; {first} would need {_weights_bytes(num_params, order[0], cfg) / _GIB:.1f} GiB"
+                why += f"; {first} would need {_weights_bytes(num_params, order[0], cfg, blocks) / _GIB:.1f} GiB"
             elif target == "cpu" and level == "fp32":
                 why += "; the model is small, so full precision costs little speed"
             return Recommendation(
                 target, level, fits, weights, per_token, kv_budget, free, why + ".", num_params, context
             )
     smallest = order[-1]
-    weights = _weights_bytes(num_params, smallest, cfg)
+    weights = _weights_bytes(num_params, smallest, cfg, blocks)
     return Recommendation(
         target,
         smallest,

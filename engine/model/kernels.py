@@ -14,6 +14,9 @@ For the fused decoder on a CPU with torch's kernels (``KernelBuilder``):
   ``Int8AsInt4Pair``, or, with the native extension's VNNI kernels, ``Int8VnniLinear`` over torch's int8 bytes),
   or the dense embedding it is tied to (free: it is held for lookups anyway).
 
+At the "file" level every layer is a ``GgufLinear`` over the GGUF file's own blocks, whatever their types
+(``engine/model/gguf_linear.py``): nothing is requantized or tuned.
+
 Where the model came from a GGUF file, Q4_0/Q4_1/Q4_K tensors become int4 kernels and Q8_0 tensors int8 kernels
 straight from the file's blocks, when their dequantized values match the loaded weights (checked per tensor).
 Which candidate runs each batch bucket is measured (``engine/model/autotune.py``). In deterministic mode every
@@ -33,6 +36,7 @@ import torch
 from engine.loading.formats.gguf_blocks import Int4Parts
 from engine.loading.gguf_weights import GgufWeights, matches
 from engine.model.autotune import Kernel, TunedLinear, Tuner
+from engine.model.gguf_linear import GgufLinear
 from engine.model.plan_cache import Plan
 from engine.model.quantization import (
     INT4_GROUP_SIZE,
@@ -94,6 +98,11 @@ class KernelBuilder:
     def __call__(
         self, role: str, names: list[str], weight: torch.Tensor, bias: torch.Tensor | None
     ) -> Kernel:
+        if self.level == "file":  # the file's own blocks, whatever their types (weight is only a shape)
+            if self.gguf is None:
+                raise ValueError("the 'file' precision needs the GGUF file the model was read from")
+            self.from_file += 1
+            return GgufLinear(self.gguf.blocks(names), bias)
         if not self.tunable:
             if self.level is None or role == "lm_head":
                 return DenseLinear(weight, bias)

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import torch
 
 from engine.model.autotune import PaddedRows, TunedLinear
+from engine.model.gguf_linear import BLOCK_TYPES, GgufLinear
 from engine.model.quantization import DenseLinear, Int4Linear, Int4VnniLinear, Int8Linear
 from engine.system import hardware
 from engine.system.paths import data_dir
@@ -69,6 +70,9 @@ def _bare_spec(kernel: Any, dtype: torch.dtype) -> LinearSpec | None:
     if isinstance(kernel, Int8Linear):
         scales = kernel._scales_by_dtype.setdefault(dtype, kernel.scales.to(dtype))
         return LinearSpec("int8", kernel.qweight, scales, 0, bias)
+    if isinstance(kernel, GgufLinear) and len(kernel.segments) == 1 and kernel.segments[0].name in BLOCK_TYPES:
+        blocks = kernel.segments[0]  # the native linear's group size slot carries the ggml type
+        return LinearSpec("gguf", blocks.data, None, blocks.kind, bias)
     if isinstance(kernel, DenseLinear) and kernel.weight.dtype == dtype:
         return LinearSpec("dense", kernel.weight, None, 0, bias)
     return None  # packed fp16, a cast: eager only

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.architectures import attention_shape
+from engine.loading.native import is_stand_in, stand_in
 from engine.model.attention import AttentionContext, paged_attention
 from engine.model.autotune import Kernel
 from engine.model.cuda_graphs import GraphedDecode
@@ -150,6 +151,14 @@ class _Stack:
         return sum(m.nbytes for m in linears) + self.lm_head.nbytes
 
 
+def _stack_rows(weights: list[torch.Tensor]) -> torch.Tensor:
+    """The weights stacked along their rows; weights kept in a GGUF file (stand-ins) stack to a stand-in, since
+    only their shape is read (the kernel builder takes their blocks from the file)."""
+    if any(is_stand_in(w) for w in weights):
+        return stand_in((sum(int(w.shape[0]) for w in weights), int(weights[0].shape[1])), weights[0].dtype)
+    return torch.cat(weights)
+
+
 def _frozen(t: torch.Tensor) -> torch.nn.Parameter:
     return torch.nn.Parameter(t, requires_grad=False)
 
@@ -183,11 +192,11 @@ class FusedDecoder:
         with torch.no_grad():
             for index, layer in enumerate(self._inner.layers):
                 attn, mlp = layer.self_attn, layer.mlp
-                qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+                qkv = _stack_rows([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
                 bias = None
                 if attn.q_proj.bias is not None:
                     bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
-                gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+                gate_up = _stack_rows([mlp.gate_proj.weight, mlp.up_proj.weight])
                 norms = _LayerNorms.of(layer)
                 weights = (qkv, bias, attn.o_proj.weight, gate_up, mlp.down_proj.weight)
                 layers.append(norms.layer(linear, index, *weights))
@@ -209,6 +218,11 @@ class FusedDecoder:
             final_norm = self._inner.norm.weight
             lm_head = linear("lm_head", ["lm_head.weight"], head.weight, head.bias)
             self._stack = _Stack(layers, final_norm, lm_head, dtype)
+
+    @property
+    def lm_head(self) -> Kernel:
+        """The kernel of the LM head."""
+        return self._stack.lm_head
 
     @property
     def extra_bytes(self) -> int:

@@ -23,9 +23,10 @@ from typing import Any, Protocol
 import psutil
 import torch
 
-from engine.api import WEIGHT_LEVELS
+from engine.api import WEIGHT_LEVELS, ModelLoadError
 from engine.architectures import execution_path
-from engine.loading.gguf_weights import source_of
+from engine.loading.gguf_weights import GgufWeights, source_of
+from engine.loading.native import BLOCKS_IN_FILE_ATTR, is_stand_in
 from engine.model.attention import (
     ATTN_IMPLEMENTATION,
     AttentionContext,
@@ -35,9 +36,11 @@ from engine.model.attention import (
 )
 from engine.model.autotune import Choice, Tuner
 from engine.model.cuda_graphs import GraphedDecode
+from engine.model.gguf_linear import GgufEmbedding, GgufLinear
 from engine.model.kernels import KernelBuilder
 from engine.model.kv_cache import NULL_BLOCK, KVCache
 from engine.model.llama import FusedDecoder
+from engine.model.native import file_problem
 from engine.model.plan_cache import PlanCache
 from engine.model.quantization import DenseLinear, Linear, make_linear
 
@@ -123,8 +126,9 @@ class ModelRunner:
         self.kernel_choices: list[Choice] = []
         #: how many fused weights came straight from the GGUF file's blocks
         self.weights_from_gguf = 0
+        file = self._take_file_blocks(model) if self.weight_quantization == "file" else None
         if self.is_fused:
-            builder = self._kernel_builder(model)
+            builder = self._kernel_builder(model, file)
             self._decoder = FusedDecoder(model, builder, self.weight_quantization is not None)
             self.kernel_choices = builder.tuner.choices if builder.tuner is not None else []
             self.weights_from_gguf = builder.from_file
@@ -157,7 +161,7 @@ class ModelRunner:
             why = "native=off"
         elif self._decoder is None:
             why = "the HF-module path"
-        elif mode == "auto" and self.dtype == torch.float32:
+        elif mode == "auto" and self.dtype == torch.float32 and self.weight_quantization is None:
             why = "fp32 runs torch's own ops, token for token as HF (native='on' runs it natively)"
         else:
             try:
@@ -196,8 +200,9 @@ class ModelRunner:
         return None if self._decoder is None else self._decoder.graphs
 
     # --- weights -----------------------------------------------------------------------------------------------
-    def _kernel_builder(self, model: torch.nn.Module) -> KernelBuilder:
-        """The fused layers' kernel builder: GGUF blocks where the file has them, plans measured per shape."""
+    def _kernel_builder(self, model: torch.nn.Module, file: GgufWeights | None = None) -> KernelBuilder:
+        """The fused layers' kernel builder: GGUF blocks where the file has them (``file`` at the "file" level),
+        plans measured per shape."""
         tuner = None
         timed = os.environ.get(AUTOTUNE_ENV, "").strip().lower() not in ("0", "off", "no", "false")
         if timed or self.deterministic:  # deterministic mode checks row invariance even when nothing is timed
@@ -205,10 +210,33 @@ class ModelRunner:
             layers = int(self.config.num_hidden_layers)
             cache = PlanCache() if timed else None
             tuner = Tuner(self.dtype, cache, budget, layers, deterministic=self.deterministic, timed=timed)
-        gguf = source_of(model) if self.weight_quantization is not None and self.device.type == "cpu" else None
+        gguf = file or (source_of(model) if self.weight_quantization is not None and self.device.type == "cpu" else None)
         return KernelBuilder(
             self.weight_quantization, self.dtype, self.device, self._quant_backend, gguf, tuner, self._native_mode
         )
+
+    def _take_file_blocks(self, model: torch.nn.Module) -> GgufWeights:
+        """The "file" level: check its kernels can run, and look tokens up in the embedding's own blocks; returns
+        the file's weights (whose reads a tied head shares with the embedding)."""
+        if not self.is_fused or self.device.type != "cpu" or not getattr(model, BLOCKS_IN_FILE_ATTR, False):
+            raise ModelLoadError(
+                "The 'file' precision runs a GGUF file's own blocks on the CPU, for Llama-family models read with "
+                "their weights left in the file; choose int4, int8 or bf16 for this model."
+            )
+        problem = file_problem()
+        if problem is not None:
+            raise ModelLoadError(
+                f"The 'file' precision needs the native block kernels, which cannot run here: {problem}. Choose "
+                "int4 or bf16 instead."
+            )
+        gguf = source_of(model)
+        if gguf is None:
+            raise ModelLoadError("The GGUF file's tensor layout is not one the engine reads; choose int4 or bf16.")
+        inner: Any = model.model
+        if is_stand_in(inner.embed_tokens.weight):
+            blocks = gguf.blocks(["model.embed_tokens.weight"])[0]
+            inner.embed_tokens = GgufEmbedding(blocks, self.dtype)
+        return gguf
 
     def _linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
         if self.weight_quantization is None:
@@ -232,7 +260,7 @@ class ModelRunner:
         seen: set[int] = set()
         total = 0
         for t in list(self.model.parameters()) + list(self.model.buffers()):
-            if t.data_ptr() not in seen and t.numel():
+            if t.data_ptr() not in seen and t.numel() and not is_stand_in(t):
                 seen.add(t.data_ptr())
                 total += t.nbytes
         for module in self.model.modules():
@@ -240,6 +268,9 @@ class ModelRunner:
                 total += module.linear.nbytes
         if self._decoder is not None:
             total += self._decoder.extra_bytes
+            head = self._decoder.lm_head
+            if isinstance(head, GgufLinear):  # a tied head's blocks are the embedding's, counted above
+                total -= sum(b.data.nbytes for b in head.segments if b.data.data_ptr() in seen)
         return total
 
     # --- step inputs ---------------------------------------------------------------------------------------------

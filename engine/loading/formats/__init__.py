@@ -57,6 +57,13 @@ BLOCK_FORMATS: dict[str, BlockFormat] = {f.name: f for f in (
 )}  # fmt: skip
 
 
+#: The block types the native block kernels multiply as they are (engine/model/csrc/gguf_kernels.cpp): what the
+#: "file" precision runs, by ggml type name.
+KERNEL_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+#: Float tensor types, which the "file" precision runs as dense fp32 layers.
+FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
 def file_level(kind: str) -> FileLevel | None:
     """The CPU level that runs blocks of ``kind`` (a ggml type name) as they are; None for other types."""
     fmt = BLOCK_FORMATS.get(kind)

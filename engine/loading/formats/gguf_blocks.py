@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 import torch
@@ -152,23 +152,22 @@ def unpack_q8(raw: torch.Tensor) -> Q8Parts:
     return _unpack_q8_0(raw)
 
 
-def dequantize(tensor: Any) -> torch.Tensor:
-    """One tensor of a ``gguf.GGUFReader`` as fp32, in its HF shape ([rows, columns] for a matrix).
+def dequantize(kind: str, raw: torch.Tensor) -> torch.Tensor:
+    """Rows of a tensor's file bytes (uint8 [rows, bytes per row]) of ggml type ``kind`` as fp32 [rows, columns].
 
     Block types with a torch form are computed in the same operations and order as ``gguf``'s numpy code, so the
     values are bitwise those transformers' GGUF loader produces (a near tie in the logits stays where it was).
     """
-    kind = tensor.tensor_type.name
-    shape = [int(n) for n in reversed(tensor.shape)]
-    raw = torch.from_numpy(np.array(tensor.data))  # a copy: the memory map is read-only
     if kind in DEQUANTIZE:
-        out = DEQUANTIZE[kind](raw.view(shape[0], -1))
-    elif kind in ("F32", "F16"):
-        out = raw.float()
-    elif kind == "BF16":
-        out = raw.view(torch.int16).view(torch.bfloat16).float()
-    else:
-        from gguf.quants import dequantize as numpy_dequantize
+        return DEQUANTIZE[kind](raw)
+    if kind == "F32":
+        return raw.view(torch.float32).clone()
+    if kind == "F16":
+        return raw.view(torch.float16).float()
+    if kind == "BF16":
+        return raw.view(torch.bfloat16).float()
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize as numpy_dequantize
 
-        out = torch.from_numpy(numpy_dequantize(np.asarray(tensor.data), tensor.tensor_type).astype(np.float32))
-    return out.reshape(shape)
+    values = numpy_dequantize(raw.numpy(), GGMLQuantizationType[kind]).astype(np.float32)
+    return torch.from_numpy(values).reshape(raw.shape[0], -1)

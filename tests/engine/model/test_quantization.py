@@ -251,8 +251,10 @@ def _write_gguf(path: Path, kinds: dict[str, str], default: str) -> Path:
         ({}, "Q4_1", ("int4", "Q4_1")),
         ({"ffn_down": "Q4_K"}, "Q4_0", ("int4", "Q4_0 and Q4_K")),
         ({}, "Q8_0", ("int8", "Q8_0")),
-        ({"ffn_down": "Q6_K", "attn_v": "Q6_K"}, "Q4_K", None),  # a Q4_K_M file: its Q6_K tensors get requantized
-        ({"attn_v": "Q8_0"}, "Q4_1", None),  # int4 and int8 blocks side by side: no one level runs both
+        # a Q4_K_M file: no packed level runs its Q6_K tensors exactly, the block kernels run every tensor as it is
+        ({"ffn_down": "Q6_K", "attn_v": "Q6_K"}, "Q4_K", ("file", "Q4_K and Q6_K")),
+        ({"attn_v": "Q8_0"}, "Q4_1", ("file", "Q4_1 and Q8_0")),  # int4 and int8 blocks side by side
+        ({"attn_v": "Q2_K"}, "Q4_K", None),  # a type no kernel runs as it is: requantized
         ({}, "F16", None),
     ],
 )

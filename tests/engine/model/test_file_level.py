@@ -1,0 +1,127 @@
+"""The "file" precision: a GGUF model run in its own blocks (Q4_K with Q6_K, Q4_0, Q8_0), never dequantized.
+
+The files are random-weight GGUFs in the block types users download (``engine/tools/make_gguf.py``), tiny shapes.
+Their reference is the same file read dequantized to fp32: the block kernels quantize activations to int8 per
+block, as llama.cpp does, so the logits agree closely but not exactly; greedy output repeats exactly whatever
+shares the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine import LLM, ModelLoadError, SamplingParams
+from engine.loading.recommend import estimate, recommend
+from engine.model.gguf_linear import GgufEmbedding, GgufLinear
+from engine.model.native import file_problem
+from engine.tools.make_gguf import write_gguf
+
+pytestmark = pytest.mark.skipif(file_problem() is not None, reason=f"no block kernels here: {file_problem()}")
+
+OPTIONS: dict[str, Any] = {"start_loop": False, "kv_cache_bytes": 8 << 20}
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("gguf")
+    files = {}
+    for kind in ("Q4_K_M", "Q4_0", "Q8_0"):
+        files[kind] = folder / f"tiny-{kind}.gguf"
+        write_gguf(files[kind], "tiny", kind, seed=1)
+    return files
+
+
+@pytest.fixture
+def open_llm() -> Iterator[Callable[..., LLM]]:
+    made: list[LLM] = []
+
+    def make(path: Path, level: str) -> LLM:
+        made.append(LLM(path, quantization=level, **OPTIONS))
+        return made[-1]
+
+    yield make
+    for llm in made:
+        llm.close()
+
+
+def _first_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
+    """The logits the engine samples the first token from."""
+    runner = llm.engine.runner
+    captured: list[torch.Tensor] = []
+    run = runner.run
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        logits, rows = run(*args, **kwargs)
+        if logits is not None:
+            captured.append(logits.detach().float().clone())
+        return logits, rows
+
+    runner.run = spy  # type: ignore[method-assign]
+    try:
+        llm.generate([ids], SamplingParams(max_tokens=1, temperature=0.0))
+    finally:
+        del runner.run
+    return captured[0][0]
+
+
+@pytest.mark.parametrize("kind", ["Q4_K_M", "Q4_0", "Q8_0"])
+def test_each_file_type_runs_in_its_blocks_close_to_its_dequantized_values(
+    kind: str, tiny_files: dict[str, Path], open_llm: Callable[..., LLM]
+) -> None:
+    path = tiny_files[kind]
+    llm = open_llm(path, "file")
+    runner = llm.engine.runner
+    layers = int(runner.config.num_hidden_layers)
+    assert runner.weights_from_gguf == 4 * layers + 1  # every fused layer and the head
+    assert isinstance(runner.model.model.embed_tokens, GgufEmbedding)
+    assert isinstance(runner._decoder.lm_head, GgufLinear)
+    # the weights are the file's bytes, not a dequantized copy (norms are fp32, a few KiB)
+    assert llm.weights_bytes <= path.stat().st_size
+    ids = [5, 17, 300, 4000, 12, 9, 77]
+    ours = _first_logits(llm, ids)
+    reference = _first_logits(open_llm(path, "fp32"), ids)
+    error = float((ours - reference).norm() / reference.norm())
+    assert error < 0.03, f"{kind}: relative error {error:.4f} of the logits against the dequantized fp32 model"
+
+
+def test_greedy_output_repeats_whatever_shares_the_batch(
+    tiny_files: dict[str, Path], open_llm: Callable[..., LLM]
+) -> None:
+    """Activations are quantized per row and every row's sums run in one order, so a reply does not depend on the
+    rows beside it (decode and prefill, one row or many)."""
+    llm = open_llm(tiny_files["Q4_K_M"], "file")
+    prompt = [11, 400, 2200, 31, 7, 8000, 5]
+    alone = llm.generate([prompt], GREEDY)[0].token_ids
+    others = [[3, 4, 5] * 20, [900 + i for i in range(37)], [42]]
+    together = llm.generate([others[0], prompt, *others[1:]], GREEDY)[1].token_ids
+    assert together == alone
+
+
+def test_recommend_offers_the_files_own_blocks_first(tiny_files: dict[str, Path]) -> None:
+    """A Q4_K_M file has Q6_K tensors, which no packed level runs exactly: its own blocks come first, at the file's
+    size."""
+    path = tiny_files["Q4_K_M"]
+    rec = recommend(path, device="cpu")
+    assert rec.quantization == "file"
+    assert "Q4_K and Q6_K blocks" in rec.reason
+    assert rec.weights_bytes <= path.stat().st_size
+    assert estimate(path, "file", device="cpu").weights_bytes == rec.weights_bytes
+    without = recommend(path, device="cpu", block_kernels=False)
+    assert without.quantization != "file"
+
+
+def test_the_file_level_refuses_models_it_cannot_run_in_place(default_model_dir: Path) -> None:
+    """A safetensors folder has no blocks to keep: a clear error that names the other choices."""
+    with pytest.raises(ModelLoadError, match="choose int4, int8 or bf16|Choose int4, int8 or bf16"):
+        LLM(default_model_dir, quantization="file", **OPTIONS)
+
+
+def test_self_int4_speculation_needs_dense_weights(tiny_files: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match="use 'ngram'"):
+        LLM(tiny_files["Q4_0"], quantization="file", speculative="self-int4", **OPTIONS)

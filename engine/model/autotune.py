@@ -20,13 +20,19 @@ sizes, bitwise equal), padding calls to a multiple of 2, 4, 8 or 16 rows where t
 kernels often treat a partial block of rows differently); only invariant candidates are timed, and one kernel
 runs every bucket.
 
+**Cost.** A large matrix's big buckets (the lm_head's 64 rows) cost most of a load's measuring, so each kernel,
+bucket and round gets a budget of calls (:func:`time_kernel`: a long call is timed once a round, a short one up to
+:data:`_REPEATS` times), and a kernel already several times slower than the fastest at a bucket is not timed there
+again (:func:`outpaced`).
+
 **Noise.** On a shared machine other processes may hold the cores while a load measures, and a plan built on
 timings several times off would be used by every later load. So :func:`measure` keeps every call, and a plan
 records its *noise*: how far the median call is from the best one, the worst over its timings (small on a quiet
 machine, several-fold under contention). A plan chosen on the best calls is too noisy to separate the candidates
-when its noise exceeds :data:`MAX_NOISE` and the median calls would choose another plan: it runs this load, its
-reason (logged at INFO) says it was not cached, and the next load measures again. The measurement costs what it
-did (the same calls), and a clear winner is still cached on a busy machine.
+when its noise exceeds :data:`MAX_NOISE` and the median calls would choose another plan: it runs, and is cached as
+*provisional* (its reason, logged at INFO, says so). A later load measures that shape again when the machine looks
+quiet (:func:`machine_quiet`), at most :data:`MAX_REMEASURES` times; a busy one runs the provisional plan rather than
+measure again. A clear winner is trusted on a busy machine too.
 
 Plans are cached per machine (``engine/model/plan_cache.py``: :class:`PlanCache`), so later loads measure
 nothing. Every plan records its timings, noise and a reason.
@@ -35,16 +41,17 @@ nothing. Every plan records its timings, noise and a reason.
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
 from engine.model.plan_cache import Plan, PlanCache
+from engine.model.row_invariance import Kernel, PaddedRows, row_multiple
 
 log = logging.getLogger("engine")
 
@@ -56,23 +63,20 @@ MIN_GAIN = 0.15
 #: Noise (median call / best call - 1) up to which the best calls are trusted whatever the median calls choose.
 MAX_NOISE = 0.5
 _WARMUP, _REPEATS, _ROUNDS = 5, 5, 3
-#: Row paddings tried, in order, to make a kernel row-invariant: every call then runs a multiple of that many rows.
-ROW_MULTIPLES = (1, 2, 4, 8, 16)
-#: Call sizes (before padding) in which the invariance check computes its probe rows.
-_CHECK_ROWS = (1, 2, 3, 5, 7, 16, 33, 70)
-#: Rows the invariance check computes alone and in every call size.
-_PROBE_ROWS = 48
+#: Seconds of calls per kernel, bucket and round: warm-up calls stop once they took the first (one always runs),
+#: timed calls once they took the second (one always runs). A long call is timed once a round, short ones up to
+#: :data:`_REPEATS` times: the big buckets of a large matrix (the lm_head) cost most of a load's measuring.
+_WARMUP_BUDGET_S, _REPEAT_BUDGET_S = 0.03, 0.1
+#: After the first round, a kernel whose best call at a bucket is :data:`_OUTPACED` times the fastest kernel's
+#: there, and at least :data:`_LONG_CALL_US` long, is not timed at that bucket again: it cannot win it.
+_OUTPACED, _LONG_CALL_US = 3.0, 10_000.0
+#: Loads that may measure a shape again after its plan was judged too noisy (only when the machine looks quiet).
+MAX_REMEASURES = 2
 
 
 def bucket_index(rows: int) -> int:
     """The bucket a step of ``rows`` token rows falls in."""
     return 0 if rows <= 1 else 1 if rows <= 4 else 2 if rows <= 16 else 3
-
-
-class Kernel(Protocol):
-    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
-    @property
-    def nbytes(self) -> int: ...
 
 
 def choose(timings_us: Mapping[str, list[float]], preferred: str, may_add: Callable[[str, str], bool]) -> Plan:
@@ -154,30 +158,34 @@ def _release_flush_buffer() -> None:
 
 
 def time_kernel(kernel: Kernel, rows: int, in_features: int, dtype: torch.dtype) -> list[float]:
-    """The times of :data:`_REPEATS` calls on ``rows`` random rows, in microseconds (casts included, as run).
+    """The times of up to :data:`_REPEATS` calls on ``rows`` random rows, in microseconds (casts included, as run).
 
-    The caches are flushed before every timed call: a model's layers together outgrow them, so in a real step
-    each weight comes from memory, and a warm-cache timing would flatter small matrices.
+    Warm-up and timed calls each stop at their budget (:data:`_WARMUP_BUDGET_S`, :data:`_REPEAT_BUDGET_S`), one
+    of each at least. The caches are flushed before every timed call: a model's layers together outgrow them, so in
+    a real step each weight comes from memory, and a warm-cache timing would flatter small matrices.
     """
     x = torch.randn(rows, in_features).to(dtype)
     cast = getattr(kernel, "input_dtype", None)
 
-    def call() -> None:
+    def call() -> float:
+        start = time.perf_counter()
         if cast is not None and cast != dtype:
             kernel(x.to(cast)).to(dtype)
         else:
             kernel(x)
+        return time.perf_counter() - start
 
     with torch.inference_mode():
+        spent = 0.0
         for _ in range(_WARMUP):
-            call()
-        times = []
-        for _ in range(_REPEATS):
+            spent += call()
+            if spent >= _WARMUP_BUDGET_S:
+                break
+        times: list[float] = []
+        while len(times) < _REPEATS and sum(times) < _REPEAT_BUDGET_S:
             _evict_caches()
-            start = time.perf_counter()
-            call()
-            times.append((time.perf_counter() - start) * 1e6)
-    return times
+            times.append(call())
+    return [t * 1e6 for t in times]
 
 
 @dataclass(slots=True)
@@ -198,20 +206,41 @@ def measure(kernels: Mapping[str, Kernel], in_features: int, dtype: torch.dtype)
     """Time every kernel at every bucket's row count, :data:`_ROUNDS` times.
 
     The rounds interleave the candidates, so a passing disturbance does not decide the plan alone; the median
-    is taken over the calls of all rounds, so a disturbance lasting most of them shows in it.
+    is taken over the calls of all rounds, so a disturbance lasting most of them shows in it. A kernel outpaced at
+    a bucket by the first round (:func:`outpaced`) is not timed there again.
     """
     samples: dict[str, list[list[float]]] = {name: [[] for _ in BUCKETS] for name in kernels}
-    for _ in range(_ROUNDS):
+    for round_ in range(_ROUNDS):
         for name, kernel in kernels.items():
             for b, rows in enumerate(BUCKETS):
+                if round_ and outpaced(samples, name, b):
+                    continue
                 samples[name][b].extend(time_kernel(kernel, rows, in_features, dtype))
     _release_flush_buffer()
     best = {name: [min(times) for times in by_bucket] for name, by_bucket in samples.items()}
     return Measurement(best, {name: [statistics.median(t) for t in by_b] for name, by_b in samples.items()})
 
 
+def outpaced(samples: Mapping[str, list[list[float]]], name: str, bucket: int) -> bool:
+    """Whether ``name``'s calls at ``bucket`` are long, and :data:`_OUTPACED` times the fastest kernel's there
+    (best calls so far): timing it again cannot change which kernel wins that bucket, and would cost the most."""
+    mine = min(samples[name][bucket])
+    fastest = min(min(by_bucket[bucket]) for by_bucket in samples.values())
+    return mine >= _LONG_CALL_US and mine >= _OUTPACED * fastest
+
+
+def machine_quiet() -> bool:
+    """Whether the cores look free for measuring: the last minute's load average is under half the CPU count
+    (where the system reports none, the machine is taken as quiet)."""
+    try:
+        return os.getloadavg()[0] < 0.5 * (os.cpu_count() or 1)
+    except (AttributeError, OSError):
+        return True
+
+
 def judge(plan: Plan, measured: Measurement, by_median: tuple[str, ...]) -> Plan:
-    """Record ``plan``'s noise, and whether its timings separate the candidates well enough to cache it.
+    """Record ``plan``'s noise, and whether its timings separate the candidates well enough to trust it (an
+    untrusted plan is cached as provisional: :meth:`Tuner.plan_for` measures it again on a quiet load).
 
     Args:
         plan: The plan chosen on the best calls.
@@ -222,63 +251,10 @@ def judge(plan: Plan, measured: Measurement, by_median: tuple[str, ...]) -> Plan
     if plan.noise > MAX_NOISE and by_median != plan.kernels:
         plan.trusted = False
         plan.reason += (
-            f"; not cached, too noisy to separate the candidates (median calls up to {plan.noise:.0%} slower than"
+            f"; provisional, too noisy to separate the candidates (median calls up to {plan.noise:.0%} slower than"
             f" the best; by them: {', '.join(by_median)})"
         )
     return plan
-
-
-class PaddedRows:
-    """Runs ``kernel`` on a multiple of ``multiple`` rows: zero rows are added and their outputs dropped."""
-
-    __slots__ = ("input_dtype", "kernel", "multiple")
-
-    def __init__(self, kernel: Kernel, multiple: int) -> None:
-        self.kernel, self.multiple = kernel, multiple
-        self.input_dtype: torch.dtype | None = getattr(kernel, "input_dtype", None)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.shape[0]
-        extra = -rows % self.multiple
-        if not extra:
-            return self.kernel(x)
-        return self.kernel(torch.cat([x, x.new_zeros(extra, x.shape[1])]))[:rows]
-
-    @property
-    def nbytes(self) -> int:
-        return self.kernel.nbytes
-
-
-def is_row_invariant(kernel: Kernel, in_features: int, dtype: torch.dtype) -> bool:
-    """Whether each output row of ``kernel`` is bitwise the same whatever rows share the call, and however many.
-
-    :data:`_PROBE_ROWS` random rows are computed one per call, then packed into calls of each of
-    :data:`_CHECK_ROWS` rows (the last call topped up with other rows). Many probe rows are needed: a kernel
-    whose reduction order changes with the row count may still round most rows (in bf16) to the same values.
-    """
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(_PROBE_ROWS + max(_CHECK_ROWS), in_features, generator=gen).to(dtype)
-    cast = getattr(kernel, "input_dtype", None)
-
-    def call(a: torch.Tensor) -> torch.Tensor:
-        return kernel(a.to(cast)).to(dtype) if cast is not None and cast != dtype else kernel(a)
-
-    with torch.inference_mode():
-        alone = torch.cat([call(x[i : i + 1]) for i in range(_PROBE_ROWS)])
-        for rows in _CHECK_ROWS[1:]:
-            for start in range(0, _PROBE_ROWS, rows):
-                got = call(x[start : start + rows])[: _PROBE_ROWS - start]
-                if not torch.equal(got, alone[start : start + rows]):
-                    return False
-    return True
-
-
-def row_multiple(kernel: Kernel, in_features: int, dtype: torch.dtype) -> int | None:
-    """The least of :data:`ROW_MULTIPLES` whose padding makes ``kernel`` row-invariant; None if none does."""
-    for multiple in ROW_MULTIPLES:
-        if is_row_invariant(PaddedRows(kernel, multiple), in_features, dtype):
-            return multiple
-    return None
 
 
 class TunedLinear:
@@ -389,24 +365,26 @@ class Tuner:
         if known is not None:
             return known
         names = sorted(kernels)
-        plan = None
         key = PlanCache.key(role, shape, self.dtype, names, self.deterministic) if self.cache is not None else ""
-        if self.cache is not None:
-            plan = self.cache.get(key)
-        if self.deterministic and (plan is None or any(name not in kernels for name in plan.kernels)):
-            plan = self._invariant_plan(shape, kernels, preferred)
-            if self.cache is not None and plan.trusted:
-                self.cache.put(key, plan)
-        elif plan is None or any(name not in kernels for name in plan.kernels):
-            measured = measure({name: kernels[name] for name in names}, shape[1], self.dtype)
-            copies = 1 if role == "lm_head" else self.layers
+        plan = self.cache.get(key) if self.cache is not None else None
+        noisy_before = 0
+        if plan is not None and (any(name not in kernels for name in plan.kernels) or self._measure_again(plan)):
+            noisy_before, plan = plan.noisy_loads, None
+        if plan is None:
+            if self.deterministic:
+                plan = self._invariant_plan(shape, kernels, preferred)
+            else:
+                measured = measure({name: kernels[name] for name in names}, shape[1], self.dtype)
+                copies = 1 if role == "lm_head" else self.layers
 
-            def may_add(name: str, main: str) -> bool:
-                return name in free or _extra_bytes(kernels, name, main) * copies <= self.budget
+                def may_add(name: str, main: str) -> bool:
+                    return name in free or _extra_bytes(kernels, name, main) * copies <= self.budget
 
-            by_median = choose(measured.median, preferred, may_add).kernels
-            plan = judge(choose(measured.best, preferred, may_add), measured, by_median)
-            if self.cache is not None and plan.trusted:
+                by_median = choose(measured.median, preferred, may_add).kernels
+                plan = judge(choose(measured.best, preferred, may_add), measured, by_median)
+            if not plan.trusted:
+                plan.noisy_loads = noisy_before + 1
+            if self.cache is not None:
                 self.cache.put(key, plan)
         for name in plan.used:
             if name != plan.kernels[0] and name not in free:
@@ -415,6 +393,12 @@ class Tuner:
         self.choices.append(Choice(role, shape, plan))
         log.info("kernels for %s %dx%d: %s", role, shape[0], shape[1], plan.reason)
         return plan
+
+    @staticmethod
+    def _measure_again(plan: Plan) -> bool:
+        """Whether a cached provisional plan is measured again: at most :data:`MAX_REMEASURES` times, and only when
+        the machine looks quiet (:func:`machine_quiet`); otherwise it runs, as the best calls chose it."""
+        return not plan.trusted and plan.noisy_loads <= MAX_REMEASURES and machine_quiet()
 
     def _invariant_plan(self, shape: tuple[int, int], kernels: dict[str, Kernel], preferred: str) -> Plan:
         """One row-invariant kernel for every bucket: the fastest overall of those that are (padded if need be)."""

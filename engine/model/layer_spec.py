@@ -70,9 +70,15 @@ def _bare_spec(kernel: Any, dtype: torch.dtype) -> LinearSpec | None:
     if isinstance(kernel, Int8Linear):
         scales = kernel._scales_by_dtype.setdefault(dtype, kernel.scales.to(dtype))
         return LinearSpec("int8", kernel.qweight, scales, 0, bias)
-    if isinstance(kernel, GgufLinear) and len(kernel.segments) == 1 and kernel.segments[0].name in BLOCK_TYPES:
-        blocks = kernel.segments[0]  # the native linear's group size slot carries the ggml type
-        return LinearSpec("gguf", blocks.data, None, blocks.kind, bias)
+    if isinstance(kernel, GgufLinear) and 1 <= len(kernel.segments) <= 2 and all(
+        s.name in BLOCK_TYPES for s in kernel.segments
+    ):
+        # the group size slot carries the ggml type, and a second run's type in its second byte (its blocks go
+        # where the scales would)
+        first, *rest = kernel.segments
+        second = rest[0].data if rest else None
+        kinds = first.kind | (rest[0].kind << 8 if rest else 0)
+        return LinearSpec("gguf", first.data, second, kinds, bias)
     if isinstance(kernel, DenseLinear) and kernel.weight.dtype == dtype:
         return LinearSpec("dense", kernel.weight, None, 0, bias)
     return None  # packed fp16, a cast: eager only

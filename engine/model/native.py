@@ -310,15 +310,19 @@ class NativeDecode:
             return "eager: a kernel of this bucket has no native form"
         if self.every_step and any(not _same_kernels(weights, self._layers(b)) for b in range(1, len(BUCKETS))):
             return "eager: the kernels differ between batch buckets"
+        try:
+            handle = self._pin(weights)
+        except Exception as exc:  # noqa: BLE001 -- weights the extension refuses: that bucket stays eager
+            return f"eager: the native step refused the weights ({type(exc).__name__}: {exc})"
         if self.every_step or self.mode == "on":
-            self._ready[bucket] = self._pin(weights)
+            self._ready[bucket] = handle
             return "native for every step (row-invariant: deterministic mode)" if self.every_step else "native"
         cache = VerdictCache()
         key = VerdictCache.key(self.signature, bucket)
         verdict = cache.get(key)
         if verdict is not None and not verdict["native"]:
+            self._unpin(handle)
             return f"eager: {verdict['reason']} (cached)"
-        handle = self._pin(weights)
         if verdict is None:
             try:
                 eager_s, native_s = self._time(bucket, handle)

@@ -41,7 +41,8 @@ class Plan:
     cached: bool = False
     row_multiple: int = 1  # calls are padded to a multiple of this many rows (deterministic mode)
     noise: float | None = None  # see autotune.Measurement.noise; None when nothing was timed
-    trusted: bool = True  # its timings separate the candidates (autotune.judge); only trusted plans are cached
+    trusted: bool = True  # its timings separate the candidates (autotune.judge); else it is provisional
+    noisy_loads: int = 0  # loads in a row that measured it too noisily (provisional plans only)
 
     @property
     def used(self) -> list[str]:
@@ -80,7 +81,10 @@ class PlanCache:
                 return None
             multiple = int(entry.get("row_multiple", 1))
             noise = None if entry.get("noise") is None else float(entry["noise"])
-            return Plan(tuple(entry["kernels"]), entry["timings_us"], entry["reason"], True, multiple, noise)
+            noisy = int(entry.get("noisy_loads", 0))
+            return Plan(
+                tuple(entry["kernels"]), entry["timings_us"], entry["reason"], True, multiple, noise, not noisy, noisy
+            )
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -91,6 +95,8 @@ class PlanCache:
             data[key]["row_multiple"] = plan.row_multiple
         if plan.noise is not None:
             data[key]["noise"] = round(plan.noise, 3)
+        if not plan.trusted:
+            data[key]["noisy_loads"] = max(plan.noisy_loads, 1)
         self._write(data)
 
     def forget_machine(self) -> int:

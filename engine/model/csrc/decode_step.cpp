@@ -64,7 +64,7 @@ int64_t pin_weights(at::TensorList weights, at::IntArrayRef kinds) {
   }
   pinned->kinds.assign(kinds.begin(), kinds.end());
   for (size_t i = 0; i < pinned->kinds.size(); i += 3) {
-    TORCH_CHECK(pinned->kinds[i] >= kInt4 && pinned->kinds[i] <= kInt4Vnni, "unknown linear kind");
+    TORCH_CHECK(pinned->kinds[i] >= kInt4 && pinned->kinds[i] <= kGguf, "unknown linear kind");
     TORCH_CHECK(pinned->kinds[i + 2] >= 1 && pinned->kinds[i + 2] <= 64, "bad row multiple");
   }
   std::lock_guard<std::mutex> lock(g_pinned_mutex);

@@ -25,7 +25,10 @@ at::Tensor linear(const at::Tensor& x_in, const int64_t* spec, const at::Tensor&
   } else if (kind == kInt4Vnni) {
     y = int4_vnni_mm(x, w, group, s);
   } else if (kind == kGguf) {
-    y = gguf_mm(x, w, group);  // the spec's second field is the ggml type
+    // the spec's second field is the ggml type; a second run of blocks of another type (a Q4_K_M file's Q6_K V
+    // rows after its Q4_K Q and K rows) comes in `s`, its type in the field's second byte
+    y = gguf_mm(x, w, group & 0xff);
+    if (s.numel()) y = at::cat({y, gguf_mm(x, s, group >> 8)}, 1);
   } else if (kind == kInt8) {
     y = at::_weight_int8pack_mm(x, w, s);
   } else {

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from engine.api import SamplingParams
 from engine.core.llm import LLM
 from engine.model.attention import blocked_attention
-from engine.model.autotune import PaddedRows, is_row_invariant, row_multiple
 from engine.model.quantization import DenseLinear, Int4Linear, Int8Linear, PackedFp16Linear
+from engine.model.row_invariance import PaddedRows, is_row_invariant, row_multiple
 
 SYSTEM = {"role": "system", "content": "You are Hearth, a helpful assistant running locally. Answer briefly."}
 QUESTION = [SYSTEM, {"role": "user", "content": "What is the capital of France?"}]

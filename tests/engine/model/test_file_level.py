@@ -125,3 +125,35 @@ def test_the_file_level_refuses_models_it_cannot_run_in_place(default_model_dir:
 def test_self_int4_speculation_needs_dense_weights(tiny_files: dict[str, Path]) -> None:
     with pytest.raises(ValueError, match="use 'ngram'"):
         LLM(tiny_files["Q4_0"], quantization="file", speculative="self-int4", **OPTIONS)
+
+
+def test_decode_steps_run_natively_over_two_runs_of_blocks(tiny_files: dict[str, Path]) -> None:
+    """A Q4_K_M file's Q/K/V mixes Q4_K and Q6_K rows on some layers: the native step takes both runs, and its
+    decode logits are the eager layers' (the same kernels, summed in the same order)."""
+    path = tiny_files["Q4_K_M"]
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    steps = {}
+    for native in ("on", "off"):
+        llm = LLM(path, quantization="file", native=native, **OPTIONS)
+        try:
+            runner = llm.engine.runner
+            qkv = [layer.qkv for layer in runner._decoder._stack.layers]
+            assert {len(k.segments) for k in qkv} == {1, 2}  # the mix this test is about
+            captured: list[torch.Tensor] = []
+            run = runner.run
+
+            def spy(*args: Any, _run: Any = run, _out: list[torch.Tensor] = captured, **kwargs: Any) -> Any:
+                logits, rows = _run(*args, **kwargs)
+                if logits is not None:
+                    _out.append(logits.detach().float().clone())
+                return logits, rows
+
+            runner.run = spy  # type: ignore[method-assign]
+            llm.generate([[7, 300, 21, 5000, 9]], params)
+            steps[native] = captured
+            if native == "on":
+                assert runner.native_status.startswith("1 rows: native"), runner.native_status
+        finally:
+            llm.close()
+    for on, off in zip(steps["on"][1:], steps["off"][1:], strict=True):  # the decode steps
+        assert float((on - off).norm() / off.norm()) < 1e-4

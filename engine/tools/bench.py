@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -180,18 +181,10 @@ def _bench_against_llama_server(llm: LLM, args: argparse.Namespace, levels: list
     The two alternate for ``--repeats`` rounds at each concurrency and each row is the median round, so a drift
     in the machine's speed falls on both sides of the ratio.
     """
-    from pathlib import Path
-
-    from engine.loading.default_model import source_gguf_path
     from engine.tools.llama_server import serving
 
-    if args.gguf:
-        gguf = Path(args.gguf)
-    elif str(args.model).endswith(".gguf"):
-        gguf = Path(args.model)
-    elif args.model == "default":
-        gguf = source_gguf_path()
-    else:
+    gguf = _gguf_of(args)
+    if gguf is None:
         raise SystemExit("--llama-server needs --gguf for a model that is not a GGUF file")
     prompts = [llm.engine.tokenize(_messages(i)) for i in range(max(levels))]
     rows: dict[tuple[str, int], Any] = {}
@@ -212,6 +205,60 @@ def _bench_against_llama_server(llm: LLM, args: argparse.Namespace, levels: list
         _emit(mine)
         _emit(row)
     return rows
+
+
+def _bench_prefill(llm: LLM, args: argparse.Namespace, gguf: Path | None) -> dict[str, Any]:
+    """Prompt tokens per second on a fresh ``--prefill``-token prompt (no prefix reuse: every round's prompt is new),
+    ours and, with ``--llama-server``, its server's, in alternating rounds; the median round of each."""
+    import random
+
+    from engine.tools.llama_server import prefill_seconds, running_server
+
+    n, rounds = args.prefill, max(1, args.repeats)
+    vocab = int(llm.engine.runner.config.vocab_size)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(1000, vocab) for _ in range(n)] for _ in range(2 * rounds + 1)]
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+
+    def ours(prompt: list[int]) -> float:
+        start = time.perf_counter()
+        llm.generate([prompt], params)
+        return time.perf_counter() - start
+
+    ours(prompts[-1][: min(n, 64)])  # warm
+    mine: list[float] = []
+    theirs: list[float] = []
+    if args.llama_server and gguf is not None:
+        binary, threads = Path(args.llama_server), torch.get_num_threads()
+        with running_server(binary, gguf, 1, threads, -(-(n + 64) // 256) * 256, False) as server:
+            prefill_seconds(server, prompts[-1][:64])  # warm
+            for r in range(rounds):
+                mine.append(n / ours(prompts[2 * r]))
+                theirs.append(n / prefill_seconds(server, prompts[2 * r + 1]))
+    else:
+        mine = [n / ours(prompts[r]) for r in range(rounds)]
+    row: dict[str, Any] = {"system": "prefill", "prompt_tokens": n, "level": llm.quantization,
+                           "hearth_tok_s": round(sorted(mine)[(len(mine) - 1) // 2], 1),
+                           "hearth_rounds": [round(v, 1) for v in mine]}
+    if theirs:
+        row["llama_server_tok_s"] = round(sorted(theirs)[(len(theirs) - 1) // 2], 1)
+        row["llama_server_rounds"] = [round(v, 1) for v in theirs]
+        row["ratio"] = round(row["hearth_tok_s"] / row["llama_server_tok_s"], 2)
+    _emit(row)
+    return row
+
+
+def _gguf_of(args: argparse.Namespace) -> Path | None:
+    """The GGUF llama-server runs: ``--gguf``, the model itself, or the default model's source file."""
+    from engine.loading.default_model import source_gguf_path
+
+    if args.gguf:
+        return Path(args.gguf)
+    if str(args.model).endswith(".gguf"):
+        return Path(args.model)
+    if args.model == "default":
+        return source_gguf_path()
+    return None
 
 
 def _median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -272,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="only constrained (JSON schema) against free decoding (engine/tools/bench_structured.py)")
     parser.add_argument("--repeats", type=int, default=4,
                         help="alternating rounds per condition (--structured, and ours against --llama-server)")
+    parser.add_argument("--prefill", type=int, default=0, metavar="N",
+                        help="also time prompt reading of a fresh N-token prompt (no prefix reuse), ours and, with "
+                             "--llama-server, its server's, in --repeats alternating rounds")
     parser.add_argument("--speculative", default=None, metavar="METHODS",
                         help="only speculative decoding (e.g. ngram,self-int4) against off, single stream "
                              "(engine/tools/bench_speculative.py)")
@@ -312,9 +362,14 @@ def main(argv: list[str] | None = None) -> int:
         llm.close()
         return 0
     llm = LLM(args.model, start_loop=False, max_batch_size=max(levels + [16]), device=args.device, **precision)
+    flags, cpu_model = hardware.cpu_flags_and_model()
+    simd = sorted(f for f in flags if f.startswith(("avx", "amx")) or f in ("fma", "f16c"))
     _emit({"system": "hearth_setup", "device": llm.device, "dtype": llm.dtype, "level": llm.quantization,
-           "decode_steps": llm.decode_status})
+           "decode_steps": llm.decode_status, "cpu": cpu_model, "cpu_flags": simd, "threads": torch.get_num_threads(),
+           "weights_mib": round(llm.weights_bytes / 2**20)})
     results: dict[tuple[str, int], dict[str, Any]] = {}
+    if args.prefill:
+        _bench_prefill(llm, args, _gguf_of(args))
     if args.llama_server:
         results.update(_bench_against_llama_server(llm, args, levels))
     elif args.cuda_graphs:

@@ -102,6 +102,27 @@ def _stream_completion(server: LlamaServer, prompt: list[int], max_tokens: int, 
         conn.close()
 
 
+def prefill_seconds(server: LlamaServer, prompt: list[int]) -> float:
+    """Wall time of one request that reads ``prompt`` (no prompt cache) and answers one token."""
+    body = json.dumps({"prompt": prompt, "n_predict": 1, "temperature": 0.0, "cache_prompt": False})
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=_REQUEST_TIMEOUT_S)
+    try:
+        start = time.perf_counter()
+        conn.request("POST", "/completion", body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        payload = resp.read()
+        elapsed = time.perf_counter() - start
+    except (OSError, http.client.HTTPException) as exc:
+        if not server.alive():
+            raise ServerDied(f"llama-server exited with status {server.process.returncode}") from exc
+        raise
+    finally:
+        conn.close()
+    if resp.status != 200:
+        raise ServerDied(f"llama-server answered {resp.status}: {payload[:200]!r}")
+    return elapsed
+
+
 def bench_server(server: LlamaServer, prompts: list[list[int]], max_tokens: int) -> Timings:
     """Send every prompt at once (one thread per request) and time each token."""
     return time_concurrent_streams(prompts, lambda prompt, times: _stream_completion(server, prompt, max_tokens, times))

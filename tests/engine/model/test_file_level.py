@@ -157,3 +157,24 @@ def test_decode_steps_run_natively_over_two_runs_of_blocks(tiny_files: dict[str,
             llm.close()
     for on, off in zip(steps["on"][1:], steps["off"][1:], strict=True):  # the decode steps
         assert float((on - off).norm() / off.norm()) < 1e-4
+
+
+def test_the_bench_times_decode_and_a_fresh_prefill_at_the_file_level(
+    tiny_files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m engine.bench --model FILE --level file --prefill N`` prints its setup (with the CPU's SIMD flags),
+    the prefill row and the decode rows as JSON lines."""
+    import json
+
+    from engine.tools import bench
+
+    argv = ["--model", str(tiny_files["Q4_0"]), "--level", "file", "--prefill", "48", "--repeats", "1",
+            "--concurrency", "1,2", "--max-tokens", "4", "--skip-hf", "--skip-multi-turn"]
+    assert bench.main(argv) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    setup = next(r for r in rows if r["system"] == "hearth_setup")
+    assert setup["level"] == "file" and setup["weights_mib"] <= tiny_files["Q4_0"].stat().st_size / 2**20
+    assert isinstance(setup["cpu_flags"], list) and setup["threads"] >= 1
+    prefill = next(r for r in rows if r["system"] == "prefill")
+    assert prefill["prompt_tokens"] == 48 and prefill["hearth_tok_s"] > 0
+    assert {r["concurrency"] for r in rows if r["system"] == "hearth"} == {1, 2}

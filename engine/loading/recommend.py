@@ -158,7 +158,9 @@ def gguf_source(model: Any) -> Path | None:
         return None
 
 
-def file_blocks(model: Any, cfg: dict[str, Any], block_kernels: bool = True) -> FileBlocks | None:
+def file_blocks(
+    model: Any, cfg: dict[str, Any], block_kernels: bool = True, only_file: bool = False
+) -> FileBlocks | None:
     """The level that runs ``model``'s GGUF blocks as they are, or None when none does, or the file's layout (the
     registry's GGUF layouts) or the model's architecture is not one the fused decoder reads blocks for.
 
@@ -166,6 +168,7 @@ def file_blocks(model: Any, cfg: dict[str, Any], block_kernels: bool = True) -> 
       (:data:`engine.loading.formats.KERNEL_TYPES`, or floats), and ``block_kernels`` says those kernels can run
       here. Chosen where no one packed level runs every block exactly (a Q4_K_M file's Q6_K tensors) or the model
       is large enough that the packed levels' load (every weight dequantized first) costs more than they save.
+      ``only_file`` asks only whether "file" can run the model (whatever its size): None when it cannot.
     * "int4"/"int8": the one packed level whose kernel runs every linear tensor's block type
       (:func:`engine.loading.formats.file_level`).
     """
@@ -189,9 +192,9 @@ def file_blocks(model: Any, cfg: dict[str, Any], block_kernels: bool = True) -> 
     in_file = loads_the_file and any(k in KERNEL_TYPES for k in kinds) and all(
         k in KERNEL_TYPES or k in FLOAT_TYPES for k in kinds
     )
-    if in_file and (exact is None or _large(cfg)):
+    if in_file and (exact is None or _large(cfg) or only_file):
         return FileBlocks("file", " and ".join(kinds), gguf.name, nbytes)
-    return None if exact is None else FileBlocks(str(exact), " and ".join(kinds), gguf.name, nbytes)
+    return None if exact is None or only_file else FileBlocks(str(exact), " and ".join(kinds), gguf.name, nbytes)
 
 
 def _large(cfg: dict[str, Any]) -> bool:
@@ -305,7 +308,12 @@ def estimate(
     if level == "auto":
         return recommend(model, hardware, context_length, device, num_chats)
     b = _budget(model, hardware, context_length, device, num_chats)
-    blocks = file_blocks(model, b.cfg) if level == "file" else None
+    blocks = file_blocks(model, b.cfg, only_file=True) if level == "file" else None
+    if level == "file" and (blocks is None or b.target != "cpu"):
+        why = ("The 'file' precision runs a GGUF file's own blocks on the CPU; this model is not a GGUF file whose "
+               "blocks the engine multiplies as they are (choose int4, int8 or bf16).")
+        return Recommendation(b.target, level, "no", 0, b.per_token, b.kv_budget, b.free, why, b.num_params,
+                              b.context)
     weights = _weights_bytes(b.num_params, level, b.cfg, blocks)
     fits = b.fits(weights)
     name = level

@@ -114,6 +114,9 @@ def test_recommend_offers_the_files_own_blocks_first(tiny_files: dict[str, Path]
     assert estimate(path, "file", device="cpu").weights_bytes == rec.weights_bytes
     without = recommend(path, device="cpu", block_kernels=False)
     assert without.quantization != "file"
+    # a model with no blocks to keep: the app's Precision choice shows why "file" does not apply
+    other = estimate("default", "file", device="cpu")
+    assert other.fits == "no" and "GGUF file" in other.reason
 
 
 def test_the_file_level_refuses_models_it_cannot_run_in_place(default_model_dir: Path) -> None:

@@ -21,8 +21,8 @@ kernels often treat a partial block of rows differently); only invariant candida
 runs every bucket.
 
 **Cost.** A large matrix's big buckets (the lm_head's 64 rows) cost most of a load's measuring, so each kernel,
-bucket and round gets a budget of calls (:func:`time_kernel`: a long call is timed once a round, a short one up to
-:data:`_REPEATS` times), and a kernel already several times slower than the fastest at a bucket is not timed there
+bucket gets a budget of calls (:func:`time_kernel`: a long call is timed once a round, a short one up to
+:data:`_REPEATS` times; only the first round warms up), and a kernel already several times slower than the fastest at a bucket is not timed there
 again (:func:`outpaced`).
 
 **Noise.** On a shared machine other processes may hold the cores while a load measures, and a plan built on
@@ -63,9 +63,9 @@ MIN_GAIN = 0.15
 #: Noise (median call / best call - 1) up to which the best calls are trusted whatever the median calls choose.
 MAX_NOISE = 0.5
 _WARMUP, _REPEATS, _ROUNDS = 5, 5, 3
-#: Seconds of calls per kernel, bucket and round: warm-up calls stop once they took the first (one always runs),
-#: timed calls once they took the second (one always runs). A long call is timed once a round, short ones up to
-#: :data:`_REPEATS` times: the big buckets of a large matrix (the lm_head) cost most of a load's measuring.
+#: Seconds of calls per kernel and bucket: warm-up calls (first round only) stop once they took the first, timed
+#: calls (each round) once they took the second; one of each runs at least. A long call is timed once a round, short
+#: ones up to :data:`_REPEATS` times: the big buckets of a large matrix (the lm_head) cost most of a load's measuring.
 _WARMUP_BUDGET_S, _REPEAT_BUDGET_S = 0.03, 0.1
 #: After the first round, a kernel whose best call at a bucket is :data:`_OUTPACED` times the fastest kernel's
 #: there, and at least :data:`_LONG_CALL_US` long, is not timed at that bucket again: it cannot win it.
@@ -157,13 +157,9 @@ def _release_flush_buffer() -> None:
     _flush_buffer = None
 
 
-def time_kernel(kernel: Kernel, rows: int, in_features: int, dtype: torch.dtype) -> list[float]:
-    """The times of up to :data:`_REPEATS` calls on ``rows`` random rows, in microseconds (casts included, as run).
-
-    Warm-up and timed calls each stop at their budget (:data:`_WARMUP_BUDGET_S`, :data:`_REPEAT_BUDGET_S`), one
-    of each at least. The caches are flushed before every timed call: a model's layers together outgrow them, so in
-    a real step each weight comes from memory, and a warm-cache timing would flatter small matrices.
-    """
+def _caller(kernel: Kernel, rows: int, in_features: int, dtype: torch.dtype) -> Callable[[], float]:
+    """One call of ``kernel`` on ``rows`` random rows, as run (its input cast included); returns its seconds.
+    Call it in inference mode."""
     x = torch.randn(rows, in_features).to(dtype)
     cast = getattr(kernel, "input_dtype", None)
 
@@ -175,13 +171,29 @@ def time_kernel(kernel: Kernel, rows: int, in_features: int, dtype: torch.dtype)
             kernel(x)
         return time.perf_counter() - start
 
+    return call
+
+
+def warm_up(kernel: Kernel, rows: int, in_features: int, dtype: torch.dtype) -> None:
+    """Up to :data:`_WARMUP` untimed calls, until they took :data:`_WARMUP_BUDGET_S` (one at least): the first
+    calls at a row count pay one-off costs (allocations, packing, the kernel's own set-up)."""
+    call, spent = _caller(kernel, rows, in_features, dtype), 0.0
     with torch.inference_mode():
-        spent = 0.0
         for _ in range(_WARMUP):
             spent += call()
             if spent >= _WARMUP_BUDGET_S:
                 break
-        times: list[float] = []
+
+
+def time_kernel(kernel: Kernel, rows: int, in_features: int, dtype: torch.dtype) -> list[float]:
+    """The times of up to :data:`_REPEATS` calls on ``rows`` random rows, in microseconds (casts included, as run).
+
+    The calls stop once they took :data:`_REPEAT_BUDGET_S` (one runs at least). The caches are flushed before
+    every call: a model's layers together outgrow them, so in a real step each weight comes from memory, and a
+    warm-cache timing would flatter small matrices.
+    """
+    call, times = _caller(kernel, rows, in_features, dtype), list[float]()
+    with torch.inference_mode():
         while len(times) < _REPEATS and sum(times) < _REPEAT_BUDGET_S:
             _evict_caches()
             times.append(call())
@@ -207,7 +219,8 @@ def measure(kernels: Mapping[str, Kernel], in_features: int, dtype: torch.dtype)
 
     The rounds interleave the candidates, so a passing disturbance does not decide the plan alone; the median
     is taken over the calls of all rounds, so a disturbance lasting most of them shows in it. A kernel outpaced at
-    a bucket by the first round (:func:`outpaced`) is not timed there again.
+    a bucket by the first round (:func:`outpaced`) is not timed there again. Only the first round warms a kernel
+    up (:func:`warm_up`): later ones find its one-off costs paid.
     """
     samples: dict[str, list[list[float]]] = {name: [[] for _ in BUCKETS] for name in kernels}
     for round_ in range(_ROUNDS):
@@ -215,6 +228,8 @@ def measure(kernels: Mapping[str, Kernel], in_features: int, dtype: torch.dtype)
             for b, rows in enumerate(BUCKETS):
                 if round_ and outpaced(samples, name, b):
                     continue
+                if not round_:
+                    warm_up(kernel, rows, in_features, dtype)
                 samples[name][b].extend(time_kernel(kernel, rows, in_features, dtype))
     _release_flush_buffer()
     best = {name: [min(times) for times in by_bucket] for name, by_bucket in samples.items()}

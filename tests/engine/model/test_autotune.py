@@ -241,13 +241,23 @@ def test_long_calls_are_warmed_up_and_timed_fewer_times(monkeypatch: pytest.Monk
     monkeypatch.setattr(autotune, "_WARMUP_BUDGET_S", 0.01)
     monkeypatch.setattr(autotune, "_REPEAT_BUDGET_S", 0.03)
     quick = _Fake(1.0)
+    autotune.warm_up(quick, 4, 8, torch.float32)
+    assert quick.calls == autotune._WARMUP
     assert len(autotune.time_kernel(quick, 4, 8, torch.float32)) == autotune._REPEATS
-    assert quick.calls == autotune._WARMUP + autotune._REPEATS
     slow = _Sleeps(0.02)  # past the warm-up budget in one call, the timed budget in two
+    autotune.warm_up(slow, 4, 8, torch.float32)
     times = autotune.time_kernel(slow, 4, 8, torch.float32)
     assert slow.calls == 1 + 2 and len(times) == 2 and min(times) >= 20_000
     slower = _Sleeps(0.04)
-    assert len(autotune.time_kernel(slower, 4, 8, torch.float32)) == 1 and slower.calls == 2
+    assert len(autotune.time_kernel(slower, 4, 8, torch.float32)) == 1 and slower.calls == 1
+
+
+def test_only_the_first_round_warms_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    warmed: list[tuple[str, int]] = []
+    monkeypatch.setattr(autotune, "warm_up", lambda kernel, rows, in_features, dtype: warmed.append((kernel, rows)))
+    monkeypatch.setattr(autotune, "time_kernel", lambda kernel, rows, in_features, dtype: [1.0])
+    autotune.measure({"a": "ka", "b": "kb"}, 8, torch.float32)  # type: ignore[dict-item]
+    assert warmed == [(k, rows) for k in ("ka", "kb") for rows in BUCKETS]
 
 
 def test_a_kernel_far_slower_on_long_calls_is_timed_there_only_in_the_first_round(

@@ -3,16 +3,19 @@
 // file holds them, so a model costs its file's bytes per token, not four times them.
 //
 // As llama.cpp does, each call first quantizes the activations to int8 per block, once per row, shared by every
-// thread: blocks of 32 with d = max|x| / 127 (and, for Q4_1's offsets, the block's sum) against the 32-weight types;
-// blocks of 256 with the sums of each 16 (which carry the K types' offsets and minimums) against the K types. Each
+// thread: blocks of 32 with d = max|x| / 127 (and the block's sum, for Q4_0's -8 and Q4_1's offsets) against the
+// 32-weight types; blocks of 256 with the sums of each 16 (which carry the K types' offsets and minimums) against
+// the K types. Each
 // weight block then meets each activation block in one integer dot product (AVX2: VPMADDUBSW of unsigned weights by
 // signed activations, VPMADDWD by the sub-block scales), scaled once per block in fp32. The only rounding beyond
 // fp32 is the activations' to int8, which the tests reproduce exactly (tests/engine/model/test_gguf_kernels.py).
 //
-// One weight row meets up to 4 activation rows at once (each block decoded once for all of them), and the output
-// channels are split across threads in runs that stay in cache while every 4-row tile of the activations passes
-// over them: one row is a GEMV that streams the weights once; a prompt is a GEMM. Without AVX2 (and FMA and F16C),
-// plain loops compute the same sums.
+// A prompt is a GEMM: the activations are packed in groups of 8 rows, and one weight row meets a whole group at once
+// (each weight block decoded once for 8 rows, each pair's accumulator in a register); the output channels are split
+// across threads, in runs that stay in cache while every group passes over them. One row is a GEMV that streams the
+// weights once. Each (weight row, activation row) pair takes the same operations in the same order whatever the
+// tile, the row count or the thread split, so a row's output is the same bits whatever shares its call. Without
+// AVX2 (and FMA and F16C), plain loops compute the same sums.
 
 #include "gguf_kernels.h"
 
@@ -36,21 +39,14 @@
 namespace hearth {
 namespace {
 
-constexpr int64_t kTile = 4;       // activation rows per kernel call
-constexpr int64_t kRowRun = 32;    // output channels a thread finishes against every tile before the next run
 
-// Activations quantized against the 32-weight types: q ~ x / d, and s = d * sum(q) for Q4_1's offsets.
-struct Act32 {
+// One block of quantized activations as the plain dot products read it: q ~ x / d, s = d * sum(q) (32-weight
+// types), and the sums of each 16 q (K types).
+struct ActBlock {
+  const int8_t* q;
   float d;
   float s;
-  int8_t q[32];
-};
-
-// Activations quantized against the K types: q ~ x / d, with the sum of each 16 q.
-struct Act256 {
-  float d;
-  int16_t bsums[16];
-  int8_t q[256];
+  const int16_t* bsums;
 };
 
 inline float half_at(const uint8_t* p) {
@@ -78,7 +74,7 @@ inline void k_scales(const uint8_t* packed, uint8_t* sc, uint8_t* mn) {
 // are bit-identical; the build contracts no multiply-add across statements (ISO C++ mode).
 
 struct Q4_0 {
-  using Act = Act32;
+  static constexpr int64_t kActBlock = 32;
   static constexpr int64_t kWeights = 32, kBytes = 18;
   static void dequantize(const uint8_t* b, float* y) {
     const float d = half_at(b);
@@ -87,7 +83,7 @@ struct Q4_0 {
       y[l + 16] = d * static_cast<float>((b[2 + l] >> 4) - 8);
     }
   }
-  static float dot(const uint8_t* b, const Act& a) {
+  static float dot(const uint8_t* b, const ActBlock& a) {
     int32_t s = 0;
     for (int l = 0; l < 16; ++l) s += ((b[2 + l] & 0xF) - 8) * a.q[l] + ((b[2 + l] >> 4) - 8) * a.q[l + 16];
     return half_at(b) * a.d * static_cast<float>(s);
@@ -95,7 +91,7 @@ struct Q4_0 {
 };
 
 struct Q4_1 {
-  using Act = Act32;
+  static constexpr int64_t kActBlock = 32;
   static constexpr int64_t kWeights = 32, kBytes = 20;
   static void dequantize(const uint8_t* b, float* y) {
     const float d = half_at(b), m = half_at(b + 2);
@@ -105,7 +101,7 @@ struct Q4_1 {
       y[l + 16] = hi + m;
     }
   }
-  static float dot(const uint8_t* b, const Act& a) {
+  static float dot(const uint8_t* b, const ActBlock& a) {
     int32_t s = 0;
     for (int l = 0; l < 16; ++l) s += (b[4 + l] & 0xF) * a.q[l] + (b[4 + l] >> 4) * a.q[l + 16];
     return half_at(b) * a.d * static_cast<float>(s) + half_at(b + 2) * a.s;
@@ -113,13 +109,13 @@ struct Q4_1 {
 };
 
 struct Q8_0 {
-  using Act = Act32;
+  static constexpr int64_t kActBlock = 32;
   static constexpr int64_t kWeights = 32, kBytes = 34;
   static void dequantize(const uint8_t* b, float* y) {
     const float d = half_at(b);
     for (int l = 0; l < 32; ++l) y[l] = static_cast<float>(static_cast<int8_t>(b[2 + l])) * d;
   }
-  static float dot(const uint8_t* b, const Act& a) {
+  static float dot(const uint8_t* b, const ActBlock& a) {
     int32_t s = 0;
     for (int l = 0; l < 32; ++l) s += static_cast<int8_t>(b[2 + l]) * a.q[l];
     return half_at(b) * a.d * static_cast<float>(s);
@@ -131,7 +127,7 @@ struct Q8_0 {
 // l for weight l of sub-block j) before the nibbles.
 template <bool kFifthBit>
 struct QK45 {
-  using Act = Act256;
+  static constexpr int64_t kActBlock = 256;
   static constexpr int64_t kWeights = 256, kBytes = kFifthBit ? 176 : 144;
   static constexpr int64_t kNibbles = kFifthBit ? 48 : 16;
   static int quant(const uint8_t* b, int j, int l) {
@@ -150,7 +146,7 @@ struct QK45 {
       }
     }
   }
-  static float dot(const uint8_t* b, const Act& a) {
+  static float dot(const uint8_t* b, const ActBlock& a) {
     uint8_t sc[8], mn[8];
     k_scales(b + 4, sc, mn);
     int32_t sum = 0, mins = 0;
@@ -170,7 +166,7 @@ using Q5_K = QK45<true>;
 // h of 128 weights, the 32-weight run i takes nibble i / 2 of ql bytes 64h + 32(i % 2) + l and bits 2i of qh byte
 // 32h + l; q - 32 is the weight.
 struct Q6_K {
-  using Act = Act256;
+  static constexpr int64_t kActBlock = 256;
   static constexpr int64_t kWeights = 256, kBytes = 210;
   static int quant(const uint8_t* b, int e) {
     const int h = e / 128, i = (e % 128) / 32, l = e % 32;
@@ -185,7 +181,7 @@ struct Q6_K {
       for (int l = 0; l < 16; ++l) y[16 * g + l] = dl * static_cast<float>(quant(b, 16 * g + l));
     }
   }
-  static float dot(const uint8_t* b, const Act& a) {
+  static float dot(const uint8_t* b, const ActBlock& a) {
     int32_t sum = 0;
     for (int g = 0; g < 16; ++g) {
       int32_t s = 0;
@@ -262,28 +258,70 @@ int32_t quantize_block(const T* x, int64_t n, float* d_out, int8_t* q) {
 }
 #endif
 
-template <typename T>
-void quantize_row(const T* x, int64_t k, Act32* out) {
-  for (int64_t b = 0; b < k / 32; ++b) {
-    const int32_t sum = quantize_block(x + 32 * b, 32, &out[b].d, out[b].q);
-    out[b].s = out[b].d * static_cast<float>(sum);
-  }
-}
+// Every row's quantized activations, packed as the tiles read them: the rows in groups of `group` (the last one
+// holds what is left), and in a group of R rows, block by block, the R rows side by side: q [block][row][values],
+// d [block][row], the sums of each 16 q [block][row][16] (K types), and s = d * sum(q) in runs of eight blocks
+// [run][row][8] (the 32-weight types; zero past the last block).
+struct Acts {
+  int64_t m, k, size, nb, nbp, group;
+  std::vector<int8_t> q;
+  std::vector<float> d, s;
+  std::vector<int16_t> bsums;
 
-template <typename T>
-void quantize_row(const T* x, int64_t k, Act256* out) {
-  for (int64_t b = 0; b < k / 256; ++b) {
-    quantize_block(x + 256 * b, 256, &out[b].d, out[b].q);
-    for (int g = 0; g < 16; ++g) {
-      int32_t s = 0;
-      for (int l = 0; l < 16; ++l) s += out[b].q[16 * g + l];
-      out[b].bsums[g] = static_cast<int16_t>(s);
+  Acts(int64_t m_, int64_t k_, int64_t size_, int64_t group_)
+      : m(m_), k(k_), size(size_), nb(k_ / size_), nbp((k_ / size_ + 7) / 8 * 8), group(group_),
+        q(static_cast<size_t>(m_ * k_)), d(static_cast<size_t>(m_ * nb)),
+        s(size_ == 32 ? static_cast<size_t>(m_ * nbp) : 0), bsums(size_ == 256 ? static_cast<size_t>(m_ * k_ / 16) : 0) {}
+
+  // Row r's group: its first row and its row count.
+  int64_t first(int64_t r) const { return r / group * group; }
+  int64_t rows(int64_t r) const { return std::min(group, m - first(r)); }
+
+  template <typename X>
+  void quantize_row(const X* x, int64_t r) {
+    const int64_t r0 = first(r), rr = rows(r), i = r - r0;
+    for (int64_t b = 0; b < nb; ++b) {
+      int8_t* qb = q.data() + r0 * k + (b * rr + i) * size;
+      float* db = d.data() + r0 * nb + b * rr + i;
+      const int32_t sum = quantize_block(x + size * b, size, db, qb);
+      if (size == 32) {
+        s[static_cast<size_t>(r0 * nbp + (b / 8 * rr + i) * 8 + b % 8)] = *db * static_cast<float>(sum);
+      } else {
+        int16_t* sums = bsums.data() + r0 * (k / 16) + (b * rr + i) * 16;
+        for (int g = 0; g < 16; ++g) {
+          int32_t t = 0;
+          for (int l = 0; l < 16; ++l) t += qb[16 * g + l];
+          sums[g] = static_cast<int16_t>(t);
+        }
+      }
     }
   }
-}
 
-// --- the AVX2 kernels: one weight row against R activation rows -----------------------------------------------
-// w: the row's nb blocks; a: row 0's blocks, each next row nb blocks on; y[r * ys] receives row r's dot product.
+  ActBlock block(int64_t r, int64_t b) const {
+    const int64_t r0 = first(r), rr = rows(r), i = r - r0;
+    return {q.data() + r0 * k + (b * rr + i) * size, d[static_cast<size_t>(r0 * nb + b * rr + i)],
+            size == 32 ? s[static_cast<size_t>(r0 * nbp + (b / 8 * rr + i) * 8 + b % 8)] : 0.f,
+            size == 256 ? bsums.data() + r0 * (k / 16) + (b * rr + i) * 16 : nullptr};
+  }
+};
+
+// The group of rows from r0 as a tile reads it.
+struct ActView {
+  const int8_t* q;
+  const float* d;
+  const float* s;
+  const int16_t* bsums;
+  ActView(const Acts& a, int64_t r0)
+      : q(a.q.data() + r0 * a.k), d(a.d.data() + r0 * a.nb), s(a.s.empty() ? nullptr : a.s.data() + r0 * a.nbp),
+        bsums(a.bsums.empty() ? nullptr : a.bsums.data() + r0 * (a.k / 16)) {}
+};
+
+// --- the AVX2 tiles: NR weight rows against MR activation rows ------------------------------------------------
+// Each decoded weight block meets MR activation rows and each loaded activation block NR weight rows, in
+// registers. Every (weight row, activation row) pair has its own accumulator and the same sequence of operations in
+// every tile shape, so an output row's values are the same bits whatever else shares the call.
+// w: weight row 0's blocks, each next row ws bytes on; a: a group of MR activation rows; y[i * ldy + j] receives
+// activation row i times weight row j.
 
 #ifdef HEARTH_GGUF_AVX2
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
@@ -294,69 +332,92 @@ inline __m256i nibbles(const uint8_t* p) {
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
 }
 
-inline __m256 pairs_to_float(__m256i p) { return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1))); }
-
-// Runs step(b, acc, off) over a row's blocks with U sets of R accumulators (vector and scalar), U > 1 for few rows
-// so that successive blocks' multiply-adds do not wait on each other; then sums each row's into y.
-template <int R, typename Step>
-inline void over_blocks(int64_t nb, float* y, int64_t ys, Step&& step) {
-  constexpr int U = R == 1 ? 4 : (R == 2 ? 2 : 1);
-  __m256 acc[U][R];
-  float off[U][R] = {};
-  for (int u = 0; u < U; ++u) {
-    for (int r = 0; r < R; ++r) acc[u][r] = _mm256_setzero_ps();
-  }
-  int64_t b = 0;
-  for (; b + U <= nb; b += U) {
-    for (int u = 0; u < U; ++u) step(b + u, acc[u], off[u]);
-  }
-  for (; b < nb; ++b) step(b, acc[0], off[0]);
-  for (int r = 0; r < R; ++r) {
-    __m256 total = acc[0][r];
-    float offset = off[0][r];
-    for (int u = 1; u < U; ++u) {
-      total = _mm256_add_ps(total, acc[u][r]);
-      offset += off[u][r];
-    }
-    y[r * ys] = hsum_ps(total) + offset;
+template <int NR, int MR>
+inline void store_tile(const __m256 (&acc)[NR][MR], float* y, int64_t ldy) {
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) y[i * ldy + j] = hsum_ps(acc[j][i]);
   }
 }
 
-// Q4_0 and Q8_0: signed weights, so |w| times x with w's sign (VPMADDUBSW takes one unsigned operand).
-template <typename T, int R>
-void kernel_signed32(const uint8_t* w, int64_t nb, const Act32* a, float* y, int64_t ys) {
-  over_blocks<R>(nb, y, ys, [&](int64_t b, __m256* acc, float*) {
-    const uint8_t* blk = w + b * T::kBytes;
-    const __m256 dw = _mm256_set1_ps(half_at(blk));
-    __m256i q;
-    if constexpr (std::is_same_v<T, Q4_0>) {
-      q = _mm256_sub_epi8(nibbles(blk + 2), _mm256_set1_epi8(8));
-    } else {
-      q = load32(blk + 2);
-    }
-    const __m256i aq = _mm256_sign_epi8(q, q);
-    for (int r = 0; r < R; ++r) {
-      const Act32& x = a[r * nb + b];
-      const __m256 p = pairs_to_float(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(load32(x.q), q)));
-      acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_set1_ps(x.d)), acc[r]);
-    }
-  });
+inline uint16_t u16_at(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
 }
 
-template <int R>
-void kernel_q4_1(const uint8_t* w, int64_t nb, const Act32* a, float* y, int64_t ys) {
-  over_blocks<R>(nb, y, ys, [&](int64_t b, __m256* acc, float* off) {
-    const uint8_t* blk = w + b * Q4_1::kBytes;
-    const __m256 dw = _mm256_set1_ps(half_at(blk));
-    const float mw = half_at(blk + 2);
-    const __m256i q = nibbles(blk + 4);
-    for (int r = 0; r < R; ++r) {
-      const Act32& x = a[r * nb + b];
-      const __m256 p = pairs_to_float(_mm256_maddubs_epi16(q, load32(x.q)));
-      acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_set1_ps(x.d)), acc[r]);
-      off[r] += mw * x.s;
+// The fp16 values at p, p + stride, ... (count of them, the rest zero) as 8 floats.
+inline __m256 halves8(const uint8_t* p, int64_t stride, int64_t count) {
+  if (count == 8) {
+    __m128i v = _mm_cvtsi32_si128(u16_at(p));
+    v = _mm_insert_epi16(v, u16_at(p + stride), 1);
+    v = _mm_insert_epi16(v, u16_at(p + 2 * stride), 2);
+    v = _mm_insert_epi16(v, u16_at(p + 3 * stride), 3);
+    v = _mm_insert_epi16(v, u16_at(p + 4 * stride), 4);
+    v = _mm_insert_epi16(v, u16_at(p + 5 * stride), 5);
+    v = _mm_insert_epi16(v, u16_at(p + 6 * stride), 6);
+    v = _mm_insert_epi16(v, u16_at(p + 7 * stride), 7);
+    return _mm256_cvtph_ps(v);
+  }
+  uint16_t h[8] = {};
+  for (int64_t u = 0; u < count; ++u) h[u] = u16_at(p + u * stride);
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+}
+
+// Q4_0, Q4_1 and Q8_0, eight blocks at a time: their scales gathered into one vector (for Q4_1 also the
+// minimums). Q4_0's and Q4_1's nibbles go in unsigned (VPMADDUBSW takes them as they are), and the offset (Q4_0's
+// -8 times the scale, Q4_1's minimum) meets the eight activation blocks' sums in one multiply-add. Q8_0's weights
+// are signed, so |w| meets x with w's sign (VPMADDUBSW takes one unsigned operand).
+template <typename T, int NR, int MR>
+void tile32(const uint8_t* w, int64_t ws, int64_t nb, ActView a, float* y, int64_t ldy) {
+  constexpr bool kSigned = std::is_same_v<T, Q8_0>, kMin = std::is_same_v<T, Q4_1>;
+  constexpr int64_t kQuants = kMin ? 4 : 2;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[NR][MR];
+  for (int j = 0; j < NR; ++j) {
+    for (int i = 0; i < MR; ++i) acc[j][i] = _mm256_setzero_ps();
+  }
+  const int8_t* xq = a.q;
+  const float* xd = a.d;
+  const float* xs = a.s;
+  for (int64_t g = 0; g < nb; g += 8, xs += 8 * MR) {
+    const int64_t count = std::min<int64_t>(8, nb - g);
+    __m256 scale[NR];
+    for (int j = 0; j < NR; ++j) {
+      const uint8_t* blk = w + j * ws + g * T::kBytes;
+      scale[j] = halves8(blk, T::kBytes, count);
+      if constexpr (!kSigned) {
+        const __m256 o8 = kMin ? halves8(blk + 2, T::kBytes, count) : _mm256_mul_ps(scale[j], _mm256_set1_ps(-8.f));
+        for (int i = 0; i < MR; ++i) acc[j][i] = _mm256_fmadd_ps(o8, _mm256_loadu_ps(xs + 8 * i), acc[j][i]);
+      }
     }
-  });
+    __m256i lane = _mm256_setzero_si256();
+    for (int64_t u = 0; u < count; ++u, xq += 32 * MR, xd += MR) {
+      const uint8_t* blk = w + (g + u) * T::kBytes;
+      __m256i q[NR], aq[NR];
+      __m256 dw[NR];
+      for (int j = 0; j < NR; ++j) {
+        if constexpr (kSigned) {
+          q[j] = load32(blk + j * ws + kQuants);
+          aq[j] = _mm256_sign_epi8(q[j], q[j]);
+        } else {
+          q[j] = nibbles(blk + j * ws + kQuants);
+        }
+        dw[j] = _mm256_permutevar8x32_ps(scale[j], lane);
+      }
+      lane = _mm256_add_epi32(lane, _mm256_set1_epi32(1));
+      for (int i = 0; i < MR; ++i) {
+        const __m256i x = load32(xq + 32 * i);
+        const __m256 dx = _mm256_broadcast_ss(xd + i);
+        for (int j = 0; j < NR; ++j) {
+          const __m256i p16 =
+              kSigned ? _mm256_maddubs_epi16(aq[j], _mm256_sign_epi8(x, q[j])) : _mm256_maddubs_epi16(q[j], x);
+          const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+          acc[j][i] = _mm256_fmadd_ps(_mm256_mul_ps(dw[j], dx), p, acc[j][i]);
+        }
+      }
+    }
+  }
+  store_tile<NR, MR>(acc, y, ldy);
 }
 
 // k_scales in one vector: the 8 scales, then the 8 minimums (bytes), unpacked in 32-bit words.
@@ -375,132 +436,204 @@ inline __m256i lane16(__m256i v, int i) {
   return _mm256_shuffle_epi8(v, _mm256_set1_epi16(static_cast<int16_t>(((2 * i + 1) << 8) | (2 * i))));
 }
 
-template <bool kFifthBit, int R>
-void kernel_qk45(const uint8_t* w, int64_t nb, const Act256* a, float* y, int64_t ys) {
-  using T = QK45<kFifthBit>;
-  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = w + b * T::kBytes;
-    const float d = half_at(blk), dmin = half_at(blk + 2);
-    const __m256i both = _mm256_cvtepu8_epi16(k_scales_vec(blk + 4));
-    const __m128i sc128 = _mm256_castsi256_si128(both), mn128 = _mm256_extracti128_si256(both, 1);
-    const __m256i scales = _mm256_set_m128i(sc128, sc128);
-    const __m256i mins = _mm256_set_m128i(_mm_unpackhi_epi16(mn128, mn128), _mm_unpacklo_epi16(mn128, mn128));
-    __m256i sum[R];
-    for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
-    __m256i high = kFifthBit ? load32(blk + 16) : _mm256_setzero_si256();
-    for (int j = 0; j < 4; ++j) {
-      const __m256i bits = load32(blk + T::kNibbles + 32 * j);
-      __m256i lo = _mm256_and_si256(bits, low4), hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
-      if (kFifthBit) {
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(high, one), 4));
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 1), one), 4));
-        high = _mm256_srli_epi16(high, 2);
+// The K types' end of a super-block: each pair's integer sum scaled by d and the activation's d, less (Q4_K, Q5_K)
+// the minimums, the weights' per sub-block against the activations' sums of each 16, scaled by dmin.
+template <int NR, int MR>
+inline void k_accumulate(__m256 (&acc)[NR][MR], const __m256i (&sum)[NR][MR], const float (&d)[NR],
+                         const float* dmin, const __m256i* mins, const float* xd, const int16_t* bsums) {
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) {
+      acc[j][i] = _mm256_fmadd_ps(_mm256_set1_ps(d[j] * xd[i]), _mm256_cvtepi32_ps(sum[j][i]), acc[j][i]);
+      if (mins != nullptr) {
+        const __m256i m = _mm256_madd_epi16(load32(bsums + 16 * i), mins[j]);
+        acc[j][i] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin[j] * xd[i]), _mm256_cvtepi32_ps(m), acc[j][i]);
       }
-      const __m256i s_lo = lane16(scales, 2 * j), s_hi = lane16(scales, 2 * j + 1);
-      for (int r = 0; r < R; ++r) {
-        const int8_t* xq = a[r * nb + b].q + 64 * j;
-        const __m256i p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load32(xq)), s_lo);
-        const __m256i p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load32(xq + 32)), s_hi);
-        sum[r] = _mm256_add_epi32(sum[r], _mm256_add_epi32(p_lo, p_hi));
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      const Act256& x = a[r * nb + b];
-      const __m256i m = _mm256_madd_epi16(load32(x.bsums), mins);
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(sum[r]), acc[r]);
-      acc[r] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * x.d), _mm256_cvtepi32_ps(m), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) y[r * ys] = hsum_ps(acc[r]);
 }
 
-template <int R>
-void kernel_q6_k(const uint8_t* w, int64_t nb, const Act256* a, float* y, int64_t ys) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(3);
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = w + b * Q6_K::kBytes;
-    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
-    __m256i sum[R];
-    for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
-    for (int h = 0; h < 2; ++h) {
-      const __m256i qa = load32(blk + 64 * h), qb = load32(blk + 64 * h + 32), qh = load32(blk + 128 + 32 * h);
-      __m256i q[4];
-      q[0] = _mm256_or_si256(_mm256_and_si256(qa, low4), _mm256_slli_epi16(_mm256_and_si256(qh, low2), 4));
-      q[1] = _mm256_or_si256(_mm256_and_si256(qb, low4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), low2), 4));
-      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qa, 4), low4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), low2), 4));
-      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), low4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), low2), 4));
-      __m256i s[4];
-      for (int i = 0; i < 4; ++i) {  // run 4h + i covers scales 2(4h + i) and the next, 8 lanes each
-        const int64_t g = 2 * (4 * h + i);
-        const __m128i pick = _mm_set_epi64x(static_cast<int64_t>(0x0101010101010101ULL * (g + 1)),
-                                            static_cast<int64_t>(0x0101010101010101ULL * g));
-        s[i] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
+template <bool kFifthBit, int NR, int MR>
+void tile_qk45(const uint8_t* w, int64_t ws, int64_t nb, ActView a, float* y, int64_t ldy) {
+  using T = QK45<kFifthBit>;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  __m256 acc[NR][MR];
+  for (int j = 0; j < NR; ++j) {
+    for (int i = 0; i < MR; ++i) acc[j][i] = _mm256_setzero_ps();
+  }
+  const int8_t* xq = a.q;
+  for (int64_t b = 0; b < nb; ++b, xq += 256 * MR) {
+    float d[NR], dmin[NR];
+    __m256i scales[NR], mins[NR], high[NR];
+    __m256i sum[NR][MR];
+    for (int j = 0; j < NR; ++j) {
+      const uint8_t* blk = w + j * ws + b * T::kBytes;
+      d[j] = half_at(blk);
+      dmin[j] = half_at(blk + 2);
+      const __m256i both = _mm256_cvtepu8_epi16(k_scales_vec(blk + 4));
+      const __m128i sc128 = _mm256_castsi256_si128(both), mn128 = _mm256_extracti128_si256(both, 1);
+      scales[j] = _mm256_set_m128i(sc128, sc128);
+      mins[j] = _mm256_set_m128i(_mm_unpackhi_epi16(mn128, mn128), _mm_unpacklo_epi16(mn128, mn128));
+      high[j] = kFifthBit ? load32(blk + 16) : _mm256_setzero_si256();
+      for (int i = 0; i < MR; ++i) sum[j][i] = _mm256_setzero_si256();
+    }
+    for (int c = 0; c < 4; ++c) {
+      __m256i lo[NR], hi[NR], s_lo[NR], s_hi[NR];
+      for (int j = 0; j < NR; ++j) {
+        const __m256i bits = load32(w + j * ws + b * T::kBytes + T::kNibbles + 32 * c);
+        lo[j] = _mm256_and_si256(bits, low4);
+        hi[j] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
+        if (kFifthBit) {
+          lo[j] = _mm256_or_si256(lo[j], _mm256_slli_epi16(_mm256_and_si256(high[j], one), 4));
+          hi[j] = _mm256_or_si256(hi[j], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high[j], 1), one), 4));
+          high[j] = _mm256_srli_epi16(high[j], 2);
+        }
+        s_lo[j] = lane16(scales[j], 2 * c);
+        s_hi[j] = lane16(scales[j], 2 * c + 1);
       }
-      for (int r = 0; r < R; ++r) {
-        const int8_t* xq = a[r * nb + b].q + 128 * h;
-        for (int i = 0; i < 4; ++i) {
-          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[i], load32(xq + 32 * i)), s[i]);
-          sum[r] = _mm256_add_epi32(sum[r], p);
+      for (int i = 0; i < MR; ++i) {
+        const int8_t* x = xq + 256 * i + 64 * c;
+        for (int j = 0; j < NR; ++j) {
+          const __m256i p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo[j], load32(x)), s_lo[j]);
+          const __m256i p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi[j], load32(x + 32)), s_hi[j]);
+          sum[j][i] = _mm256_add_epi32(sum[j][i], _mm256_add_epi32(p_lo, p_hi));
         }
       }
     }
-    const __m256i scales = _mm256_cvtepi8_epi16(sc8);
-    const __m256 d = _mm256_set1_ps(half_at(blk + 208));
-    for (int r = 0; r < R; ++r) {  // the weights are q - 32: take 32 times the scaled block sums back off
-      const Act256& x = a[r * nb + b];
-      const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(load32(x.bsums), scales), 5);
-      const __m256i total = _mm256_sub_epi32(sum[r], offset);
-      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x.d)), _mm256_cvtepi32_ps(total), acc[r]);
-    }
+    k_accumulate<NR, MR>(acc, sum, d, dmin, mins, a.d + b * MR, a.bsums + b * MR * 16);
   }
-  for (int r = 0; r < R; ++r) y[r * ys] = hsum_ps(acc[r]);
+  store_tile<NR, MR>(acc, y, ldy);
 }
 
-template <typename T, int R>
-void kernel(const uint8_t* w, int64_t nb, const typename T::Act* a, float* y, int64_t ys) {
-  if constexpr (std::is_same_v<T, Q4_0>) {
-    kernel_signed32<Q4_0, R>(w, nb, a, y, ys);
-  } else if constexpr (std::is_same_v<T, Q4_1>) {
-    kernel_q4_1<R>(w, nb, a, y, ys);
-  } else if constexpr (std::is_same_v<T, Q8_0>) {
-    kernel_signed32<Q8_0, R>(w, nb, a, y, ys);
+template <int NR, int MR>
+void tile_q6_k(const uint8_t* w, int64_t ws, int64_t nb, ActView a, float* y, int64_t ldy) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(3);
+  __m256 acc[NR][MR];
+  for (int j = 0; j < NR; ++j) {
+    for (int i = 0; i < MR; ++i) acc[j][i] = _mm256_setzero_ps();
+  }
+  const int8_t* xq = a.q;
+  for (int64_t b = 0; b < nb; ++b, xq += 256 * MR) {
+    __m256i sum[NR][MR];
+    float d[NR];
+    for (int j = 0; j < NR; ++j) {
+      d[j] = half_at(w + j * ws + b * Q6_K::kBytes + 208);
+      for (int i = 0; i < MR; ++i) sum[j][i] = _mm256_setzero_si256();
+    }
+    for (int h = 0; h < 2; ++h) {
+      __m256i s16[NR];  // this half's 8 scales as int16, in both 128-bit halves: run r takes lanes 2r and 2r + 1
+      for (int j = 0; j < NR; ++j) {
+        const __m128i sc = _mm_cvtepi8_epi16(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + j * ws + b * Q6_K::kBytes + 192 + 8 * h)));
+        s16[j] = _mm256_set_m128i(sc, sc);
+      }
+      for (int r = 0; r < 4; ++r) {  // run 4h + r: 32 weights, two scales of 16
+        __m256i q[NR], s[NR];
+        for (int j = 0; j < NR; ++j) {
+          const uint8_t* blk = w + j * ws + b * Q6_K::kBytes;
+          const __m256i ql = load32(blk + 64 * h + 32 * (r % 2)), qh = load32(blk + 128 + 32 * h);
+          const __m256i lo = _mm256_and_si256(r < 2 ? ql : _mm256_srli_epi16(ql, 4), low4);
+          const __m256i hi = _mm256_and_si256(r == 0 ? qh : _mm256_srli_epi16(qh, 2 * r), low2);
+          q[j] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+          const char l0 = static_cast<char>(4 * r), l1 = static_cast<char>(4 * r + 1),
+                     h0 = static_cast<char>(4 * r + 2), h1 = static_cast<char>(4 * r + 3);
+          s[j] = _mm256_shuffle_epi8(s16[j], _mm256_setr_epi8(l0, l1, l0, l1, l0, l1, l0, l1, l0, l1, l0, l1, l0, l1, l0,
+                                                              l1, h0, h1, h0, h1, h0, h1, h0, h1, h0, h1, h0, h1, h0,
+                                                              h1, h0, h1));
+        }
+        for (int i = 0; i < MR; ++i) {
+          const __m256i x = load32(xq + 256 * i + 128 * h + 32 * r);
+          for (int j = 0; j < NR; ++j) {
+            sum[j][i] = _mm256_add_epi32(sum[j][i], _mm256_madd_epi16(_mm256_maddubs_epi16(q[j], x), s[j]));
+          }
+        }
+      }
+    }
+    const int16_t* bsums = a.bsums + b * MR * 16;
+    for (int j = 0; j < NR; ++j) {  // the weights are q - 32: take 32 times the scaled block sums back off
+      const __m256i scales = _mm256_cvtepi8_epi16(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + j * ws + b * Q6_K::kBytes + 192)));
+      for (int i = 0; i < MR; ++i) {
+        const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(load32(bsums + 16 * i), scales), 5);
+        sum[j][i] = _mm256_sub_epi32(sum[j][i], offset);
+      }
+    }
+    k_accumulate<NR, MR>(acc, sum, d, nullptr, nullptr, a.d + b * MR, bsums);
+  }
+  store_tile<NR, MR>(acc, y, ldy);
+}
+
+template <typename T, int NR, int MR>
+void tile(const uint8_t* w, int64_t ws, int64_t nb, ActView a, float* y, int64_t ldy) {
+  if constexpr (T::kWeights == 32) {
+    tile32<T, NR, MR>(w, ws, nb, a, y, ldy);
   } else if constexpr (std::is_same_v<T, Q4_K>) {
-    kernel_qk45<false, R>(w, nb, a, y, ys);
+    tile_qk45<false, NR, MR>(w, ws, nb, a, y, ldy);
   } else if constexpr (std::is_same_v<T, Q5_K>) {
-    kernel_qk45<true, R>(w, nb, a, y, ys);
+    tile_qk45<true, NR, MR>(w, ws, nb, a, y, ldy);
   } else {
-    kernel_q6_k<R>(w, nb, a, y, ys);
+    tile_q6_k<NR, MR>(w, ws, nb, a, y, ldy);
   }
 }
+
+// The tile shape per block type: NR weight rows by MR activation rows for several rows, NR1 weight rows for one.
+// One weight row at a time streams the weights in order and leaves registers for 8 activation rows; only Q8_0's
+// one-row GEMV gains from four weight rows at once (independent chains for its one multiply-add per block).
+template <typename T>
+struct Shape {
+  static constexpr int kNR = 1;
+  static constexpr int kMR = 8;
+  static constexpr int kNR1 = std::is_same_v<T, Q8_0> ? 4 : 1;
+};
+
+using View = ActView;
 #else
-template <typename T, int R>
-void kernel(const uint8_t* w, int64_t nb, const typename T::Act* a, float* y, int64_t ys) {
-  for (int r = 0; r < R; ++r) {
-    float acc = 0.f;
-    for (int64_t b = 0; b < nb; ++b) acc += T::dot(w + b * T::kBytes, a[r * nb + b]);
-    y[r * ys] = acc;
+// Without AVX2: one weight row against one activation row, block by block.
+struct View {
+  const Acts& acts;
+  int64_t r0;
+  View(const Acts& a, int64_t r) : acts(a), r0(r) {}
+};
+
+template <typename T, int NR, int MR>
+void tile(const uint8_t* w, int64_t ws, int64_t nb, View a, float* y, int64_t ldy) {
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) {
+      float acc = 0.f;
+      for (int64_t b = 0; b < nb; ++b) acc += T::dot(w + j * ws + b * T::kBytes, a.acts.block(a.r0 + i, b));
+      y[i * ldy + j] = acc;
+    }
   }
 }
+
+template <typename T>
+struct Shape {
+  static constexpr int kNR = 1, kMR = 1, kNR1 = 1;
+};
 #endif
+
 
 // --- the drivers -----------------------------------------------------------------------------------------------
 
+// Calls tile<T, nr, mr> for run-time nr <= NR, mr <= MR.
+template <typename T, int NR, int MR, typename... Args>
+void dispatch(int nr, int mr, Args&&... args) {
+  if constexpr (NR > 1) {
+    if (nr < NR) return dispatch<T, NR - 1, MR>(nr, mr, std::forward<Args>(args)...);
+  }
+  if constexpr (MR > 1) {
+    if (mr < MR) return dispatch<T, NR, MR - 1>(nr, mr, std::forward<Args>(args)...);
+  }
+  tile<T, NR, MR>(std::forward<Args>(args)...);
+}
+
 template <typename T>
 void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
-  using Act = typename T::Act;
+  constexpr int kNR = Shape<T>::kNR, kMR = Shape<T>::kMR, kNR1 = Shape<T>::kNR1;
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0), nb = k / T::kWeights, row_bytes = w.size(1);
-  std::vector<Act> acts(static_cast<size_t>(m * nb));
+  Acts acts(m, k, T::kActBlock, kMR);
   const auto quantize = [&](auto* xp) {
     at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) quantize_row(xp + r * k, k, acts.data() + r * nb);
+      for (int64_t r = begin; r < end; ++r) acts.quantize_row(xp + r * k, r);
     });
   };
   if (x.scalar_type() == at::kFloat) {
@@ -510,21 +643,21 @@ void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   }
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
-  const Act* ap = acts.data();
-  at::parallel_for(0, n, m == 1 ? 64 : kRowRun, [&](int64_t n0, int64_t n1) {
-    for (int64_t j0 = n0; j0 < n1; j0 += kRowRun) {
-      const int64_t j1 = std::min(n1, j0 + kRowRun);
-      for (int64_t r = 0; r < m; r += kTile) {
-        const int64_t rows = std::min(kTile, m - r);
-        for (int64_t j = j0; j < j1; ++j) {
-          const uint8_t* wr = wp + j * row_bytes;
-          const Act* ar = ap + r * nb;
-          float* yr = yp + r * n + j;
-          switch (rows) {
-            case 4: kernel<T, 4>(wr, nb, ar, yr, n); break;
-            case 3: kernel<T, 3>(wr, nb, ar, yr, n); break;
-            case 2: kernel<T, 2>(wr, nb, ar, yr, n); break;
-            default: kernel<T, 1>(wr, nb, ar, yr, n); break;
+  const int64_t nr_max = m == 1 ? kNR1 : kNR;
+  // Output channels per chunk: their blocks stay in cache while every activation group passes over them.
+  const int64_t chunk = std::max<int64_t>(nr_max, (m == 1 ? 24576 : 131072) / row_bytes / nr_max * nr_max);
+  at::parallel_for(0, n, m == 1 ? 64 : 2 * nr_max, [&](int64_t n0, int64_t n1) {
+    for (int64_t j0 = n0; j0 < n1; j0 += chunk) {
+      const int64_t j1 = std::min(n1, j0 + chunk);
+      for (int64_t i0 = 0; i0 < m; i0 += kMR) {
+        const int mr = static_cast<int>(acts.rows(i0));
+        const View a(acts, i0);
+        for (int64_t j = j0; j < j1; j += nr_max) {
+          const int nr = static_cast<int>(std::min(nr_max, j1 - j));
+          if (m == 1) {
+            dispatch<T, kNR1, 1>(nr, mr, wp + j * row_bytes, row_bytes, nb, a, yp + i0 * n + j, n);
+          } else {
+            dispatch<T, kNR, kMR>(nr, mr, wp + j * row_bytes, row_bytes, nb, a, yp + i0 * n + j, n);
           }
         }
       }

@@ -4,7 +4,9 @@ Every block type gets random valid blocks (random quant bytes, sane fp16 scales)
 two. ``gguf_dequantize`` must give gguf's own numpy dequantize bit for bit. ``gguf_mm`` quantizes its activations
 to int8 per block (d = max|x| / 127, q rounded to nearest even); the test quantizes them the same way in numpy, so
 the kernel must match the float64 product of both dequantized sides to fp32 rounding, and the unquantized product
-within the int8 activations' error. A copy built without AVX2 must agree with this CPU's.
+within the int8 activations' error. Each output row must be the same bits whatever else shares the call (row count,
+tile, thread split), so that a greedy reply never depends on its batch. A copy built without AVX2 must agree with this
+CPU's.
 """
 
 from __future__ import annotations
@@ -100,6 +102,29 @@ def test_matmul_matches_the_dequantized_product(hearth: object, qtype: T, n: int
         exact = quantized_activations(x, activation_block(qtype)) @ dense.T
         assert relative_error(y, exact) < 1e-5, (m, relative_error(y, exact))
         assert relative_error(y, x.astype(np.float64) @ dense.T) < 6e-2, m  # int8 activations: their own error
+
+
+@pytest.mark.parametrize("qtype", list(BLOCKS), ids=lambda t: t.name)
+def test_each_row_is_the_same_bits_whatever_shares_the_call(hearth: object, qtype: T) -> None:
+    k = 544 if BLOCKS[qtype][0] == 32 else 768  # 17 blocks of 32 (a partial run of 8), or 3 super-blocks
+    rng = np.random.default_rng(int(qtype) + 5)
+    w = torch.from_numpy(random_blocks(qtype, 37, k, rng))
+    x = torch.from_numpy(rng.standard_normal((41, k)).astype(np.float32))
+    full = hearth.gguf_mm(x, w, int(qtype))  # type: ignore[attr-defined]
+    for m in (1, 2, 7, 8, 9, 16, 17, 41):
+        assert torch.equal(hearth.gguf_mm(x[:m], w, int(qtype)), full[:m]), m  # type: ignore[attr-defined]
+    for i in range(41):
+        assert torch.equal(hearth.gguf_mm(x[i : i + 1], w, int(qtype)), full[i : i + 1]), i  # type: ignore[attr-defined]
+    for rows in ([40, 3, 17], [5, 1, 33, 8, 2, 9, 30, 12, 0, 39], list(range(40, 0, -3))):
+        assert torch.equal(hearth.gguf_mm(x[rows], w, int(qtype)), full[rows]), rows  # type: ignore[attr-defined]
+    assert torch.equal(hearth.gguf_mm(x, w[5:], int(qtype)), full[:, 5:])  # type: ignore[attr-defined]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(hearth.gguf_mm(x, w, int(qtype)), full)  # type: ignore[attr-defined]
+        assert torch.equal(hearth.gguf_mm(x[3:4], w, int(qtype)), full[3:4])  # type: ignore[attr-defined]
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("qtype", list(BLOCKS), ids=lambda t: t.name)

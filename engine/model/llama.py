@@ -224,6 +224,11 @@ class FusedDecoder:
         """The kernel of the LM head."""
         return self._stack.lm_head
 
+    def block_types(self) -> list[str]:
+        """The GGUF block types the layers run, sorted (the "file" level; empty for other kernels)."""
+        kernels = [k for layer in self._stack.layers for k in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        return sorted({s.name for k in [*kernels, self._stack.lm_head] for s in getattr(k, "segments", ())})
+
     @property
     def extra_bytes(self) -> int:
         """Bytes of weights held outside the HF model's parameters (quantized, packed or dense copies).

@@ -150,7 +150,10 @@ class ModelRunner:
     def _signature(self) -> str:
         """Names the model and its kernels, for the native step's verdict cache."""
         c = self.config
-        return f"{c.model_type} {c.hidden_size}x{c.num_hidden_layers} {self.weight_quantization or self.dtype}"
+        level = self.weight_quantization or str(self.dtype)
+        if self.weight_quantization == "file" and self._decoder is not None:  # a Q4_0 file is not a Q4_K_M file
+            level += " " + "+".join(self._decoder.block_types())
+        return f"{c.model_type} {c.hidden_size}x{c.num_hidden_layers} {level}"
 
     def enable_native(self, mode: str) -> str:
         """Native decode steps in ``mode`` (``EngineConfig.native``); returns how steps run, for the log."""

@@ -181,3 +181,11 @@ def test_the_bench_times_decode_and_a_fresh_prefill_at_the_file_level(
     prefill = next(r for r in rows if r["system"] == "prefill")
     assert prefill["prompt_tokens"] == 48 and prefill["hearth_tok_s"] > 0
     assert {r["concurrency"] for r in rows if r["system"] == "hearth"} == {1, 2}
+
+
+def test_native_verdicts_are_kept_per_block_mix(tiny_files: dict[str, Path], open_llm: Callable[..., LLM]) -> None:
+    """Whether the native step beats eager is cached per model signature: files of one shape in different block
+    types must not share a verdict."""
+    signatures = {kind: open_llm(tiny_files[kind], "file").engine.runner._signature() for kind in ("Q4_K_M", "Q4_0")}
+    assert signatures["Q4_K_M"] != signatures["Q4_0"]
+    assert "Q4_K" in signatures["Q4_K_M"] and "Q6_K" in signatures["Q4_K_M"] and "Q4_0" in signatures["Q4_0"]

@@ -308,6 +308,10 @@ def estimate(model: Any, level: str, hardware: Any = None, context_length: int |
     info = hardware if hardware is not None else fake_hardware()
     free = info.ram_available_bytes
     context = context_length or _CONTEXT
+    if level == "file":  # the fake model is no GGUF file: the real estimate says so, and fits "no"
+        return Recommendation("cpu", level, "no", 0, _KV_PER_TOKEN, _KV_PER_TOKEN * context, free,
+                              "The 'file' precision runs a GGUF file's own blocks on the CPU; this model is not a "
+                              "GGUF file.", FAKE_NUM_PARAMETERS, context)
     weights = int(FAKE_NUM_PARAMETERS * BYTES_PER_PARAM[level])
     need = weights + _KV_PER_TOKEN * context
     fits = "no" if need > free * 0.95 else "tight" if need > free * 0.75 else "yes"

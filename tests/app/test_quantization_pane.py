@@ -62,7 +62,9 @@ def test_one_precision_choice_sets_the_dtype_too(qtbot: Any, window: MainWindow)
     assert window.findChild(QComboBox, "dtypeCombo") is None  # no second, overlapping menu
     _wait_recommendation(qtbot, window)
     combo = ui_flows.child(window, QComboBox, "quantizationCombo")
-    assert [combo.itemData(i) for i in range(combo.count())] == ["auto", "fp32", "bf16", "fp16", "int8", "int4"]
+    assert [combo.itemData(i) for i in range(combo.count())] == [
+        "auto", "fp32", "bf16", "fp16", "int8", "int4", "file"
+    ]
     combo.setCurrentIndex(combo.findData("fp32"))
     ui_flows.load_model(qtbot, window)
     llm = FakeLLM.instances[-1]
@@ -83,5 +85,6 @@ def test_bridge_recommends_each_level(qtbot: Any, bridge: Any) -> None:
     advice = blocker.args[0]
     assert isinstance(advice, QuantizationAdvice) and advice.spec == "default" and advice.device == "cpu"
     assert advice.recommendation.quantization == "int8" and not advice.error
-    assert set(advice.estimates) == {"fp32", "bf16", "fp16", "int8", "int4"}
+    assert set(advice.estimates) == {"fp32", "bf16", "fp16", "int8", "int4", "file"}
     assert advice.estimates["bf16"].fits == "no" and advice.estimates["int4"].fits == "yes"
+    assert advice.estimates["file"].fits == "no" and "GGUF" in advice.estimates["file"].reason  # no blocks to keep

@@ -66,24 +66,29 @@ def running_server(
         stop(process, 10)
 
 
-def _stream_completion(server: LlamaServer, prompt: list[int], max_tokens: int, times: list[float]) -> None:
-    """One streamed ``/completion``; appends a timestamp per generated token to ``times``."""
-    body = json.dumps(
-        {
-            "prompt": prompt,
-            "n_predict": max_tokens,
-            "ignore_eos": True,
-            "temperature": 0.0,
-            "stream": True,
-            "cache_prompt": True,
-        }
-    )
+@contextmanager
+def _completion(server: LlamaServer, body: dict[str, object]) -> Iterator[http.client.HTTPResponse]:
+    """One POST to ``/completion``: yields the response once it answers 200; a dead server raises ServerDied."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=_REQUEST_TIMEOUT_S)
     try:
-        conn.request("POST", "/completion", body=body, headers={"Content-Type": "application/json"})
+        conn.request("POST", "/completion", body=json.dumps(body), headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         if resp.status != 200:
             raise ServerDied(f"llama-server answered {resp.status}: {resp.read()[:200]!r}")
+        yield resp
+    except (OSError, http.client.HTTPException) as exc:
+        if not server.alive():
+            raise ServerDied(f"llama-server exited with status {server.process.returncode}") from exc
+        raise
+    finally:
+        conn.close()
+
+
+def _stream_completion(server: LlamaServer, prompt: list[int], max_tokens: int, times: list[float]) -> None:
+    """One streamed ``/completion``; appends a timestamp per generated token to ``times``."""
+    body = {"prompt": prompt, "n_predict": max_tokens, "ignore_eos": True, "temperature": 0.0, "stream": True,
+            "cache_prompt": True}
+    with _completion(server, body) as resp:
         for raw in resp:
             line = raw.strip()
             if not line.startswith(b"data: "):
@@ -94,33 +99,14 @@ def _stream_completion(server: LlamaServer, prompt: list[int], max_tokens: int, 
                 times.extend([time.perf_counter()] * max(predicted - len(times), 0))  # tokens sent together
                 break
             times.append(time.perf_counter())
-    except (OSError, http.client.HTTPException) as exc:
-        if not server.alive():
-            raise ServerDied(f"llama-server exited with status {server.process.returncode}") from exc
-        raise
-    finally:
-        conn.close()
 
 
 def prefill_seconds(server: LlamaServer, prompt: list[int]) -> float:
     """Wall time of one request that reads ``prompt`` (no prompt cache) and answers one token."""
-    body = json.dumps({"prompt": prompt, "n_predict": 1, "temperature": 0.0, "cache_prompt": False})
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=_REQUEST_TIMEOUT_S)
-    try:
-        start = time.perf_counter()
-        conn.request("POST", "/completion", body=body, headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        payload = resp.read()
-        elapsed = time.perf_counter() - start
-    except (OSError, http.client.HTTPException) as exc:
-        if not server.alive():
-            raise ServerDied(f"llama-server exited with status {server.process.returncode}") from exc
-        raise
-    finally:
-        conn.close()
-    if resp.status != 200:
-        raise ServerDied(f"llama-server answered {resp.status}: {payload[:200]!r}")
-    return elapsed
+    start = time.perf_counter()
+    with _completion(server, {"prompt": prompt, "n_predict": 1, "temperature": 0.0, "cache_prompt": False}) as resp:
+        resp.read()
+    return time.perf_counter() - start
 
 
 def bench_server(server: LlamaServer, prompts: list[list[int]], max_tokens: int) -> Timings:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.model import native, native_build
+from engine.model import native_build
 
 gguf = pytest.importorskip("gguf")
 T = gguf.GGMLQuantizationType
@@ -28,14 +28,6 @@ BLOCKS = {T.Q4_0: (32, 18), T.Q4_1: (32, 20), T.Q8_0: (32, 34), T.Q4_K: (256, 14
           T.Q6_K: (256, 210)}
 ROWS = (1, 3, 5, 17, 64)
 SHAPES = ((96, 512), (96, 768))
-
-
-@pytest.fixture(scope="module")
-def hearth() -> object:
-    problem = native.EXTENSION.start(wait=True)
-    if problem is not None:
-        pytest.skip(problem)
-    return torch.ops.hearth
 
 
 def random_blocks(qtype: T, n: int, k: int, rng: np.random.Generator) -> np.ndarray:

@@ -19,22 +19,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.model import native
-
 #: ggml type name -> (number, weights per block, bytes per block, offset of its fp16 scale(s), how many)
 TYPES = {"Q4_K": (12, 256, 144, 0, 2), "Q6_K": (14, 256, 210, 208, 1)}
 N, K = 1024, 2048
 #: m -> the most the kernel's time may be, as a multiple of the reference's (median against median)
 CEILINGS = {1: 1.0, 128: 1.5}
 ROUNDS = 11
-
-
-@pytest.fixture(scope="module")
-def hearth() -> object:
-    problem = native.EXTENSION.start(wait=True)
-    if problem is not None:
-        pytest.skip(problem)
-    return torch.ops.hearth
 
 
 @pytest.fixture

@@ -91,7 +91,8 @@ def build(path: Path, march: tuple[str, ...] | None = None, warnings_as_errors: 
     compile_cmd = [cxx, *flags, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
     for include in include_paths():
         compile_cmd += ["-isystem", include]
-    units = [source for source in sources() if source.suffix == ".cpp"]
+    # Largest first: the units compile side by side, and the longest one must not start last.
+    units = sorted((source for source in sources() if source.suffix == ".cpp"), key=lambda p: -p.stat().st_size)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.stem}-") as scratch:
         objects = [Path(scratch) / f"{unit.stem}.o" for unit in units]
         steps = [[*compile_cmd, "-c", str(unit), "-o", str(obj)] for unit, obj in zip(units, objects, strict=True)]

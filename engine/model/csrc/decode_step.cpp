@@ -16,7 +16,10 @@
 // registers the ops. Built by engine/model/native_build.py and loaded by engine/model/native.py; registered as
 // torch.ops.hearth.decode_layers.
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
 #include <cstdint>
@@ -187,6 +190,7 @@ TORCH_LIBRARY(hearth, m) {
   m.def("int4_vnni_mm(Tensor x, Tensor packed, int group, Tensor scales_zeros) -> Tensor", &hearth::int4_vnni_mm);
   m.def("int8_vnni_mm(Tensor x, Tensor w, Tensor scales, bool gemv) -> Tensor", &hearth::int8_vnni_mm);
   m.def("gguf_mm(Tensor x, Tensor w, int type) -> Tensor", &hearth::gguf_mm);
+  m.def("gguf_mm_plain(Tensor x, Tensor w, int type) -> Tensor", &hearth::gguf_mm_plain);
   m.def("gguf_dequantize(Tensor w, int type) -> Tensor", &hearth::gguf_dequantize);
   m.def(
       "decode_layers(int handle, Tensor x, Tensor cos, Tensor sin, Tensor(a!) k_pool, Tensor(b!) v_pool, "

@@ -19,7 +19,8 @@
 
 #include "gguf_kernels.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -195,7 +196,28 @@ struct Q6_K {
 // --- activations ---------------------------------------------------------------------------------------------------
 // Per block of n values: d = max|x| / 127, q = x * (1 / d) rounded to nearest even (0 where d is 0). Returns sum(q).
 
+// The plain loops are compiled into every build: the kernels on a CPU without AVX2, and on every other one the
+// reference the AVX2 tiles are tested against (torch.ops.hearth.gguf_mm_plain).
+namespace plain {
+template <typename T>
+int32_t quantize_block(const T* x, int64_t n, float* d_out, int8_t* q) {
+  float amax = 0.f;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(static_cast<float>(x[i])));
+  const float d = amax / 127.f;
+  const float id = d != 0.f ? 1.f / d : 0.f;
+  int32_t sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = static_cast<float>(x[i]) * id;
+    q[i] = static_cast<int8_t>(std::nearbyint(v));
+    sum += q[i];
+  }
+  *d_out = d;
+  return sum;
+}
+}  // namespace plain
+
 #ifdef HEARTH_GGUF_AVX2
+namespace avx2 {
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const c10::BFloat16* p) {
   const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -240,22 +262,7 @@ int32_t quantize_block(const T* x, int64_t n, float* d_out, int8_t* q) {
   *d_out = d;
   return hsum_i32(sum);
 }
-#else
-template <typename T>
-int32_t quantize_block(const T* x, int64_t n, float* d_out, int8_t* q) {
-  float amax = 0.f;
-  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(static_cast<float>(x[i])));
-  const float d = amax / 127.f;
-  const float id = d != 0.f ? 1.f / d : 0.f;
-  int32_t sum = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = static_cast<float>(x[i]) * id;
-    q[i] = static_cast<int8_t>(std::nearbyint(v));
-    sum += q[i];
-  }
-  *d_out = d;
-  return sum;
-}
+}  // namespace avx2
 #endif
 
 // Every row's quantized activations, packed as the tiles read them: the rows in groups of `group` (the last one
@@ -277,13 +284,18 @@ struct Acts {
   int64_t first(int64_t r) const { return r / group * group; }
   int64_t rows(int64_t r) const { return std::min(group, m - first(r)); }
 
-  template <typename X>
+  template <bool kPlain, typename X>
   void quantize_row(const X* x, int64_t r) {
     const int64_t r0 = first(r), rr = rows(r), i = r - r0;
     for (int64_t b = 0; b < nb; ++b) {
       int8_t* qb = q.data() + r0 * k + (b * rr + i) * size;
       float* db = d.data() + r0 * nb + b * rr + i;
-      const int32_t sum = quantize_block(x + size * b, size, db, qb);
+#ifdef HEARTH_GGUF_AVX2
+      const int32_t sum = kPlain ? plain::quantize_block(x + size * b, size, db, qb)
+                                 : avx2::quantize_block(x + size * b, size, db, qb);
+#else
+      const int32_t sum = plain::quantize_block(x + size * b, size, db, qb);
+#endif
       if (size == 32) {
         s[static_cast<size_t>(r0 * nbp + (b / 8 * rr + i) * 8 + b % 8)] = *db * static_cast<float>(sum);
       } else {
@@ -324,6 +336,7 @@ struct ActView {
 // activation row i times weight row j.
 
 #ifdef HEARTH_GGUF_AVX2
+namespace avx2 {
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
 // 16 bytes of nibbles as 32 bytes: the low nibbles, then the high ones.
@@ -586,8 +599,11 @@ struct Shape {
 };
 
 using View = ActView;
-#else
-// Without AVX2: one weight row against one activation row, block by block.
+}  // namespace avx2
+#endif
+
+namespace plain {
+// One weight row against one activation row, block by block.
 struct View {
   const Acts& acts;
   int64_t r0;
@@ -609,31 +625,56 @@ template <typename T>
 struct Shape {
   static constexpr int kNR = 1, kMR = 1, kNR1 = 1;
 };
+}  // namespace plain
+
+// The two kernel families as template arguments of the drivers.
+struct PlainLoops {
+  static constexpr bool kPlain = true;
+  template <typename T>
+  using Shape = plain::Shape<T>;
+  using View = plain::View;
+  template <typename T, int NR, int MR, typename... Args>
+  static void tile(Args&&... args) { plain::tile<T, NR, MR>(std::forward<Args>(args)...); }
+};
+
+#ifdef HEARTH_GGUF_AVX2
+struct Avx2Tiles {
+  static constexpr bool kPlain = false;
+  template <typename T>
+  using Shape = avx2::Shape<T>;
+  using View = avx2::View;
+  template <typename T, int NR, int MR, typename... Args>
+  static void tile(Args&&... args) { avx2::tile<T, NR, MR>(std::forward<Args>(args)...); }
+};
+using FastKernels = Avx2Tiles;
+#else
+using FastKernels = PlainLoops;
 #endif
 
 
 // --- the drivers -----------------------------------------------------------------------------------------------
 
 // Calls tile<T, nr, mr> for run-time nr <= NR, mr <= MR.
-template <typename T, int NR, int MR, typename... Args>
+template <typename K, typename T, int NR, int MR, typename... Args>
 void dispatch(int nr, int mr, Args&&... args) {
   if constexpr (NR > 1) {
-    if (nr < NR) return dispatch<T, NR - 1, MR>(nr, mr, std::forward<Args>(args)...);
+    if (nr < NR) return dispatch<K, T, NR - 1, MR>(nr, mr, std::forward<Args>(args)...);
   }
   if constexpr (MR > 1) {
-    if (mr < MR) return dispatch<T, NR, MR - 1>(nr, mr, std::forward<Args>(args)...);
+    if (mr < MR) return dispatch<K, T, NR, MR - 1>(nr, mr, std::forward<Args>(args)...);
   }
-  tile<T, NR, MR>(std::forward<Args>(args)...);
+  K::template tile<T, NR, MR>(std::forward<Args>(args)...);
 }
 
-template <typename T>
+template <typename K, typename T>
 void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
-  constexpr int kNR = Shape<T>::kNR, kMR = Shape<T>::kMR, kNR1 = Shape<T>::kNR1;
+  using Shape = typename K::template Shape<T>;
+  constexpr int kNR = Shape::kNR, kMR = Shape::kMR, kNR1 = Shape::kNR1;
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0), nb = k / T::kWeights, row_bytes = w.size(1);
   Acts acts(m, k, T::kActBlock, kMR);
   const auto quantize = [&](auto* xp) {
     at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) acts.quantize_row(xp + r * k, r);
+      for (int64_t r = begin; r < end; ++r) acts.template quantize_row<K::kPlain>(xp + r * k, r);
     });
   };
   if (x.scalar_type() == at::kFloat) {
@@ -651,13 +692,13 @@ void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
       const int64_t j1 = std::min(n1, j0 + chunk);
       for (int64_t i0 = 0; i0 < m; i0 += kMR) {
         const int mr = static_cast<int>(acts.rows(i0));
-        const View a(acts, i0);
+        const typename K::View a(acts, i0);
         for (int64_t j = j0; j < j1; j += nr_max) {
           const int nr = static_cast<int>(std::min(nr_max, j1 - j));
           if (m == 1) {
-            dispatch<T, kNR1, 1>(nr, mr, wp + j * row_bytes, row_bytes, nb, a, yp + i0 * n + j, n);
+            dispatch<K, T, kNR1, 1>(nr, mr, wp + j * row_bytes, row_bytes, nb, a, yp + i0 * n + j, n);
           } else {
-            dispatch<T, kNR, kMR>(nr, mr, wp + j * row_bytes, row_bytes, nb, a, yp + i0 * n + j, n);
+            dispatch<K, T, kNR, kMR>(nr, mr, wp + j * row_bytes, row_bytes, nb, a, yp + i0 * n + j, n);
           }
         }
       }
@@ -700,7 +741,9 @@ void check_weights(const at::Tensor& w, const char* op) {
 
 }  // namespace
 
-at::Tensor gguf_mm(const at::Tensor& x_in, const at::Tensor& w_in, int64_t type) {
+namespace {
+template <typename K>
+at::Tensor gguf_mm_with(const at::Tensor& x_in, const at::Tensor& w_in, int64_t type) {
   return with_block_type(type, "gguf_mm", [&](auto block) {
     using T = decltype(block);
     check_weights(w_in, "gguf_mm");
@@ -716,9 +759,16 @@ at::Tensor gguf_mm(const at::Tensor& x_in, const at::Tensor& w_in, int64_t type)
                 k / T::kWeights * T::kBytes);
     const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
     at::Tensor y = at::empty({x.size(0), w.size(0)}, x.options().dtype(at::kFloat));
-    if (y.numel()) matmul<T>(x, w, y);
+    if (y.numel()) matmul<K, T>(x, w, y);
     return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
   });
+}
+}  // namespace
+
+at::Tensor gguf_mm(const at::Tensor& x, const at::Tensor& w, int64_t type) { return gguf_mm_with<FastKernels>(x, w, type); }
+
+at::Tensor gguf_mm_plain(const at::Tensor& x, const at::Tensor& w, int64_t type) {
+  return gguf_mm_with<PlainLoops>(x, w, type);
 }
 
 at::Tensor gguf_dequantize(const at::Tensor& w_in, int64_t type) {

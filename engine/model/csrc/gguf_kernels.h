@@ -17,6 +17,9 @@ enum GgmlType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 1
 // block, scaled and accumulated in fp32.
 at::Tensor gguf_mm(const at::Tensor& x, const at::Tensor& w, int64_t type);
 
+// gguf_mm by the plain loops every build has (the AVX2 tiles' reference; the kernel where AVX2 is missing).
+at::Tensor gguf_mm_plain(const at::Tensor& x, const at::Tensor& w, int64_t type);
+
 // w: uint8 [n, row_bytes] -> fp32 [n, k], the values gguf's numpy dequantize gives.
 at::Tensor gguf_dequantize(const at::Tensor& w, int64_t type);
 

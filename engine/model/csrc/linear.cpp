@@ -2,7 +2,12 @@
 
 #include "linear.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_weight_int4pack_mm_for_cpu.h>
+#include <ATen/ops/_weight_int8pack_mm.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/zeros.h>
 
 #include "gguf_kernels.h"
 #include "vnni.h"

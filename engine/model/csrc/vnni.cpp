@@ -5,7 +5,8 @@
 
 #include "vnni.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

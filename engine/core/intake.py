@@ -68,7 +68,7 @@ class Intake:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty")
-            return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+            return self._in_vocabulary(list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"]))
         if not isinstance(prompt, list) or not prompt:
             raise ValueError("prompt must be a non-empty string, list of token ids, or list of messages")
         if all(isinstance(t, int) for t in prompt):
@@ -82,10 +82,23 @@ class Intake:
             # message text that spells a control token stays text (engine/core/chat_template.py)
             messages = cast(list[dict[str, str]], prompt)
             extra: dict[str, Any] = {"tools": tools} if tools else {}
-            return chat_token_ids(
+            return self._in_vocabulary(chat_token_ids(
                 self.tokenizer, messages, add_generation_prompt=not cont, continue_final_message=cont, **extra
-            )
+            ))  # fmt: skip
         raise ValueError("messages must be dicts with 'role' and 'content'")
+
+    def _in_vocabulary(self, ids: list[int]) -> list[int]:
+        """``ids`` as the tokenizer made them, refused (for this request only) when empty or when one lies past the
+        model's embedding: in a batch, such an id would fail every request stepped with it."""
+        if not ids:
+            raise ValueError("the prompt became no tokens at all (the model's chat template rendered nothing)")
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(
+                f"the tokenizer made token id {bad}, outside the model's vocabulary of {self.vocab_size}; the model's "
+                "tokenizer and weights do not match, so this prompt cannot run"
+            )
+        return ids
 
     @property
     def room(self) -> int:

@@ -109,10 +109,12 @@ class LLM:
             dtype = LEVEL_DTYPES[level]
         self.quantization = level
         loaded = load_model(model, device=device, dtype=dtype, progress=progress, keep_blocks=level == "file")
+        speculative = self.config.speculative
+        draft = self._load_draft(loaded, speculative["draft_model"]) if isinstance(speculative, dict) else None
         try:
             if level in WEIGHT_LEVELS and progress is not None:
                 progress(0.9, "quantize")
-            self.engine = self._build_engine(loaded, level, quant_backend)
+            self.engine = self._build_engine(loaded, level, quant_backend, draft)
             self.engine.runner.enable_native(self.config.native)
             #: whether decode steps replay from CUDA graphs, and why not (``EngineConfig.cuda_graphs``)
             self.graph_status = "off (cuda_graphs=False)"
@@ -122,13 +124,28 @@ class LLM:
                 )
             if progress is not None:
                 progress(0.95, "warm up")
-            self._warm_up()
+            self._warm_up(loaded.path)
         except torch.OutOfMemoryError as exc:
             del loaded
             self._release()
             raise ModelLoadError(
                 "not enough memory for the KV cache; lower the KV-cache budget or the batch size"
             ) from exc
+        except ModelLoadError:
+            self.__dict__.pop("engine", None)
+            del loaded
+            self._release()
+            raise
+        except Exception as exc:  # noqa: BLE001 -- a file that loads but cannot run says so, in words
+            summary = (str(exc).strip().splitlines() or [""])[0][:300]
+            where = loaded.path
+            self.__dict__.pop("engine", None)
+            del loaded
+            self._release()
+            raise ModelLoadError(
+                f"{where} loaded but cannot run ({type(exc).__name__}: {summary}). The file is damaged or its "
+                "settings are impossible; re-download it, or pick another model."
+            ) from None
         self.model_name = Path(loaded.path).name if str(model) != "default" else "SmolLM2-135M-Instruct"
         self.path = loaded.path
         self.device = str(loaded.device)
@@ -149,12 +166,14 @@ class LLM:
             if rec.quantization == "file" and file_problem() is not None:  # the block kernels cannot run here
                 log.info("the GGUF file's blocks cannot run as they are: %s", file_problem())
                 rec = recommend(model, device=device, block_kernels=False)
-        except (ModelLoadError, ValueError, OSError, KeyError):
-            return "bf16"  # the loader will report what is wrong with the model
+        except Exception:  # noqa: BLE001 -- the loader will report what is wrong with the model
+            return "bf16"
         log.info("quantization auto -> %s: %s", rec.quantization, rec.reason)
         return rec.quantization
 
-    def _build_engine(self, loaded: LoadedModel, level: str, quant_backend: str) -> LLMEngine:
+    def _build_engine(
+        self, loaded: LoadedModel, level: str, quant_backend: str, draft: torch.nn.Module | None
+    ) -> LLMEngine:
         cfg = self.config
         kv_dtype = resolve_kv_dtype(cfg.kv_dtype, loaded.dtype, loaded.device)
         per_token = kv_bytes_per_token(loaded.config, kv_dtype)
@@ -171,7 +190,6 @@ class LLM:
             )
         log.info("KV cache: %d blocks (%.0f MiB) for %d tokens x %d sequences", num_blocks,
                  num_blocks * per_token * cfg.block_size / 2**20, max_model_len, cfg.max_batch_size)
-        draft = self._load_draft(loaded, cfg.speculative["draft_model"]) if isinstance(cfg.speculative, dict) else None
         return LLMEngine(
             loaded.model, loaded.tokenizer, cfg, num_blocks, kv_dtype, max_model_len, level, quant_backend, draft
         )
@@ -195,12 +213,18 @@ class LLM:
             return int(min(needed, free * 0.8))
         return int(min(needed, psutil.virtual_memory().available * _CPU_KV_SHARE))
 
-    def _warm_up(self) -> None:
+    def _warm_up(self, path: Path) -> None:
         """One short request through prefill and decode, so the first user request does not pay for it."""
         start = time.perf_counter()
         handle = self.engine.submit([1, 2, 3, 4, 5, 6, 7, 8], SamplingParams(max_tokens=3, temperature=0.0))
         while not handle.done():
             self.engine.step()
+        result = handle.result()
+        if result.finish_reason == "error":  # e.g. weights that make NaN: every request would fail the same way
+            raise ModelLoadError(
+                f"{path} loaded but its first request failed ({result.error}). The file is damaged; "
+                "re-download it, or pick another model."
+            )
         self.engine.block_manager.reset_prefix_cache()
         self.engine.block_manager.num_prefix_queried_tokens = 0
         self.engine.block_manager.num_prefix_hit_tokens = 0

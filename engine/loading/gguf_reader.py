@@ -19,6 +19,8 @@ GGUF_MAGIC = b"GGUF"
 
 #: GGML_MAX_DIMS: a GGUF tensor has at most this many dimensions.
 GGUF_MAX_DIMS = 4
+#: The largest ``general.alignment`` accepted (llama.cpp writes 32; it must be a power of two).
+_MAX_ALIGNMENT = 1 << 20
 #: Array nesting deeper than this is refused (llama.cpp writes flat arrays only).
 _MAX_ARRAY_DEPTH = 4
 
@@ -246,7 +248,14 @@ def _parse_header(fh: BinaryIO, name: str, size: int) -> tuple[dict[str, Any], l
                 )
             dims = tuple(int(cur.take("<Q")) for _ in range(n_dims))
             infos.append((tname, dims, int(cur.take("<I")), int(cur.take("<Q"))))
-        alignment = int(metadata.get("general.alignment", 32)) or 32
+        alignment = metadata.get("general.alignment", 32)
+        if isinstance(alignment, bool) or not isinstance(alignment, int) or not 0 < alignment <= _MAX_ALIGNMENT or (
+            alignment & (alignment - 1)
+        ):
+            raise ModelLoadError(
+                f"{name} is corrupt: its general.alignment is {str(alignment)[:40]!r}, not a power of two up to "
+                f"{_MAX_ALIGNMENT}. {GGUF_ADVICE}"
+            )
         data_start = -(-cur.pos // alignment) * alignment
     tensors: list[TensorEntry] = []
     for tname, dims, kind, offset in infos:

@@ -148,6 +148,7 @@ def _materialize(
         model, tokenizer, config = native.load(info.path, info.format, dtype, keep_blocks)
         if info.format == "gguf":
             setattr(model, GGUF_SOURCE_ATTR, info.path)
+        check_runnable(model, tokenizer, info.path)
         model.to(device)
         model.eval()
         model.requires_grad_(False)
@@ -187,6 +188,7 @@ def _materialize(
         model, loading_info = result
         del result
         _check_loading_info(loading_info, info.path)
+        check_runnable(model, tokenizer, info.path)
         if info.format == "gguf":  # the int4/int8 levels may run the file's own blocks (engine/model/kernels.py)
             setattr(model, GGUF_SOURCE_ATTR, info.path)
         if device_map is None and device.type != "cpu":
@@ -255,7 +257,7 @@ def load_model(
 
     if progress is not None:
         progress(at(0.0), "validate")
-    checked = check_path(path)
+    checked = _checked(path)
     hw = hardware.detect()
     hardware.configure_threads(hw)
     wanted = estimate_bytes(checked.tensors, dtype_itemsize(dtype))
@@ -295,6 +297,58 @@ def load_model(
         weights_bytes=weights_bytes,
         num_parameters=num_parameters,
     )
+
+
+def _checked(path: Path) -> Checked:
+    """:func:`check_path`, with anything but a ModelLoadError (a header value of a type or size no reader expects,
+    JSON nested too deep) turned into one that says so."""
+    try:
+        return check_path(path)
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- a crafted header can make any reader raise anything
+        raise ModelLoadError(_damaged(path, exc)) from None
+
+
+def _damaged(path: Path, exc: BaseException) -> str:
+    summary = (str(exc).strip().splitlines() or [""])[0][:300]
+    return (
+        f"{path} could not be read as a model ({type(exc).__name__}: {summary}). The file is damaged or holds values "
+        "no model has; re-download it, or pick another model."
+    )
+
+
+def check_runnable(model: torch.nn.Module, tokenizer: Any, path: Path) -> None:
+    """Refuse a loaded model whose tokenizer makes ids past its embedding (a request with one would fail and take
+    the batch with it) or whose embedding holds NaN or infinite values (every request with such a token would)."""
+    embedding = _embedding_weight(model)
+    if embedding is None:
+        return
+    rows = int(embedding.shape[0])
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    ids = [int(i) for i in vocab.values()]
+    ids += [int(i) for i in (getattr(tokenizer, "added_tokens_decoder", None) or {})]
+    top = max(ids, default=-1)
+    if top >= rows:
+        raise ModelLoadError(
+            f"{path} cannot run: its tokenizer has token ids up to {top} but its embedding has only {rows} rows, so "
+            "those tokens have no embedding. The tokenizer and the weights come from different models; "
+            "re-download the model."
+        )
+    if embedding.is_floating_point() and not native.is_stand_in(embedding):
+        for start in range(0, rows, 4096):  # in slices: no copy of the whole embedding
+            if not bool(torch.isfinite(embedding[start : start + 4096]).all()):
+                raise ModelLoadError(
+                    f"{path} is damaged: its token embedding holds NaN or infinite values (from row {start}). "
+                    "Re-download the model."
+                )
+
+
+def _embedding_weight(model: torch.nn.Module) -> torch.Tensor | None:
+    get = getattr(model, "get_input_embeddings", None)
+    module = get() if callable(get) else getattr(getattr(model, "model", None), "embed_tokens", None)
+    weight = getattr(module, "weight", None)
+    return weight if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
 
 
 def _materialize_or_error(

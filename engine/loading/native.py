@@ -50,6 +50,7 @@ from engine.loading.formats.gguf_blocks import dequantize
 from engine.loading.gguf_reader import read_regular_text
 from engine.loading.gguf_weights import GgufWeights
 from engine.loading.safetensors_reader import safetensors_files
+from engine.loading.shape import check_config_values
 from engine.loading.tokenizer import Tokenizer, is_plain
 from engine.system.paths import cache_dir, ensure_private_dir
 
@@ -344,7 +345,9 @@ def load(
     """Model, tokenizer and config of a safetensors folder or a GGUF file (see :func:`supports`). With
     ``keep_blocks`` (GGUF only) the quantized weights stay in the file (:data:`BLOCKS_IN_FILE_ATTR`)."""
     side = gguf_side_folder(path) if fmt == "gguf" else path
-    config = make_config(read_config(side))
+    fields = read_config(side)
+    check_config_values(fields, path, "The file is damaged or comes from different models; re-download it.")
+    config = make_config(fields)
     tokenizer = load_tokenizer(side)
     state = _gguf_state(path, config, dtype, keep_blocks) if fmt == "gguf" else _safetensors_state(path)
     try:

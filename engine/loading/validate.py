@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from engine.loading.safetensors_reader import (
     read_safetensors_header,
     safetensors_files,
 )
+from engine.loading.shape import check_config_values, check_dimensions, layers_present
 from engine.system import hardware
 
 ProgressFn = Callable[[float, str], None]
@@ -86,6 +86,11 @@ def _check_config(config: dict[str, Any], where: Path) -> tuple[str, str]:
         )
     model_type = str(config.get("model_type", "")).strip()
     architectures = config.get("architectures") or []
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise ModelLoadError(
+            f"{where} is corrupt: its 'architectures' is {str(architectures)[:40]!r}, not a list of names. "
+            "Re-download the model."
+        )
     architecture = str(architectures[0]) if architectures else model_type
     supported = ", ".join(sorted(ARCHITECTURES))
     if not model_type:
@@ -142,62 +147,11 @@ def _read_config(folder: Path) -> dict[str, Any]:
         config = json.loads(read_regular_text(config_path))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ModelLoadError(f"{config_path} is not valid JSON ({exc}). Re-download the model.") from None
+    except RecursionError:
+        raise ModelLoadError(f"{config_path} nests its JSON too deeply to be a config. Re-download the model.") from None
     if not isinstance(config, dict):
         raise ModelLoadError(f"{config_path} is not a JSON object. Re-download the model.")
     return config
-
-
-_LAYER_INDEX = re.compile(r"\.(\d+)\.")
-
-
-def layers_present(names: Iterable[str]) -> int | None:
-    """How many layers the tensor names number (distinct first index: ``model.layers.N.``, ``blk.N.``, ``h.N.``),
-    or None when no name carries an index."""
-    indices = {int(m.group(1)) for m in map(_LAYER_INDEX.search, names) if m is not None and len(m.group(1)) < 10}
-    return len(indices) if indices else None
-
-
-def check_dimensions(
-    sizes: dict[str, Any], where: Path, num_elements: int, layers: int | None, advice: str
-) -> None:
-    """Refuse a layer count, hidden size or head count that the weights in the file cannot back.
-
-    Every layer holds at least ``hidden_size`` weights (its norm), so ``layers x hidden_size`` cannot exceed
-    the weights present, and the layers cannot outnumber the layer indices the tensor names carry. Checked
-    before anything is built: a skeleton of 10^6 layers would take minutes before any weight is compared.
-
-    Args:
-        sizes: ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``, ``num_key_value_heads`` (absent
-            or None: not checked).
-        where: The model, for the message.
-        num_elements: Weights in the file(s).
-        layers: Distinct layer indices in the tensor names (:func:`layers_present`), None when unknown.
-        advice: What to do, ending the message.
-    """
-    values: dict[str, int] = {}
-    for key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads"):
-        value = sizes.get(key)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ModelLoadError(f"{where} is corrupt: its {key} is {str(value)[:40]!r}, not a positive whole "
-                                 f"number. {advice}")  # fmt: skip
-        values[key] = value
-    n_layers, hidden = values.get("num_hidden_layers"), values.get("hidden_size")
-    heads, kv_heads = values.get("num_attention_heads"), values.get("num_key_value_heads")
-    problem = ""
-    if n_layers is not None and layers is not None and n_layers > layers:
-        problem = f"it claims {n_layers} layers but its tensors hold {layers}"
-    elif n_layers is not None and n_layers * (hidden or 1) > num_elements:
-        problem = f"it claims {n_layers} layers of width {hidden or 1}, more than its {num_elements} weights can hold"
-    elif hidden is not None and hidden > num_elements:
-        problem = f"it claims a hidden size of {hidden}, more than its {num_elements} weights"
-    elif heads is not None and hidden is not None and heads > hidden:
-        problem = f"it claims {heads} attention heads for a hidden size of {hidden}"
-    elif kv_heads is not None and heads is not None and kv_heads > heads:
-        problem = f"it claims {kv_heads} key/value heads but only {heads} attention heads"
-    if problem:
-        raise ModelLoadError(f"{where} does not match its weights: {problem}. {advice}")
 
 
 def _check_tokenizer(folder: Path) -> None:
@@ -244,8 +198,9 @@ def _check_folder(folder: Path) -> Checked:
         total = sum(p.stat().st_size for p in weight_files)
         tensors = [(total // itemsize, itemsize, True)]
         num_parameters = None
-    check_dimensions(config, folder / "config.json", sum(t[0] for t in tensors), layers_present(names),
-                     "The config and the weights come from different models; re-download the model.")  # fmt: skip
+    advice = "The config and the weights come from different models; re-download the model."
+    check_dimensions(config, folder / "config.json", sum(t[0] for t in tensors), layers_present(names), advice)
+    check_config_values(config, folder / "config.json", advice)
     info = ModelInfo(
         path=folder,
         format=fmt,
@@ -264,7 +219,8 @@ def _check_gguf(path: Path) -> Checked:
     metadata, tensor_table = read_gguf_header(path)
     if not tensor_table:
         raise ModelLoadError(f"{path.name} holds no tensors. {GGUF_ADVICE}")
-    if not metadata.get("tokenizer.ggml.tokens"):
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if not tokens or isinstance(tokens, bool) or not isinstance(tokens, int):
         raise ModelLoadError(
             f"{path.name} has no tokenizer inside it (no tokenizer.ggml.tokens). Use a GGUF that "
             "embeds its tokenizer, as llama.cpp's converter writes them."
@@ -280,6 +236,8 @@ def _check_gguf(path: Path) -> Checked:
     sizes = {field: metadata.get(f"{model_type}.{key}") for field, key in keys.items()}
     total = sum(count for _name, count, _kind, _nbytes in tensor_table)
     check_dimensions(sizes, path, total, layers_present(n for n, _c, _k, _b in tensor_table), GGUF_ADVICE)
+    check_config_values(gguf_shape(metadata, model_type, tensor_table), path, GGUF_ADVICE,
+                        tokenizer_size=tokens)  # fmt: skip
     counts: dict[str, int] = {}
     for _name, count, kind, _nbytes in tensor_table:
         counts[kind] = counts.get(kind, 0) + count
@@ -295,6 +253,30 @@ def _check_gguf(path: Path) -> Checked:
         file_bytes=path.stat().st_size,
     )
     return Checked(info=info, config={"model_type": model_type}, tensors=tensors)
+
+
+#: config.json's name for each GGUF metadata key (after ``<architecture>.``) that :func:`check_config_values` reads.
+_GGUF_KEYS = {
+    "num_hidden_layers": "block_count", "hidden_size": "embedding_length", "intermediate_size": "feed_forward_length",
+    "num_attention_heads": "attention.head_count", "num_key_value_heads": "attention.head_count_kv",
+    "head_dim": "attention.key_length", "max_position_embeddings": "context_length", "vocab_size": "vocab_size",
+    "rms_norm_eps": "attention.layer_norm_rms_epsilon", "layer_norm_eps": "attention.layer_norm_epsilon",
+    "rope_theta": "rope.freq_base",
+}  # fmt: skip
+
+
+def gguf_shape(metadata: dict[str, Any], model_type: str, tensor_table: list[tuple[str, int, str, int]]) -> dict[str, Any]:
+    """A GGUF's shape under config.json's names. The vocabulary is the embedding's rows (``token_embd``'s element
+    count over the hidden size), what a token id indexes, whatever the metadata says."""
+    shape: dict[str, Any] = {"model_type": model_type}
+    for field, key in _GGUF_KEYS.items():
+        if f"{model_type}.{key}" in metadata:
+            shape[field] = metadata[f"{model_type}.{key}"]
+    hidden = shape.get("hidden_size")
+    embedding = next((count for name, count, _kind, _nbytes in tensor_table if name == "token_embd.weight"), None)
+    if embedding and isinstance(hidden, int) and not isinstance(hidden, bool) and hidden > 0 and embedding % hidden == 0:
+        shape["vocab_size"] = embedding // hidden
+    return shape
 
 
 def check_path(path: Path) -> Checked:

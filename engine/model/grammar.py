@@ -21,12 +21,20 @@ from typing import Any
 import torch
 
 from engine.api import SamplingParams
+from engine.model.schema_check import check_schema
 
 #: The JSON grammar's whitespace is compact, so a sampler cannot pad a document with spaces until it runs out of
 #: tokens; ``json_object`` is any object.
 _JSON_OPTIONS: Any = {"whitespace_flexible": False}
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 _CACHED_GRAMMARS = 32
+
+
+def _limits() -> Any:
+    """llguidance's resource limits, with its parser state kept out of error messages (a client reads them)."""
+    from llguidance import LLParserLimits
+
+    return LLParserLimits(verbose_errors=False)
 
 
 class Matcher:
@@ -100,8 +108,9 @@ class GrammarCompiler:
             text = LLMatcher.grammar_from_lark(params.grammar)
         else:
             schema = params.json_schema if params.json_schema is not None else _ANY_OBJECT
+            check_schema(schema)
             text = LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_JSON_OPTIONS)
-        message = LLMatcher.validate_grammar(text, self._ll())
+        message = LLMatcher.validate_grammar(text, self._ll(), limits=_limits())
         if message:
             field = "grammar" if params.grammar is not None else "json_schema"
             raise ValueError(f"{field} cannot be used for constrained decoding: {message}")
@@ -113,7 +122,8 @@ class GrammarCompiler:
             return None
         from llguidance import LLMatcher
 
-        matcher = LLMatcher(self._ll(), self.grammar_text(params), log_level=0)
+        text = self.grammar_text(params)  # first: a schema refused in words need not build the automaton
+        matcher = LLMatcher(self._ll(), text, log_level=0, limits=_limits())
         if matcher.is_error():
             raise ValueError(f"the response format cannot be compiled: {matcher.get_error()}")
         return Matcher(matcher)

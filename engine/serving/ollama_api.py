@@ -16,12 +16,14 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
+import pydantic_core
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engine.api import CapacityError, SamplingParams, StepOutput
 from engine.serving import tools as tools_mod
+from engine.serving.limits import check_sampling_limits
 from engine.serving.protocol import APIError
 
 #: The Ollama API version reported; clients check it only for display.
@@ -29,6 +31,24 @@ OLLAMA_VERSION = "0.6.3"
 _SAMPLING_OPTIONS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
                      "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
                      "frequency_penalty": "frequency_penalty", "seed": "seed", "stop": "stop"}
+_NUMBER = (int, float)
+#: The types of the body fields Hearth reads or accepts; a field of another type is a 400 naming it.
+_BODY_TYPES: dict[str, tuple[type, ...]] = {
+    "model": (str,), "name": (str,), "prompt": (str,), "system": (str,), "template": (str,), "suffix": (str,),
+    "stream": (bool,), "raw": (bool,), "think": (bool, str), "keep_alive": (str, int, float),
+    "format": (str, dict), "options": (dict,), "messages": (list,), "tools": (list,), "images": (list,),
+    "context": (list,), "verbose": (bool,),
+}
+_MESSAGE_TYPES: dict[str, tuple[type, ...]] = {
+    "role": (str,), "content": (str,), "images": (list,), "tool_calls": (list,), "thinking": (str,),
+    "tool_name": (str,),
+}
+#: Options by type; the integers also take no booleans. Unknown options are ignored, as Ollama does.
+_INT_OPTIONS = ("top_k", "seed", "num_predict", "num_ctx", "repeat_last_n", "num_keep", "num_batch", "num_gpu",
+                "num_thread", "mirostat", "main_gpu")
+_FLOAT_OPTIONS = ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
+                  "typical_p", "tfs_z", "mirostat_tau", "mirostat_eta")
+_BOOL_OPTIONS = ("penalize_newline", "numa", "use_mmap", "use_mlock", "low_vram", "f16_kv", "vocab_only")
 
 
 def _now() -> str:
@@ -37,6 +57,50 @@ def _now() -> str:
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
+
+
+_TYPE_NAMES = {str: "a string", bool: "true or false", int: "an integer", float: "a number", dict: "an object",
+               list: "a list", type(None): "null"}
+
+
+def _type_name(value: Any) -> str:
+    return _TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def _check_field(where: str, value: Any, allowed: tuple[type, ...]) -> None:
+    """400 unless ``value`` is one of ``allowed`` (or null); a boolean is never taken for a number."""
+    if value is None:
+        return
+    ok = isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
+    if not ok:
+        wanted = " or ".join(_TYPE_NAMES[t] for t in allowed)
+        raise APIError(400, f"{where} must be {wanted}, not {_type_name(value)}", param=where)
+
+
+def check_body_types(body: dict[str, Any]) -> None:
+    """Refuse an Ollama body whose fields, messages or options have the wrong JSON types, in words."""
+    for key, allowed in _BODY_TYPES.items():
+        _check_field(key, body.get(key), allowed)
+    for i, message in enumerate(body.get("messages") or []):
+        if not isinstance(message, dict):
+            raise APIError(400, f"messages[{i}] must be an object with role and content, not "
+                           f"{_type_name(message)}", param="messages")
+        for key, allowed in _MESSAGE_TYPES.items():
+            _check_field(f"messages[{i}].{key}", message.get(key), allowed)
+    for i, tool in enumerate(body.get("tools") or []):
+        _check_field(f"tools[{i}]", tool, (dict,))
+    options = body.get("options") or {}
+    for key in _INT_OPTIONS:
+        _check_field(f"options.{key}", options.get(key), (int,))
+    for key in _FLOAT_OPTIONS:
+        _check_field(f"options.{key}", options.get(key), _NUMBER)
+    for key in _BOOL_OPTIONS:
+        _check_field(f"options.{key}", options.get(key), (bool,))
+    stop = options.get("stop")
+    if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list)
+                                                           and all(isinstance(s, str) for s in stop))):
+        raise APIError(400, f"options.stop must be a string or a list of strings, not {_type_name(stop)}",
+                       param="options.stop")
 
 
 class OllamaAPI:
@@ -143,9 +207,11 @@ class OllamaAPI:
             raise APIError(400, "format must be 'json' or a JSON schema")
         fields["timeout_s"] = self.server.request_timeout_s
         try:
-            return SamplingParams(**fields)
+            params = SamplingParams(**fields)
         except (ValueError, TypeError) as exc:
             raise APIError(400, str(exc)) from exc
+        check_sampling_limits(params)
+        return params
 
     async def _run(self, body: dict[str, Any], prompt: Any, template_tools: list[dict[str, Any]] | None,
                    names: list[str], chat: bool) -> Response:
@@ -220,12 +286,15 @@ def _openai_calls(calls: Any) -> list[dict[str, Any]]:
 
 
 async def _json(request: Request) -> dict[str, Any]:
+    """The body as a JSON object of the right field types (pydantic's parser: deep nesting is a 400, not the
+    RecursionError of Python's ``json``)."""
     try:
-        body = json.loads(await request.body() or b"{}")
+        body = pydantic_core.from_json(await request.body() or b"{}", allow_inf_nan=False)
     except ValueError as exc:
         raise APIError(400, f"the request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
+    check_body_types(body)
     return body
 
 

@@ -136,7 +136,7 @@ def _walk(root: Path, max_depth: int) -> Iterator[tuple[str, Path]]:
     by their ``.gguf`` name only, so that a scan opens no other file (and a blob store added as a folder
     does not list each blob a second time beside its Ollama tag).
     """
-    if root.is_file():
+    if _is_file(root):
         if root.suffix.lower() == ".gguf" or is_gguf_file(root):
             yield "gguf", root
         return
@@ -171,6 +171,15 @@ def _walk(root: Path, max_depth: int) -> Iterator[tuple[str, Path]]:
             elif entry.name.lower().endswith(".gguf") and not _is_later_part(entry.name):
                 yield "gguf", Path(entry.path)
         stack.extend((d, depth + 1) for d in reversed(subdirs))
+
+
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a file; False where it cannot be looked at (inside an unreadable folder, a name too
+    long, a link loop), which ``Path.is_file`` raises for."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:
@@ -281,14 +290,17 @@ def discover_models(
     models: list[FoundModel] = []
     seen: set[tuple[str, str]] = set()
     for loc in model_locations(home, extra_dirs):
-        for kind, path, name in _candidates(loc):
-            # the folder resolved, the entry itself not: overlapping roots meet, links from two apps stay two
-            where = os.path.join(os.path.realpath(path.parent), path.name)
-            key = (where, name if loc.source == "ollama" else "")
-            if key in seen:
-                continue
-            seen.add(key)
-            models.append(_describe(kind, path, name, loc.source, hardware))
+        try:
+            for kind, path, name in _candidates(loc):
+                # the folder resolved, the entry itself not: overlapping roots meet, links from two apps stay two
+                where = os.path.join(os.path.realpath(path.parent), path.name)
+                key = (where, name if loc.source == "ollama" else "")
+                if key in seen:
+                    continue
+                seen.add(key)
+                models.append(_describe(kind, path, name, loc.source, hardware))
+        except (OSError, RecursionError) as exc:  # one folder that cannot be read must not empty the list
+            logger.warning("model scan of %s stopped: %s", loc.root, exc)
     order = {source: i for i, source in enumerate(SOURCES)}
     return sorted(models, key=lambda m: (order[m.source], m.name.lower(), str(m.path)))
 

@@ -49,7 +49,7 @@ def blob_path(models_dir: Path, digest: str) -> Path:
     blobs = models_dir / "blobs"
     current = blobs / digest.replace(":", "-")
     legacy = blobs / digest
-    return legacy if not current.exists() and ":" in digest and legacy.exists() else current
+    return legacy if not _is_file(current) and ":" in digest and _is_file(legacy) else current
 
 
 def list_models(models_dir: Path) -> list[OllamaModel]:
@@ -68,7 +68,7 @@ def list_models(models_dir: Path) -> list[OllamaModel]:
         return found
     for manifest in sorted(manifests.glob("*/*/*/*")):
         parts = manifest.relative_to(manifests).parts
-        if any(p.startswith(".") for p in parts) or not manifest.is_file():
+        if any(p.startswith(".") for p in parts) or not _is_file(manifest):
             continue
         name = display_name(*parts)
         digest, problem = _model_digest(manifest)
@@ -76,13 +76,21 @@ def list_models(models_dir: Path) -> list[OllamaModel]:
             found.append(OllamaModel(name, manifest, problem))
             continue
         blob = blob_path(models_dir, digest)
-        if not blob.is_file():
+        if not _is_file(blob):
             problem = (
                 f"Its weights ({blob.name}) are missing from {blob.parent}; the download did not finish. "
                 f"Run `ollama pull {name}` again."
             )
         found.append(OllamaModel(name, blob, problem))
     return sorted(found, key=lambda m: m.name)
+
+
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False where the path cannot be looked at (an unreadable folder, a link loop)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def _model_digest(manifest: Path) -> tuple[str | None, str]:

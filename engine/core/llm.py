@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
@@ -32,6 +31,7 @@ from engine.model.drafter import same_vocabulary
 from engine.model.kv_cache import kv_bytes_per_token, resolve_kv_dtype
 from engine.model.native import file_problem
 from engine.system import hardware
+from engine.system.memory import give_back
 
 log = logging.getLogger("engine")
 
@@ -269,14 +269,12 @@ class LLM:
         if engine is None:
             return
         engine.stop_loop()
-        del self.engine
+        del self.engine, engine  # the last references, so that what _release frees includes the model
         self._release()
 
     @staticmethod
     def _release() -> None:
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        give_back()
 
     def __enter__(self) -> Self:
         return self

@@ -250,7 +250,10 @@ def load_model(
         hardware.resolve_dtype(dtype, "cpu")
     converting_default = isinstance(model, str) and model.strip().lower() == "default" and not is_converted()
     base = 0.6 if converting_default else 0.0
-    path = resolve_path(model, progress)
+    try:
+        path = resolve_path(model, progress)
+    except OSError as exc:  # a name too long, a folder that may not be read
+        raise ModelLoadError(f"Cannot look at {model}: {exc.strerror or exc}. Check the path.") from None
 
     def at(fraction: float) -> float:
         return base + (0.9 - base) * fraction

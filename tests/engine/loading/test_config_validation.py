@@ -219,3 +219,10 @@ def test_a_prompt_id_past_the_embedding_fails_only_its_own_request(folder: Path)
         assert other.result().finish_reason == "length"
     finally:
         llm.close()
+
+
+def test_llm_turns_a_path_that_cannot_be_looked_at_into_a_model_load_error(tmp_path: Path) -> None:
+    from engine import LLM
+
+    with pytest.raises(ModelLoadError, match="Cannot look at .*too long"):
+        LLM(tmp_path / ("x" * 300), **OPTIONS)

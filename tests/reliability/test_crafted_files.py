@@ -1,8 +1,9 @@
 """Crafted model files end in a ModelLoadError within 5 s and under 1 GiB of memory growth, or load and answer.
 
-A seeded generator (``tests/reliability/crafted_files.py``) mutates a small valid GGUF file (the tiny shape of
-``engine.tools.make_gguf`` with a 512-token vocabulary) and a small safetensors folder (with the same tokenizer):
-value types, counts, dimensions, layer and head counts, templates, tokens, offsets, header bytes. Each mutant is
+A seeded generator (``tests/reliability/crafted_files.py`` and ``crafted_folders.py``) mutates a small valid GGUF
+file (two layers of width 64, the default model's tokenizer cut to 512 tokens, F32/F16/Q8_0/Q4_0 tensors) and a
+small safetensors folder with the same tokenizer: value types, counts, dimensions, layer and head counts, templates,
+tokens, offsets, header bytes. Each mutant is
 opened by ``LLM`` in this process, as the app opens a file the user picked. Nothing but ``ModelLoadError`` may come
 out, and a mutant that loads must answer a short greedy request: a few of them (and every one whose tokenizer or
 template was changed) are asked one.
@@ -28,14 +29,8 @@ import psutil
 import pytest
 
 from engine.api import ModelLoadError, SamplingParams
-from tests.reliability.crafted_files import (
-    GgufFile,
-    SafetensorsFolder,
-    mutate_folder,
-    mutate_gguf,
-    tiny_folder,
-    write_base_gguf,
-)
+from tests.reliability.crafted_files import GgufFile, mutate_gguf, write_base_gguf
+from tests.reliability.crafted_folders import SafetensorsFolder, mutate_folder, tiny_folder
 
 MUTANTS = int(os.environ.get("HEARTH_FUZZ_MUTANTS") or 300)
 SEED = int(os.environ.get("HEARTH_FUZZ_SEED") or 20261201)

@@ -15,7 +15,7 @@ import pytest
 
 from engine.api import ModelLoadError, SamplingParams
 from engine.loading.validate import inspect_model
-from tests.reliability.crafted_files import tiny_folder
+from tests.reliability.crafted_folders import tiny_folder
 
 CONFIG: dict[str, Any] = {
     "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,

@@ -9,15 +9,26 @@ only ``"messages"`` imports as a single-branch conversation.
 from __future__ import annotations
 
 import json
+import math
+import os
+import stat
+from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from app.data.records import DEFAULT_TITLE, ROLES, Conversation, Message
+from app.data.records import DEFAULT_TITLE, ROLES, Conversation, Message, MessageNode
 from app.data.storage import Storage
 
 FORMAT_VERSION = 1
+#: The largest file :func:`read_import_file` reads: far above any conversation typed and answered by hand,
+#: and small enough that parsing it keeps memory and time in bounds.
+MAX_IMPORT_BYTES = 64 * 2**20
+#: The most messages (all branches) an import may hold.
+MAX_IMPORT_MESSAGES = 50_000
+#: The largest whole number a file may give (SQLite's INTEGER is 64-bit).
+_MAX_INT = 2**63 - 1
 
 _STR_META = ("model", "quantization", "finish_reason")
 _INT_META = ("num_prompt_tokens", "num_generated_tokens")
@@ -112,34 +123,84 @@ def to_json(storage: Storage, conversation_id: int) -> dict[str, Any]:
 # --- import ---------------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class _Node:
-    """One validated message of an import, before it is written."""
+class ImportRefused(ValueError):
+    """The file is not imported as a whole (too large, too many messages, nested too deeply); the message is a
+    sentence for the user."""
 
-    key: object  # its id in the file; parents refer to it
-    parent_key: object
-    role: str
-    content: str
-    created_at: float | None
-    is_complete: bool
-    metadata: dict[str, Any]
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"the file holds {name}, which is not a number JSON allows")
+
+
+def read_import_file(path: Path) -> object:
+    """Read and parse a conversation file, within :data:`MAX_IMPORT_BYTES`.
+
+    Only a regular file is read (a FIFO or a device named like a JSON file is refused without blocking).
+
+    Raises:
+        ImportRefused: the file is too large, or nested too deeply to parse.
+        OSError: it cannot be opened or read, or is not a regular file.
+        UnicodeDecodeError: it is not UTF-8 text.
+        ValueError: it is not JSON (``json.JSONDecodeError``), or holds NaN or Infinity.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_BINARY", 0))
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(file.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{Path(path).name} is not a regular file")
+        if info.st_size > MAX_IMPORT_BYTES:
+            raise ImportRefused(_too_large(info.st_size))
+        raw = file.read(MAX_IMPORT_BYTES + 1)
+    if len(raw) > MAX_IMPORT_BYTES:  # grew while being read
+        raise ImportRefused(_too_large(len(raw)))
+    text = raw.decode("utf-8")
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ImportRefused("The file nests lists or objects too deeply to be a conversation.") from None
+
+
+def _too_large(size: int) -> str:
+    return (f"The file is too large to import: {size / 2**20:.1f} MiB, and Hearth imports files of up to "
+            f"{MAX_IMPORT_BYTES // 2**20} MiB.")
 
 
 def _expect(value: object, kind: type | tuple[type, ...], where: str, optional: bool = False) -> Any:
-    """Return ``value`` if it has type ``kind`` (bools are not numbers), else raise ValueError."""
+    """Return ``value`` if it has type ``kind`` (bools are not numbers), else raise ValueError.
+
+    Numbers must be finite and fit SQLite's 64-bit integers; text must be encodable (no lone surrogates).
+    """
     if optional and value is None:
         return None
     is_bool_as_number = isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))
     if not isinstance(value, kind) or is_bool_as_number:
         names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-        raise ValueError(f"{where} must be {names}{' or null' if optional else ''}, got {value!r:.60}")
+        raise ValueError(f"{where} must be {names}{' or null' if optional else ''}, got {_short(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where} must be a finite number, got {value}")
+    if isinstance(value, int) and not isinstance(value, bool) and not -_MAX_INT <= value <= _MAX_INT:
+        raise ValueError(f"{where} is too large a number")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{where} holds a character that is not valid text (a lone surrogate)") from None
     return value
+
+
+def _short(value: object) -> str:
+    """``value`` for an error message, cut short without first writing out all of it (a huge string or list)."""
+    if isinstance(value, str):
+        return repr(value[:60])
+    if isinstance(value, (dict, list)):
+        return f"a JSON {'object' if isinstance(value, dict) else 'list'}"
+    return f"{value!r:.60}" if isinstance(value, (int, float, bool)) and abs(float(value)) < 1e300 else "a number"
 
 
 def _role(value: object, where: str) -> str:
     role = _expect(value, str, where)
     if role not in ROLES:
-        raise ValueError(f"{where} must be one of {', '.join(ROLES)}, got {role!r}")
+        raise ValueError(f"{where} must be one of {', '.join(ROLES)}, got {_short(role)}")
     return str(role)
 
 
@@ -147,7 +208,8 @@ def _metadata(value: object, where: str) -> dict[str, Any]:
     raw = _expect(value if value is not None else {}, dict, where)
     unknown = set(raw) - {*_STR_META, *_INT_META, *_FLOAT_META}
     if unknown:
-        raise ValueError(f"{where} has unknown keys: {', '.join(sorted(map(str, unknown)))}")
+        names = sorted(str(name)[:40] for name in unknown)
+        raise ValueError(f"{where} has unknown keys: {', '.join(names[:5])}{', …' if len(names) > 5 else ''}")
     meta: dict[str, Any] = {}
     for name in _STR_META:
         meta[name] = _expect(raw.get(name), str, f"{where}.{name}", optional=True)
@@ -162,10 +224,10 @@ def _metadata(value: object, where: str) -> dict[str, Any]:
     return meta
 
 
-def _nodes_from_openai(messages: list[Any]) -> tuple[str | None, list[_Node]]:
+def _nodes_from_openai(messages: list[Any]) -> tuple[str | None, list[MessageNode]]:
     """Read a plain OpenAI message list: leading system messages become the system prompt."""
     system_parts: list[str] = []
-    nodes: list[_Node] = []
+    nodes: list[MessageNode] = []
     for index, item in enumerate(messages):
         where = f"messages[{index}]"
         entry = _expect(item, dict, where)
@@ -175,21 +237,28 @@ def _nodes_from_openai(messages: list[Any]) -> tuple[str | None, list[_Node]]:
             system_parts.append(content)
             continue
         parent = nodes[-1].key if nodes else None
-        nodes.append(_Node(index, parent, role, content, None, True, _metadata(None, where)))
+        nodes.append(MessageNode(index, parent, role, content, None, True, _metadata(None, where)))
     return ("\n\n".join(system_parts) or None), nodes
 
 
-def _nodes_from_tree(tree: object) -> list[_Node]:
-    """Read the ``hearth.tree`` list and order it so that every parent precedes its children."""
-    nodes: dict[object, _Node] = {}
-    for index, item in enumerate(_expect(tree, list, "hearth.tree")):
+def _nodes_from_tree(tree: object) -> list[MessageNode]:
+    """Read the ``hearth.tree`` list and order it so that every parent precedes its children.
+
+    Siblings keep their order in the file, and roots come first in file order, whatever order the file lists
+    parents and children in; the ordering visits each message once.
+    """
+    nodes: dict[object, MessageNode] = {}
+    items = _expect(tree, list, "hearth.tree")
+    if len(items) > MAX_IMPORT_MESSAGES:
+        raise ImportRefused(_too_many(len(items)))
+    for index, item in enumerate(items):
         where = f"hearth.tree[{index}]"
         entry = _expect(item, dict, where)
         key = _expect(entry.get("id"), (int, str), f"{where}.id")
         if key in nodes:
-            raise ValueError(f"{where}.id {key!r} appears twice")
+            raise ValueError(f"{where}.id {_short(key)} appears twice")
         created = _expect(entry.get("created_at"), (int, float), f"{where}.created_at", optional=True)
-        nodes[key] = _Node(
+        nodes[key] = MessageNode(
             key=key,
             parent_key=_expect(entry.get("parent_id"), (int, str), f"{where}.parent_id", optional=True),
             role=_role(entry.get("role"), f"{where}.role"),
@@ -198,23 +267,27 @@ def _nodes_from_tree(tree: object) -> list[_Node]:
             is_complete=_expect(entry.get("is_complete", True), bool, f"{where}.is_complete"),
             metadata=_metadata(entry.get("metadata"), f"{where}.metadata"),
         )
-    ordered: list[_Node] = []
-    placed: set[object] = set()
-    pending = list(nodes.values())
-    while pending:  # each pass keeps file order, so an exported (parent-first) tree takes one pass
-        waiting = []
-        for node in pending:
-            if node.parent_key is None or node.parent_key in placed:
-                ordered.append(node)
-                placed.add(node.key)
-            else:
-                waiting.append(node)
-        if len(waiting) == len(pending):
-            node = waiting[0]
-            problem = "a cycle" if node.parent_key in nodes else f"unknown parent_id {node.parent_key!r}"
-            raise ValueError(f"hearth.tree: message {node.key!r} has {problem}")
-        pending = waiting
+    children: dict[object, list[MessageNode]] = defaultdict(list)
+    for node in nodes.values():
+        if node.parent_key is not None and node.parent_key not in nodes:
+            raise ValueError(f"hearth.tree: message {_short(node.key)} has unknown parent_id {_short(node.parent_key)}")
+        children[node.parent_key].append(node)
+    ordered: list[MessageNode] = []
+    stack = list(reversed(children[None]))
+    while stack:  # depth first, without recursion: a chain of thousands of messages is one long branch
+        node = stack.pop()
+        ordered.append(node)
+        stack.extend(reversed(children.get(node.key, ())))
+    if len(ordered) < len(nodes):  # what no root reaches hangs in a cycle
+        placed = {id(node) for node in ordered}
+        stuck = next(node for node in nodes.values() if id(node) not in placed)
+        raise ValueError(f"hearth.tree: message {_short(stuck.key)} has a cycle")
     return ordered
+
+
+def _too_many(count: int) -> str:
+    return (f"The file holds {count:,} messages, and Hearth imports conversations of up to "
+            f"{MAX_IMPORT_MESSAGES:,} messages.")
 
 
 def from_json(storage: Storage, data: object) -> Conversation:
@@ -234,6 +307,8 @@ def from_json(storage: Storage, data: object) -> Conversation:
     """
     root = _expect(data, Mapping, "the imported JSON")
     messages = _expect(root.get("messages"), list, "messages")
+    if len(messages) > MAX_IMPORT_MESSAGES:
+        raise ImportRefused(_too_many(len(messages)))
     hearth = _expect(root.get("hearth"), dict, "hearth", optional=True)
     if hearth is None:
         system_prompt, nodes = _nodes_from_openai(messages)
@@ -261,7 +336,7 @@ def from_json(storage: Storage, data: object) -> Conversation:
         nodes = _nodes_from_tree(hearth.get("tree", []))
         active_key = _expect(hearth.get("active_leaf_id"), (int, str), "hearth.active_leaf_id", optional=True)
         if active_key is not None and active_key not in {n.key for n in nodes}:
-            raise ValueError(f"hearth.active_leaf_id {active_key!r} is not in hearth.tree")
+            raise ValueError(f"hearth.active_leaf_id {_short(active_key)} is not in hearth.tree")
     with storage.batch():
         conversation = storage.create_conversation(title, system_prompt, created_at=created_at)
         if any(value is not None for value in sampling.values()):
@@ -271,17 +346,19 @@ def from_json(storage: Storage, data: object) -> Conversation:
             storage.set_model(conversation.id, sampling["model"])
         if reply_format is not None or schema is not None:
             storage.set_reply_format(conversation.id, reply_format, None if schema is None else json.dumps(schema))
-        new_ids: dict[object, int] = {}
-        for node in nodes:
-            message = storage.add_message(
-                conversation.id,
-                node.role,
-                node.content,
-                None if node.parent_key is None else new_ids[node.parent_key],
-                is_complete=node.is_complete,
-                created_at=node.created_at,
-                **node.metadata,
-            )
-            new_ids[node.key] = message.id
-        leaf = None if active_key is None else new_ids[active_key]
-        return storage.set_active_leaf(conversation.id, leaf)
+        return storage.add_message_tree(conversation.id, nodes, active_key)
+
+
+def import_file(storage: Storage, path: Path) -> Conversation:
+    """Import the conversation file at ``path`` (:func:`read_import_file`, then :func:`from_json`).
+
+    Raises:
+        ImportRefused, OSError, ValueError: as :func:`read_import_file` and :func:`from_json`.
+        sqlite3.Error: the database could not take it (locked by another program, or the disk is full);
+            nothing is written then.
+    """
+    data = read_import_file(path)
+    try:
+        return from_json(storage, data)
+    except RecursionError:  # a JSON schema nested nearly as deep as the parser allows, written back out
+        raise ImportRefused("The file nests lists or objects too deeply to be a conversation.") from None

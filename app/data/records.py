@@ -6,6 +6,7 @@ Plain frozen dataclasses, with no SQL and no Qt; :class:`~app.data.storage.Stora
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 DEFAULT_TITLE = "New chat"
 MAX_TITLE_CHARS = 40
@@ -68,6 +69,23 @@ class Message:
     created_at: float
     is_complete: bool
 
+
+@dataclass(slots=True)
+class MessageNode:
+    """One message of a tree about to be written at once (an import), before it has an id.
+
+    ``key`` names it in the tree (an imported file's own id); ``parent_key`` is its parent's key, None for a root.
+    ``metadata`` holds the optional :class:`Message` fields (model, quantization, token counts, ttft_s, tok_s,
+    finish_reason).
+    """
+
+    key: object
+    parent_key: object
+    role: str
+    content: str
+    created_at: float | None
+    is_complete: bool
+    metadata: dict[str, Any]
 
 
 def make_title(text: str, max_chars: int = MAX_TITLE_CHARS) -> str:

@@ -12,6 +12,8 @@ from typing import Any
 
 from PySide6.QtCore import QByteArray, QSettings
 
+from app.data.private_files import create_private
+
 #: Colour themes the user can pick (:func:`app.window.theme.apply_theme` applies one).
 THEMES = ("system", "light", "dark")
 FILE_NAME = "settings.ini"
@@ -32,12 +34,14 @@ class Settings:
     """
 
     def __init__(self, data_dir: Path) -> None:
-        data_dir.mkdir(parents=True, exist_ok=True)
         self.path = data_dir / FILE_NAME
+        create_private(self.path)  # the folder 0700 and the file 0600: Qt keeps the mode when it rewrites it
         self._qsettings = QSettings(str(self.path), QSettings.Format.IniFormat)
 
     def sync(self) -> None:
-        """Write pending changes to the file."""
+        """Write pending changes to the file (created again, private, if it was removed meanwhile)."""
+        if not self.path.exists():
+            create_private(self.path)
         self._qsettings.sync()
 
     # -- appearance -------------------------------------------------------------------------------

@@ -18,18 +18,18 @@ the others' methods through the shared lock and :meth:`Storage.batch`.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Self
 
 from app.data.migrations import migrate, schema_version
-from app.data.records import DEFAULT_TITLE, ROLES, Conversation, Message, Preset, make_title
+from app.data.private_files import create_private
+from app.data.records import DEFAULT_TITLE, ROLES, Conversation, Message, MessageNode, Preset, make_title
 
 BUSY_TIMEOUT_MS = 5000
 SNIPPET_CONTEXT_CHARS = 30
@@ -90,16 +90,6 @@ def _preset(row: Sequence[Any]) -> Preset:
 # --- storage --------------------------------------------------------------------------------------
 
 
-def create_private(path: Path) -> None:
-    """Create ``path``'s folder (0700) and an empty file (0600) if they are missing, so that nobody else on the
-    machine can read the conversations. SQLite gives its -wal and -shm files the database file's permissions.
-    Existing folders and files keep the permissions the user gave them."""
-    if not path.parent.exists():
-        path.parent.mkdir(parents=True, mode=0o700)
-    if not path.exists():
-        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-
-
 class Storage:
     """The conversation database: one SQLite file, one connection, safe to share between threads.
 
@@ -118,7 +108,8 @@ class Storage:
         self._lock = threading.RLock()
         self._depth = 0  # nesting of batch(); writes commit when it returns to 0
         self.has_fts = False  # whether the message search index exists (schema 2, FTS5 trigram)
-        create_private(self.path)
+        if str(path) != ":memory:":
+            create_private(self.path)
         self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS:d}")
@@ -461,6 +452,57 @@ class Storage:
             message_id = int(cursor.lastrowid or 0)
             self._update_conversation(conversation_id, active_leaf_id=message_id)
             return self.get_message(message_id)
+
+    def add_message_tree(self, conversation_id: int, messages: Iterable[MessageNode],
+                         active_key: object = None) -> Conversation:
+        """Write a whole message tree (an import) at once, and show the branch ending at ``active_key``.
+
+        Unlike :meth:`add_message`, nothing is read back per message, so the time grows with the number of
+        messages only. Parents must come before their children.
+
+        Returns:
+            The conversation, with ``active_key``'s message as its active leaf (None: no active leaf).
+
+        Raises:
+            ValueError: an unknown role, conversation or parent key, a negative metric, or an unknown
+                ``active_key``; nothing is written then.
+        """
+        with self.batch():
+            self.get_conversation(conversation_id)
+            now = self._clock()
+            # Ids are given here (after the highest ever used, as AUTOINCREMENT would), so the rows go in with
+            # one executemany and no read-back.
+            used = self._conn.execute(
+                "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0), "
+                "coalesce((SELECT max(id) FROM messages), 0))"
+            ).fetchone()
+            next_id = int(used[0]) + 1
+            new_ids: dict[object, int] = {}
+            rows: list[tuple[object, ...]] = []
+            for node in messages:
+                if node.role not in ROLES:
+                    raise ValueError(f"role must be one of {', '.join(ROLES)}; got {node.role!r:.60}")
+                meta = node.metadata
+                _check_meta(meta.get("num_prompt_tokens"), meta.get("num_generated_tokens"), meta.get("ttft_s"),
+                            meta.get("tok_s"))
+                if node.parent_key is not None and node.parent_key not in new_ids:
+                    raise ValueError(f"message {node.key!r:.60}: its parent does not come before it")
+                if node.key in new_ids:
+                    raise ValueError(f"message {node.key!r:.60} appears twice")
+                new_ids[node.key] = next_id
+                rows.append((
+                    next_id, conversation_id, None if node.parent_key is None else new_ids[node.parent_key],
+                    node.role, node.content, meta.get("model"), meta.get("quantization"),
+                    meta.get("num_prompt_tokens"), meta.get("num_generated_tokens"), meta.get("ttft_s"),
+                    meta.get("tok_s"), meta.get("finish_reason"), now if node.created_at is None else node.created_at,
+                    int(node.is_complete),
+                ))
+                next_id += 1
+            if active_key is not None and active_key not in new_ids:
+                raise ValueError(f"the active message {active_key!r:.60} is not in the tree")
+            self._conn.executemany(f"INSERT INTO messages ({_MSG_COLS}) VALUES ({', '.join('?' * 14)})", rows)
+            leaf = None if active_key is None else new_ids[active_key]
+            return self._update_conversation(conversation_id, active_leaf_id=leaf)
 
     def update_message(
         self,

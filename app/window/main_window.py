@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import platformdirs
-from PySide6.QtCore import QByteArray, Qt, QTimer, Slot
+from PySide6.QtCore import QByteArray, Qt, QThreadPool, QTimer, Signal, Slot
 from PySide6.QtGui import QCloseEvent, QGuiApplication, QShowEvent
 from PySide6.QtWidgets import QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox, QWidget
 
@@ -28,10 +28,12 @@ from app.data import export
 from app.data.conversations import ConversationStore
 from app.data.settings import Settings
 from app.data.storage import Storage
+from app.data.storage_errors import storage_error_text
 from app.icon import app_icon
 from app.model.model_pane import ModelPane
 from app.model.models_view import ModelsView
 from app.monitor.monitor_pane import MonitorPane
+from app.window.importer import ConversationImport, ImportResult
 from app.window.menus import WindowMenus
 from app.window.theme import apply_theme
 
@@ -54,8 +56,12 @@ def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("Hearth", appauthor=False))
 
 
-def import_error_text(exc: Exception) -> str:
+def import_error_text(exc: BaseException) -> str:
     """Why a conversation file could not be imported, in sentences rather than parser output."""
+    if isinstance(exc, export.ImportRefused):
+        return str(exc)
+    if (stored := storage_error_text(exc)) is not None:
+        return f"The file was read, but not saved. {stored}"
     if isinstance(exc, json.JSONDecodeError):
         return (f"The file is not valid JSON: {exc.msg.lower()} on line {exc.lineno}, column {exc.colno}. "
                 "It may be damaged or cut short, or not be a conversation exported by Hearth.")
@@ -63,7 +69,13 @@ def import_error_text(exc: Exception) -> str:
         return "The file is not text (UTF-8), so it cannot be a conversation exported by Hearth."
     if isinstance(exc, OSError):
         return f"The file could not be read: {(exc.strerror or str(exc)).lower()}."
-    detail = str(exc).rstrip(".")
+    if isinstance(exc, MemoryError):
+        return "The file needs more memory to import than this computer has free."
+    if isinstance(exc, RecursionError):
+        return "The file nests lists or objects too deeply to be a conversation."
+    if not isinstance(exc, ValueError):
+        return f"The file could not be imported: {type(exc).__name__}: {str(exc)[:200]}."
+    detail = str(exc)[:300].rstrip(".")
     return (f"The file is JSON, but not a conversation Hearth can read: {detail}. "
             "Hearth imports the JSON files it exports (File → Export as JSON).")
 
@@ -79,7 +91,13 @@ class MainWindow(QMainWindow):
     ``hearth.db`` and preferences in ``settings.ini``, both in the data dir; window geometry and the
     pane layout are restored from the settings. Closing the window saves them, shuts the bridge
     down (stops the engine loop and frees the model) and closes the database.
+
+    Signals:
+        import_finished(object): an import started by :meth:`import_conversation` ended: the new
+            conversation's id, or None when it failed (the "Import failed" dialog said why).
     """
+
+    import_finished = Signal(object)
 
     def __init__(self, data_dir: Path | None = None, bridge: EngineBridge | None = None,
                  parent: QWidget | None = None) -> None:
@@ -96,6 +114,9 @@ class MainWindow(QMainWindow):
         self._resize_to_screen()
 
         self._is_closed = False
+        self._import: ConversationImport | None = None
+        self._import_pool = QThreadPool(self)  # one import at a time, off the GUI thread
+        self._import_pool.setMaxThreadCount(1)
         self.settings = Settings(self.data_dir)
         apply_theme(self.settings.theme)  # before the panes draw anything in the palette
         self.storage = self._open_storage()
@@ -350,24 +371,50 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Exported to {path}", 5000)
         return path
 
-    def import_conversation(self) -> int | None:
-        """Ask for a JSON file and import it as a new conversation; returns its id."""
-        path_text, _ = QFileDialog.getOpenFileName(self, "Import conversation", str(Path.home()),
-                                                   "JSON (*.json);;All files (*)")
-        if not path_text:
-            return None
-        try:
-            data = json.loads(Path(path_text).read_text(encoding="utf-8"))
-            conversation = export.from_json(self.storage, data)
-        except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
-            log.ui.info("import of %s failed: %s", path_text, exc)
-            QMessageBox.warning(self, "Import failed",
-                                f"{Path(path_text).name} could not be imported.\n\n{import_error_text(exc)}")
-            return None
+    @property
+    def is_importing(self) -> bool:
+        """Whether an import is running."""
+        return self._import is not None
+
+    def import_conversation(self, path: str | Path | None = None) -> bool:
+        """Import a JSON file (``path``, else one the user picks) as a new conversation, in the background.
+
+        The window stays usable meanwhile; :attr:`import_finished` says how it ended, and a failure shows the
+        "Import failed" dialog with the reason.
+
+        Returns:
+            Whether an import started.
+        """
+        if self._import is not None:
+            self.statusBar().showMessage("An import is already running; wait for it to finish.", 5000)
+            return False
+        if path is None:
+            path, _ = QFileDialog.getOpenFileName(self, "Import conversation", str(Path.home()),
+                                                  "JSON (*.json);;All files (*)")
+            if not path:
+                return False
+        job = ConversationImport(self.storage, Path(path))
+        job.finished.connect(self._on_import_finished)
+        self._import = job
+        self.statusBar().showMessage(f"Importing {job.path.name}…")
+        job.start(self._import_pool)
+        return True
+
+    @Slot(object)
+    def _on_import_finished(self, result: ImportResult) -> None:
+        self._import = None
+        if self._is_closed:
+            return
+        self.statusBar().clearMessage()
+        if result.error is not None or result.conversation_id is None:
+            reason = import_error_text(result.error or ValueError("nothing was imported"))
+            QMessageBox.warning(self, "Import failed", f"{result.path.name} could not be imported.\n\n{reason}")
+            self.import_finished.emit(None)
+            return
         self.chat_pane.refresh()
-        self.chat_pane.select_conversation(conversation.id)
-        self.statusBar().showMessage(f"Imported “{conversation.title}”.", 5000)
-        return conversation.id
+        self.chat_pane.select_conversation(result.conversation_id)
+        self.statusBar().showMessage(f"Imported “{result.title}”.", 5000)
+        self.import_finished.emit(result.conversation_id)
 
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
@@ -385,5 +432,6 @@ class MainWindow(QMainWindow):
             self.save_settings()
             self.replies.shutdown()
             self.bridge.shutdown()
+            self._import_pool.waitForDone()  # an import writes in one transaction: let it land before closing
             self.storage.close()
         super().closeEvent(event)

@@ -239,7 +239,9 @@ def test_an_imported_conversation_reads_no_file(qtbot: Any, window: MainWindow, 
         {"role": "assistant", "content": hostile_reply(fifo.path, real_image)},
     ]}), encoding="utf-8")
     monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(lambda *a, **k: (str(path), "")))
-    assert window.import_conversation() is not None
+    with qtbot.wait_signal(window.import_finished, timeout=10_000) as finished:
+        assert window.import_conversation()
+    assert finished.args[0] is not None
     view = window.chat_pane.view
     view.grab()
     assert fifo.reads() == 0 and opened == []

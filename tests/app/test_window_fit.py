@@ -238,7 +238,7 @@ def test_monitor_says_what_it_does_not_know(qtbot: Any) -> None:
     assert pane.kv_graph.legend == ["free", "cached prefixes", "used", "prefix hit rate"]
 
 
-def test_import_errors_are_sentences(window: MainWindow, tmp_path: Path, monkeypatch: Any) -> None:
+def test_import_errors_are_sentences(qtbot: Any, window: MainWindow, tmp_path: Path, monkeypatch: Any) -> None:
     bad = tmp_path / "chat.json"
     bad.write_text('{"messages": [', encoding="utf-8")
     try:
@@ -253,7 +253,9 @@ def test_import_errors_are_sentences(window: MainWindow, tmp_path: Path, monkeyp
                         lambda *args, **kwargs: (str(bad), ""))
     monkeypatch.setattr("app.window.main_window.QMessageBox.warning",
                         lambda parent, title, message: shown.append(message) or QMessageBox.StandardButton.Ok)
-    assert window.import_conversation() is None
+    with qtbot.wait_signal(window.import_finished, timeout=10_000) as finished:
+        assert window.import_conversation()
+    assert finished.args == [None]
     assert shown and shown[0].startswith("chat.json could not be imported.") and "not valid JSON" in shown[0]
 
 

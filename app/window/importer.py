@@ -1,0 +1,62 @@
+"""Imports a conversation file on a pool thread, so that a large file never freezes the window.
+
+Reading, parsing, checking and writing (:func:`app.data.export.import_file`) all run off the GUI thread; the
+result comes back through :attr:`ConversationImport.finished`, on the GUI thread. Whatever the file holds, the
+import ends in a result: the new conversation, or the exception that explains why not.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from PySide6.QtCore import QObject, QThreadPool, Signal
+
+from app import log
+from app.data import export
+from app.data.storage import Storage
+
+
+@dataclass(frozen=True, slots=True)
+class ImportResult:
+    """How an import ended: ``conversation_id`` and ``title`` when it worked, ``error`` when it did not."""
+
+    path: Path
+    conversation_id: int | None = None
+    title: str = ""
+    error: BaseException | None = None
+
+
+class ConversationImport(QObject):
+    """One file's import, run on a pool thread.
+
+    Signals:
+        finished(ImportResult): the import ended (emitted once, received on the GUI thread).
+
+    Args:
+        storage: the database to add the conversation to (safe to use from any thread).
+        path: the file to import.
+    """
+
+    finished = Signal(object)
+
+    def __init__(self, storage: Storage, path: Path, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.storage = storage
+        self.path = Path(path)
+        self.done = threading.Event()
+
+    def start(self, pool: QThreadPool) -> None:
+        """Run the import on ``pool``."""
+        pool.start(self._run)
+
+    def _run(self) -> None:
+        try:
+            conversation = export.import_file(self.storage, self.path)
+            result = ImportResult(self.path, conversation.id, conversation.title)
+        except Exception as exc:  # noqa: BLE001 (any file: every failure becomes the "Import failed" dialog)
+            log.ui.info("import of %s failed: %s: %s", self.path, type(exc).__name__, str(exc)[:200])
+            result = ImportResult(self.path, error=exc)
+        self.done.set()
+        self.finished.emit(result)

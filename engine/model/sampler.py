@@ -203,13 +203,33 @@ def adjusted_logits(row: torch.Tensor, p: SamplingParams, history: list[int], nu
     if (p.presence_penalty or p.frequency_penalty) and len(history) > num_prompt:
         row = apply_presence_frequency(row, history[num_prompt:], p.presence_penalty, p.frequency_penalty)
     if p.logit_bias:
-        row = row.clone()
-        vocab = row.numel()
-        ids = [t for t in p.logit_bias if t < vocab]
-        if ids:
-            idx = torch.tensor(ids, dtype=torch.long, device=row.device)
-            row[idx] += torch.tensor([p.logit_bias[t] for t in ids], dtype=row.dtype, device=row.device)
+        idx, values = _bias_tensors(p.logit_bias, row.numel(), row.device)
+        if idx.numel():
+            row = row.index_add(0, idx, values.to(row.dtype))
     return row
+
+
+_BIAS_CACHE: dict[tuple[int, int, str], tuple[dict[int, float], torch.Tensor, torch.Tensor]] = {}
+_BIAS_CACHE_SIZE = 256
+
+
+def _bias_tensors(bias: dict[int, float], vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A request's logit biases as index and value tensors, built once per request rather than at every step.
+
+    Keyed by the dict's identity; the entry holds the dict, so the identity cannot be reused while cached. Ids
+    past the vocabulary are dropped.
+    """
+    key = (id(bias), vocab, str(device))
+    hit = _BIAS_CACHE.get(key)
+    if hit is not None and hit[0] is bias:
+        return hit[1], hit[2]
+    ids = [t for t in bias if t < vocab]
+    idx = torch.tensor(ids, dtype=torch.long, device=device)
+    values = torch.tensor([bias[t] for t in ids], dtype=torch.float32, device=device)
+    if len(_BIAS_CACHE) >= _BIAS_CACHE_SIZE:
+        _BIAS_CACHE.pop(next(iter(_BIAS_CACHE)))
+    _BIAS_CACHE[key] = (bias, idx, values)
+    return idx, values
 
 
 def apply_repetition_penalty(row: torch.Tensor, history: list[int], penalty: float) -> torch.Tensor:

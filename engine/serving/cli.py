@@ -17,7 +17,12 @@ from typing import Any
 
 from engine.api import LEVEL_LABELS, QUANTIZATION_LEVELS, SPECULATIVE_METHODS, ModelLoadError
 from engine.serving.async_engine import AsyncLLMEngine
-from engine.serving.guards import DEFAULT_MAX_BODY_BYTES, GuardRules, is_loopback
+from engine.serving.guards import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_REQUESTS_PER_CLIENT,
+    GuardRules,
+    is_loopback,
+)
 from engine.serving.openai_app import DEFAULT_REQUEST_TIMEOUT_S, create_app, uvicorn_server
 from engine.serving.transport import ConnectionLimits, bind_socket
 
@@ -103,6 +108,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="a request still running after this ends with finish_reason 'timeout' and keeps its "
                              "text; one that has not started gets a 503 (requests may set their own 'timeout_s'; "
                              f"0: none; default: {DEFAULT_REQUEST_TIMEOUT_S:g})")
+    parser.add_argument("--max-requests-per-client", type=int, default=DEFAULT_MAX_REQUESTS_PER_CLIENT,
+                        metavar="N", help="generation requests one client address may have in flight; more get "
+                        f"429 with Retry-After (0: no limit; default: {DEFAULT_MAX_REQUESTS_PER_CLIENT})")
+    parser.add_argument("--write-timeout", type=float, default=limits.write_timeout_s, metavar="SECONDS",
+                        help="drop a connection whose client takes none of its reply for this long, cancelling "
+                             f"its request (default: {limits.write_timeout_s:g})")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 
@@ -115,9 +126,10 @@ def _settings(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Gua
     if args.metrics_auth and not api_key:
         raise ValueError(f"--metrics-auth needs an API key ({API_KEY_ENV}, --api-key-file or --api-key)")
     rules = GuardRules(api_key=api_key, metrics_auth=args.metrics_auth, check_host=is_loopback(args.host),
-                       allowed_origins=tuple(args.allow_origin), max_body_bytes=args.max_body_bytes)
+                       allowed_origins=tuple(args.allow_origin), max_body_bytes=args.max_body_bytes,
+                       max_requests_per_client=args.max_requests_per_client)
     limits = ConnectionLimits(header_timeout_s=args.header_timeout, keep_alive_s=args.keep_alive_timeout,
-                              max_connections=args.max_connections)
+                              max_connections=args.max_connections, write_timeout_s=args.write_timeout)
     return rules, limits
 
 

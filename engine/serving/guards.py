@@ -10,7 +10,10 @@ and disconnects). In order, it refuses:
 - a POST whose Content-Type is not ``application/json`` (a browser's "simple" cross-site request), 415;
 - a body larger than ``max_body_bytes``, 413 as soon as ``Content-Length`` says so (then the connection closes,
   so the rest is never read), or as soon as the bytes received pass the limit; and a body that does not arrive
-  within ``body_timeout_s``, 408.
+  within ``body_timeout_s``, 408;
+- a generation request (``/v1/chat/completions``, ``/v1/completions``, ``/api/chat``, ``/api/generate``) from a
+  client address that already has ``max_requests_per_client`` of them in flight, 429 with ``Retry-After``, so
+  one client cannot take every place in the batch. A request counts until its reply (streamed or not) ends.
 
 Every refusal is an OpenAI-style error object.
 """
@@ -30,6 +33,11 @@ from engine.serving.protocol import APIError
 
 #: Default body limit: a long conversation is a few hundred KB; 50 MB of JSON is an attack.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+#: Default limit of generation requests in flight from one client address (as many as a default batch holds).
+DEFAULT_MAX_REQUESTS_PER_CLIENT = 16
+#: Seconds a client over its limit is asked to wait (``Retry-After``).
+CLIENT_RETRY_AFTER_S = 1
+_GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate"})
 _CORS_METHODS = "GET, POST, OPTIONS"
 _CORS_HEADERS = "Authorization, Content-Type"
 
@@ -45,6 +53,7 @@ class GuardRules:
         allowed_origins: web origins (``https://app.example``, or ``*``) allowed to call from a browser.
         max_body_bytes: the largest request body.
         body_timeout_s: longest wait for the rest of a request body.
+        max_requests_per_client: generation requests one client address may have in flight (0: no limit).
     """
 
     api_key: str | None = None
@@ -53,12 +62,16 @@ class GuardRules:
     allowed_origins: tuple[str, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     body_timeout_s: float = 30.0
+    max_requests_per_client: int = DEFAULT_MAX_REQUESTS_PER_CLIENT
 
     def __post_init__(self) -> None:
         if self.metrics_auth and not self.api_key:
             raise ValueError("metrics_auth needs an API key")
         if self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be positive, got {self.max_body_bytes}")
+        if self.max_requests_per_client < 0:
+            raise ValueError(f"max_requests_per_client must be 0 (no limit) or more, got "
+                             f"{self.max_requests_per_client}")
 
 
 def is_loopback(host: str) -> bool:
@@ -89,6 +102,7 @@ class Guard:
     def __init__(self, app: ASGIApp, rules: GuardRules) -> None:
         self.app, self.rules = app, rules
         self._origins = frozenset(_normalise_origin(o) for o in rules.allowed_origins)
+        self._in_flight: dict[str, int] = {}  # client address -> generation requests not yet answered
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -110,7 +124,39 @@ class Guard:
         except APIError as exc:
             await exc.response()(scope, receive, send)
             return
-        await self.app(scope, self._limited(receive), send)
+        client = self._counted_client(scope)
+        if client is None:
+            await self.app(scope, self._limited(receive), send)
+            return
+        if self._in_flight.get(client, 0) >= self.rules.max_requests_per_client:
+            await self._too_many(client)(scope, receive, send)
+            return
+        self._in_flight[client] = self._in_flight.get(client, 0) + 1
+        try:
+            await self.app(scope, self._limited(receive), send)
+        finally:
+            left = self._in_flight[client] - 1
+            if left:
+                self._in_flight[client] = left
+            else:
+                del self._in_flight[client]
+
+    # -- per-client limit ----------------------------------------------------------------------------------
+    def _counted_client(self, scope: Scope) -> str | None:
+        """The client address a generation request counts against, or None when it is not counted."""
+        if not self.rules.max_requests_per_client or scope["method"] != "POST":
+            return None
+        if scope["path"] not in _GENERATION_PATHS:
+            return None
+        client = scope.get("client")
+        return str(client[0]) if client else ""
+
+    def _too_many(self, client: str) -> Response:
+        limit = self.rules.max_requests_per_client
+        return APIError(429, f"This client ({client or 'unknown address'}) already has {limit} requests in "
+                        f"flight, the most one client may have; retry when one has finished (the server's "
+                        f"--max-requests-per-client sets the limit).", type_="rate_limit_error",
+                        code="too_many_requests", headers={"Retry-After": str(CLIENT_RETRY_AFTER_S)}).response()
 
     # -- checks ------------------------------------------------------------------------------------------------
     def _check_host(self, headers: Headers) -> None:

@@ -3,20 +3,21 @@
 A logit bias and stop strings are applied on the engine's thread at every step of the request, while it is
 batched with everyone else's; without a cap, a request with 200 000 biases or 10 000 stop strings slowed the
 other streams many times over. The caps are above what OpenAI's own API accepts (300 biases, 4 stop strings),
-so a client written for it never meets them. A request over a cap is a 400 naming the field and the cap.
+so a client written for it never meets them. A request over a cap is a 400 naming the field and the cap: OpenAI's bodies are refused while they are parsed
+(``engine/serving/protocol.py``, before looping over the entries), Ollama's by :func:`check_sampling_limits`.
 """
 
 from __future__ import annotations
 
 from engine.api import SamplingParams
-from engine.serving.protocol import APIError
+from engine.serving.protocol import (
+    MAX_LOGIT_BIAS_ENTRIES,  # the most entries of logit_bias (OpenAI: 300)
+    MAX_STOP_CHARS,  # the longest stop string: the reply's last this many characters are searched at each step
+    MAX_STOP_STRINGS,  # the most stop strings (OpenAI: 4)
+    APIError,
+)
 
-#: The most entries of ``logit_bias`` (OpenAI: 300).
-MAX_LOGIT_BIAS_ENTRIES = 1024
-#: The most stop strings (OpenAI: 4).
-MAX_STOP_STRINGS = 16
-#: The longest stop string, in characters: the reply's last this many characters are searched at each step.
-MAX_STOP_CHARS = 1000
+__all__ = ["MAX_LOGIT_BIAS_ENTRIES", "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "check_sampling_limits"]
 
 
 def check_sampling_limits(params: SamplingParams) -> None:

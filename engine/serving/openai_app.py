@@ -38,6 +38,7 @@ from engine.serving import tools as tools_mod
 from engine.serving.async_engine import AsyncLLMEngine, AsyncRequest
 from engine.serving.choices import Choice, Plan
 from engine.serving.guards import Guard, GuardRules, is_loopback
+from engine.serving.limits import check_sampling_limits
 from engine.serving.metrics import METRICS_CONTENT_TYPE, ServerMetrics
 from engine.serving.ollama_api import ollama_routes
 from engine.serving.protocol import (
@@ -271,6 +272,7 @@ class OpenAIServer:
             params = body.sampling_params(max_tokens, self.engine.engine.max_model_len, timeout_s=timeout_s, **extra)
         except ValueError as exc:
             raise APIError(400, str(exc), param=str(exc).split(" ", 1)[0]) from exc
+        check_sampling_limits(params)
         requests = await self._submit(prompt, params, plan)
         rid, created = f"{'chatcmpl' if plan.chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
         prompt_tokens = requests[0].num_prompt_tokens

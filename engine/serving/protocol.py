@@ -20,6 +20,10 @@ from engine.api import MAX_N, MAX_TOP_LOGPROBS, SamplingParams
 
 #: The largest seed: the engine's generators take an unsigned 64-bit value.
 MAX_SEED = 2**64 - 1
+#: Caps on what one request may ask of the shared engine at every step (``engine/serving/limits.py`` says why).
+MAX_LOGIT_BIAS_ENTRIES = 1024
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1000
 
 
 # --- errors -----------------------------------------------------------------------------------------------------
@@ -181,11 +185,24 @@ class GenerationRequest(_Body):
     @field_validator("logit_bias")
     @classmethod
     def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is not None and len(value) > MAX_LOGIT_BIAS_ENTRIES:  # before looping over them
+            raise ValueError(f"it has {len(value)} entries; at most {MAX_LOGIT_BIAS_ENTRIES} are accepted")
         for key, bias in (value or {}).items():
             if not key.isdigit():
                 raise ValueError(f"keys must be token ids, got {key!r}")
             if not -100.0 <= bias <= 100.0:
                 raise ValueError(f"biases must lie in [-100, 100], got {bias!r}")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"it has {len(stops)} strings; at most {MAX_STOP_STRINGS} are accepted")
+        longest = max((len(s) for s in stops), default=0)
+        if longest > MAX_STOP_CHARS:
+            raise ValueError(f"a stop string is {longest} characters long; at most {MAX_STOP_CHARS} are accepted")
         return value
 
     def sampling_params(self, max_tokens: int | None, default_max_tokens: int, **extra: Any) -> SamplingParams:

@@ -1,4 +1,5 @@
-"""Sockets and connections: the listening socket, uvicorn's settings, and a deadline for request headers.
+"""Sockets and connections: the listening socket, uvicorn's settings, and deadlines for request headers and for
+clients that stop reading.
 
 - The listening socket is created as ``IPPROTO_TCP``: asyncio sets ``TCP_NODELAY`` only on sockets that say so,
   and accepted sockets inherit the listener's protocol. Without it, Nagle's algorithm and delayed ACKs add
@@ -7,11 +8,18 @@
   (``limit_concurrency``, 503 beyond it), but has no deadline for a request's headers: a client that connects and
   sends nothing, or half a header, holds its connection for ever. :class:`_H11Protocol` closes it after
   ``header_timeout_s``. The header size is capped by h11 (``h11_max_incomplete_event_size``).
+- A client that stops reading a reply (a stream it never reads) would hold its request, and its place in the
+  batch, until the request's own deadline: the engine keeps generating into a queue nobody drains. Each accepted
+  socket's send buffer, and asyncio's buffer above it, are capped (``send_buffer_bytes``; the kernel would
+  otherwise grow its buffer to megabytes), so such a client fills them within some tens of kilobytes; once the
+  server's writes have been blocked for ``write_timeout_s`` the connection is dropped, which cancels the
+  request and frees its slot.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +28,9 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 _HEADER_TIMEOUT_S = 10.0
+_WRITE_TIMEOUT_S = 15.0
+_SEND_BUFFER_BYTES = 16 * 1024
+_log = logging.getLogger("hearth.server")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,16 +42,24 @@ class ConnectionLimits:
         keep_alive_s: an idle keep-alive connection closes after this long.
         max_connections: open connections beyond this get 503 (idle keep-alive ones count).
         max_header_bytes: the largest request line plus headers.
+        write_timeout_s: a connection whose client takes none of the reply for this long is dropped (its
+            request is cancelled).
+        send_buffer_bytes: each connection's kernel send buffer (``SO_SNDBUF``, which Linux doubles) and
+            asyncio's write buffer limit: they bound how much of a reply a client that does not read can leave
+            waiting before ``write_timeout_s`` starts to run. Token streams and JSON replies need little.
     """
 
     header_timeout_s: float = _HEADER_TIMEOUT_S
     keep_alive_s: int = 5
     max_connections: int = 256
     max_header_bytes: int = 16 * 1024
+    write_timeout_s: float = _WRITE_TIMEOUT_S
+    send_buffer_bytes: int = _SEND_BUFFER_BYTES
 
     def __post_init__(self) -> None:
-        if self.header_timeout_s <= 0 or self.keep_alive_s < 1 or self.max_connections < 1:
-            raise ValueError(f"connection limits must be positive: {self}")
+        if (self.header_timeout_s <= 0 or self.keep_alive_s < 1 or self.max_connections < 1
+                or not self.write_timeout_s > 0 or self.send_buffer_bytes < 4096):
+            raise ValueError(f"connection limits must be positive (a send buffer of 4096 bytes or more): {self}")
 
 
 class _Config(uvicorn.Config):
@@ -51,27 +70,62 @@ class _Config(uvicorn.Config):
                          limit_concurrency=limits.max_connections,
                          h11_max_incomplete_event_size=limits.max_header_bytes, **kwargs)
         self.header_timeout_s = limits.header_timeout_s
+        self.write_timeout_s = limits.write_timeout_s
+        self.send_buffer_bytes = limits.send_buffer_bytes
 
 
 class _H11Protocol(H11Protocol):
-    """uvicorn's h11 protocol, closing a connection whose request headers do not arrive in time.
+    """uvicorn's h11 protocol, closing a connection whose request headers do not arrive in time, or whose
+    client stops taking the reply.
 
-    The deadline runs from the connection's start and again from each finished reply (which also bounds how
-    long a refused request's unread body is drained); it stops once a request's headers are in.
+    The header deadline runs from the connection's start and again from each finished reply (which also bounds
+    how long a refused request's unread body is drained); it stops once a request's headers are in. The write
+    deadline runs while asyncio has paused writing (the socket's buffers are full) and stops when it resumes.
     """
 
     def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
         self._header_timeout_s = getattr(config, "header_timeout_s", _HEADER_TIMEOUT_S)
+        self._write_timeout_s = getattr(config, "write_timeout_s", _WRITE_TIMEOUT_S)
+        self._send_buffer_bytes = getattr(config, "send_buffer_bytes", _SEND_BUFFER_BYTES)
         self._header_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._send_buffer_bytes)
+            except OSError:  # not a TCP socket (a test's pipe); the write deadline still holds
+                pass
+        transport.set_write_buffer_limits(high=self._send_buffer_bytes)
         super().connection_made(transport)
         self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
+        self._disarm_write_timer()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self._write_timeout_s, self._on_write_timeout)
+
+    def resume_writing(self) -> None:
+        self._disarm_write_timer()
+        super().resume_writing()
+
+    def _disarm_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _on_write_timeout(self) -> None:
+        self._write_timer = None
+        _log.warning("Dropped the connection of %s: it took none of the reply for %g s (a client that does not "
+                     "read); its request is cancelled.", self.client, self._write_timeout_s)
+        self.transport.abort()
 
     def handle_events(self) -> None:
         super().handle_events()

@@ -33,7 +33,8 @@ class FakeEngine:
 
     Tokenizing is one token per UTF-8 byte (a lone surrogate raises TypeError, as in a real tokenizer), counted in
     ``num_tokenized`` and slowed by ``tokenize_delay_s``. ``queue_full`` makes ``submit`` raise
-    ``CapacityError``; ``_loop_thread`` plays the engine's loop thread.
+    ``CapacityError``; ``_loop_thread`` plays the engine's loop thread. With ``hold`` set, requests get no answer
+    until ``release()``.
     """
 
     max_model_len = 256
@@ -45,6 +46,21 @@ class FakeEngine:
         self.last_params: SamplingParams | None = None
         self._loop_thread: threading.Thread | None = None
         self._ids = itertools.count()
+        self.hold = False
+        self._held: list[tuple[str, Callable[[StepOutput], None]]] = []
+        self._held_lock = threading.Lock()
+
+    def release(self) -> int:
+        """Answer every held request; returns how many there were."""
+        with self._held_lock:
+            held, self._held = self._held, []
+        for request_id, on_output in held:
+            on_output(StepOutput(request_id, "Hello!", [1], True, "stop", {"num_generated_tokens": 1}))
+        return len(held)
+
+    def num_held(self) -> int:
+        with self._held_lock:
+            return len(self._held)
 
     def tokenize(self, prompt: Any, tools: Any = None) -> list[int]:
         self.num_tokenized += 1
@@ -65,6 +81,10 @@ class FakeEngine:
         self.last_params = params
         handle = FakeHandle(request_id or f"req-{next(self._ids)}", ids)
         assert on_output is not None
+        if self.hold:
+            with self._held_lock:
+                self._held.append((handle.request_id, on_output))
+            return handle
         on_output(StepOutput(handle.request_id, "Hello!", [1], True, "stop", {"num_generated_tokens": 1}))
         return handle
 

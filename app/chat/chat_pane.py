@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtCore import Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
@@ -24,6 +24,7 @@ from app.chat.preset_dialog import PresetDialog
 from app.chat.reply_controller import ReplyController
 from app.chat.settings_controller import ConversationSettingsController
 from app.data.conversations import Conversation, ConversationStore, Message
+from app.data.storage_errors import storage_error_text
 
 
 class ChatPane(QWidget):
@@ -37,6 +38,8 @@ class ChatPane(QWidget):
 
     Signals:
         notice(str): a short message for the status bar.
+        storage_failed(str): the database refused a write (another Hearth holds it, the disk is full); what
+            happened and what to do, in words. What the user typed stays in the message box.
 
     Args:
         store: the conversations.
@@ -44,6 +47,7 @@ class ChatPane(QWidget):
     """
 
     notice = Signal(str)
+    storage_failed = Signal(str)
 
     def __init__(self, store: ConversationStore, replies: ReplyController,
                  parent: QWidget | None = None) -> None:
@@ -133,13 +137,25 @@ class ChatPane(QWidget):
     def settings_bar(self) -> ConversationSettings:
         return self._settings_bar
 
-    def new_conversation(self) -> Conversation:
-        """Switch to an empty conversation: the current one if it is empty, else a new one."""
+    def new_conversation(self) -> Conversation | None:
+        """Switch to an empty conversation: the current one if it is empty, else a new one.
+
+        Returns:
+            It, or None when the database could not store a new one (``storage_failed`` says why).
+        """
         current = self.current_conversation
         if current is not None and not current.messages:
             conversation = current
         else:
-            conversation = self._store.create(preset_id=self._settings.valid_preset(self.default_preset_id))
+            try:
+                conversation = self._store.create(preset_id=self._settings.valid_preset(self.default_preset_id))
+            except Exception as exc:
+                if (why := storage_error_text(exc)) is None:
+                    raise
+                # deferred: at start-up the window connects to the signal only after the pane is built
+                QTimer.singleShot(0, self, lambda: self.storage_failed.emit(why))
+                self._update_controls()
+                return None
         self.select_conversation(conversation.id)
         self._composer.setFocus()
         return conversation
@@ -233,9 +249,16 @@ class ChatPane(QWidget):
         conversation = self.current_conversation
         if not text or conversation is None or not self._can_send(conversation):
             return None
-        self._store.add_user(conversation, text)
-        self._view.append_message(conversation.messages[-1])
-        return self._start_reply(conversation, conversation.prompt_messages())
+        try:
+            self._store.add_user(conversation, text)
+            self._view.append_message(conversation.messages[-1])
+            return self._start_reply(conversation, conversation.prompt_messages())
+        except Exception as exc:
+            if (why := storage_error_text(exc)) is None:
+                raise
+            self.storage_failed.emit(why)  # not sent: the text stays in the box, to send again
+            self._view.show_conversation(conversation)
+            return None
 
     def edit_message(self, index: int, text: str) -> str | None:
         """Replace user message ``index`` by ``text`` as a new branch, and get a reply to it."""

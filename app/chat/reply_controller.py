@@ -18,6 +18,7 @@ from app import log
 from app.bridge.engine_bridge import EngineBridge
 from app.bridge.types import ModelInfo, RequestInfo
 from app.data.conversations import CONTINUE_PROMPT, Conversation, ConversationStore, Message
+from app.data.storage_errors import storage_error_text
 
 #: Token deltas are coalesced and announced (so painted) at most this often.
 FLUSH_INTERVAL_MS = 40
@@ -31,6 +32,8 @@ class ReplyController(QObject):
     Signals:
         reply_changed(int, object): a reply's text or status changed (conversation id, Message).
         streaming_changed(int): a reply started or ended; the number of replies streaming now.
+        storage_failed(str): a reply could not be saved (the database is locked or the disk full); in words.
+            The reply stays on screen and its save is tried again every ``SAVE_INTERVAL_MS`` until it lands.
 
     Args:
         bridge: submits and cancels the requests.
@@ -39,6 +42,7 @@ class ReplyController(QObject):
 
     reply_changed = Signal(int, object)
     streaming_changed = Signal(int)
+    storage_failed = Signal(str)
 
     def __init__(self, bridge: EngineBridge, store: ConversationStore, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -49,6 +53,9 @@ class ReplyController(QObject):
         self._requests: dict[str, tuple[int, Message]] = {}
         self._saved_lengths: dict[str, int] = {}
         self._dirty: set[str] = set()
+        # ended replies whose final save failed, to save again
+        self._unsaved: list[Message] = []
+        self._last_failure = ""
         self._flush_timer = QTimer(self)
         self._flush_timer.setObjectName("flush-timer")
         self._flush_timer.setSingleShot(True)
@@ -113,7 +120,7 @@ class ReplyController(QObject):
         aborted = [rid for rid, (cid, _) in self._requests.items() if cid == conversation_id]
         for rid in aborted:
             self._bridge.cancel(rid)
-            self._store.finish_reply(self._requests[rid][1], "abort", {})
+            self._finish(self._requests[rid][1], "abort", {})
             self._forget(rid)
         if aborted:
             self.streaming_changed.emit(len(self._requests))
@@ -145,7 +152,7 @@ class ReplyController(QObject):
         entry = self._requests.get(request_id)
         if entry is None:
             return
-        self._store.finish_reply(entry[1], info.finish_reason, dict(info.metrics))
+        self._finish(entry[1], info.finish_reason, dict(info.metrics))
         self._end(request_id)
 
     @Slot(str, str)
@@ -153,7 +160,7 @@ class ReplyController(QObject):
         entry = self._requests.get(request_id)
         if entry is None:
             return
-        self._store.fail_reply(entry[1], text)
+        self._finish(entry[1], None, {}, error=text)
         self._end(request_id)
 
     # -- timers -----------------------------------------------------------------------------------
@@ -168,10 +175,41 @@ class ReplyController(QObject):
     def _on_save_timeout(self) -> None:
         for rid, (_, message) in self._requests.items():
             if len(message.content) != self._saved_lengths.get(rid, 0):
-                self._store.save_partial(message)
+                if not self._saved(self._store.save_partial, message):
+                    return  # tried again at the next tick
                 self._saved_lengths[rid] = len(message.content)
+        self._unsaved = [message for message in self._unsaved if not self._saved(self._store.save_ended, message)]
+        if not self._requests and not self._unsaved:
+            self._save_timer.stop()
 
     # -- helpers ----------------------------------------------------------------------------------
+
+    def _saved(self, save: Any, *args: Any, **kwargs: Any) -> bool:
+        """Run one store write; a database failure is announced (once until a write lands) and returns False."""
+        try:
+            save(*args, **kwargs)
+        except Exception as exc:
+            if (why := storage_error_text(exc)) is None:
+                raise
+            log.ui.warning("could not save a reply: %s", exc)
+            if why != self._last_failure:
+                self._last_failure = why
+                self.storage_failed.emit(why)
+            return False
+        self._last_failure = ""
+        return True
+
+    def _finish(self, message: Message, finish_reason: str | None, metrics: dict[str, Any],
+                error: str | None = None) -> None:
+        """Save an ended reply; if the database refuses, keep it to save again (the save timer retries)."""
+        if error is not None:
+            ok = self._saved(self._store.fail_reply, message, error)
+        else:
+            ok = self._saved(self._store.finish_reply, message, finish_reason, metrics)
+        if not ok:
+            self._unsaved.append(message)
+            if not self._save_timer.isActive():
+                self._save_timer.start()
 
     def _announce(self, request_id: str) -> None:
         entry = self._requests.get(request_id)
@@ -188,5 +226,5 @@ class ReplyController(QObject):
         self._requests.pop(request_id, None)
         self._saved_lengths.pop(request_id, None)
         self._dirty.discard(request_id)
-        if not self._requests:
+        if not self._requests and not self._unsaved:
             self._save_timer.stop()

@@ -298,6 +298,16 @@ class ConversationStore:
             self.storage.update_message(message.id, content=message.content, is_complete=True,
                                         finish_reason=finish_reason or None, **stats)
 
+    def save_ended(self, message: Message) -> None:
+        """Write an ended reply as it stands: again, after :meth:`finish_reply` or :meth:`fail_reply` could not
+        save it (the live message was already updated)."""
+        if message.id is None:
+            return
+        finish_reason = FINISH_ERROR if message.status == STATUS_ERROR else message.finish_reason
+        stats = {key: value for key, value in (message.stats or {}).items() if key in _METRIC_KEYS}
+        self.storage.update_message(message.id, content=message.content, is_complete=True,
+                                    finish_reason=finish_reason or None, **stats)
+
     def fail_reply(self, message: Message, error: str) -> None:
         """Save a reply that could not be generated."""
         message.status, message.error = STATUS_ERROR, error

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,8 @@ DEFAULT_SIZE = (1280, 820)
 SIDE_PANEL_WIDTH = 430
 #: The conversation database, in the data dir.
 DATABASE_FILE = "hearth.db"
+#: The same "Could not save" dialog is shown again only after this many seconds (the status bar says it each time).
+STORAGE_WARNING_REPEAT_S = 60.0
 
 
 def default_data_dir() -> Path:
@@ -115,13 +118,17 @@ class MainWindow(QMainWindow):
 
         self._is_closed = False
         self._import: ConversationImport | None = None
+        self._storage_warning = ("", 0.0)  # the last "Could not save" dialog: its text and when
         self._import_pool = QThreadPool(self)  # one import at a time, off the GUI thread
         self._import_pool.setMaxThreadCount(1)
         self.settings = Settings(self.data_dir)
         apply_theme(self.settings.theme)  # before the panes draw anything in the palette
         self.storage = self._open_storage()
         self.store = ConversationStore(self.storage)
-        self.store.purge_deleted()  # the trash only lives as long as the "Undo" offer
+        try:
+            self.store.purge_deleted()  # the trash only lives as long as the "Undo" offer
+        except (sqlite3.Error, OSError) as exc:  # another Hearth is writing: the trash waits for the next start
+            log.ui.warning("could not empty the trash: %s", exc)
         self.replies = ReplyController(self.bridge, self.store, self)
         self.chat_pane = ChatPane(self.store, self.replies)
         self.chat_pane.default_preset_id = self.settings.default_preset_id
@@ -161,8 +168,9 @@ class MainWindow(QMainWindow):
             return Storage(self.data_dir / DATABASE_FILE)
         except (ValueError, sqlite3.Error, OSError) as exc:
             log.ui.error("cannot open %s: %s", self.data_dir / DATABASE_FILE, exc)
-            QMessageBox.warning(self, "Hearth", f"Your conversations could not be opened:\n{exc}\n\n"
-                                "Hearth will keep this session's chats in memory only.")
+            why = storage_error_text(exc) or f"Your conversations could not be opened: {exc}."
+            QMessageBox.warning(self, "Hearth", f"{why}\n\nThis session's chats are kept in memory only, "
+                                "and your saved conversations are untouched.")
             return Storage(Path(":memory:"))
 
     def _restore_settings(self) -> None:
@@ -272,6 +280,8 @@ class MainWindow(QMainWindow):
         self.model_pane.sampling_params_changed.connect(self._on_sampling_params_changed)
         self.replies.streaming_changed.connect(self._on_streaming_changed)
         self.chat_pane.notice.connect(self._on_notice)
+        self.chat_pane.storage_failed.connect(self._on_storage_failed)
+        self.replies.storage_failed.connect(self._on_storage_failed)
 
     # -- events -----------------------------------------------------------------------------------
 
@@ -329,6 +339,16 @@ class MainWindow(QMainWindow):
     @Slot(str)
     def _on_notice(self, message: str) -> None:
         self.statusBar().showMessage(message, 4000)
+
+    @Slot(str)
+    def _on_storage_failed(self, message: str) -> None:
+        """The database refused a write: say so in the status bar, and in a dialog unless one just said it."""
+        log.ui.warning("storage: %s", message)
+        self.statusBar().showMessage(message, 15000)
+        now = time.monotonic()
+        if self._storage_warning[0] != message or now - self._storage_warning[1] > STORAGE_WARNING_REPEAT_S:
+            self._storage_warning = (message, now)
+            QMessageBox.warning(self, "Could not save", message)
 
     @Slot(str)
     def _on_engine_error(self, message: str) -> None:

@@ -288,11 +288,11 @@ class EngineBridge(QObject):
     # -- other background work --------------------------------------------------------------------
 
     def discover_models(self, extra_dirs: list[str]) -> None:
-        """Look for the models on disk (and in ``extra_dirs``) in the background; emits ``models_discovered``."""
+        """Look for the models on disk (and in ``extra_dirs``) in the background; emits
+        ``model_folders_unreadable``, then ``models_discovered``."""
         if not self._shutdown.is_set():
             dirs = list(extra_dirs)
-            self._start_job("discover", lambda: self._emit_unless_shut(
-                self.signals.models_discovered, find_models(self._engine_api, dirs)))
+            self._start_job("discover", lambda: self._emit_found(*find_models(self._engine_api, dirs)))
 
     def recommend_quantization(self, spec: str, device: str = "auto", settings: LoadSettings | None = None) -> None:
         """Estimate, in the background, which quantization ``spec`` should load at on ``device`` and what each
@@ -332,6 +332,11 @@ class EngineBridge(QObject):
         job = Job(name, fn)
         self._jobs.append(job)
         self._pool.start(job)
+
+    def _emit_found(self, models: list[dict[str, Any]], unreadable: list[str]) -> None:
+        """The models found, after the folders that could not be read (so a view shows both together)."""
+        self._emit_unless_shut(self.signals.model_folders_unreadable, unreadable)
+        self._emit_unless_shut(self.signals.models_discovered, models)
 
     def _emit_unless_shut(self, signal: SignalInstance, value: object) -> None:
         if not self._shutdown.is_set():

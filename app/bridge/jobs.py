@@ -127,16 +127,49 @@ def start_local_server(llm: BridgedLLM, host: str, port: int, api_key: str) -> t
     return server, ServerState(True, url=server.url)
 
 
-def find_models(engine_api: Callable[[], EngineApi], extra_dirs: list[str]) -> list[dict[str, Any]]:
-    """Every model on disk (``engine.loading.discovery.discover_models``) as JSON-ready dicts; [] on failure."""
-    from pathlib import Path
+def unreadable_folder(folder: str) -> str:
+    """Why an added folder cannot be scanned, in words ("" when it can be listed, or is a file)."""
+    import os
 
     try:
-        found = engine_api().discover_models(extra_dirs=[Path(d) for d in extra_dirs])
-    except Exception:  # noqa: BLE001 (a worker thread must report, not die)
-        log.bridge.exception("looking for models failed")
-        return []
-    return [model.to_json() for model in found]
+        if not os.path.isdir(folder):
+            os.stat(folder)  # a missing or unreachable path raises; a file is looked at by discovery itself
+            return ""
+        with os.scandir(folder) as entries:
+            next(entries, None)
+    except OSError as exc:
+        return f"{folder}: {(exc.strerror or str(exc)).lower()}"
+    return ""
+
+
+def find_models(engine_api: Callable[[], EngineApi], extra_dirs: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every model on disk (``engine.loading.discovery.discover_models``) as JSON-ready dicts, and the added
+    folders that could not be read (each "folder: why").
+
+    A folder that cannot be read costs only its own models: it is left out of the scan, and if the scan still
+    fails, each place is scanned on its own so that the others' models are listed.
+    """
+    from pathlib import Path
+
+    problems = [why for why in map(unreadable_folder, extra_dirs) if why]
+    readable = [d for d in extra_dirs if not unreadable_folder(d)]
+    try:
+        found = engine_api().discover_models(extra_dirs=[Path(d) for d in readable])
+        return [model.to_json() for model in found], problems
+    except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
+        log.bridge.warning("looking for models failed (%s); scanning each place on its own", exc)
+    models: dict[tuple[str, str], dict[str, Any]] = {}
+    for dirs in ([], *([d] for d in readable)):
+        try:
+            found = engine_api().discover_models(extra_dirs=[Path(d) for d in dirs])
+        except Exception as exc:  # noqa: BLE001
+            where = dirs[0] if dirs else "the usual model folders (Hugging Face, LM Studio, Ollama, GPT4All, Jan)"
+            problems.append(f"{where}: {str(exc) or type(exc).__name__}")
+            continue
+        for model in found:
+            data = model.to_json()
+            models.setdefault((str(data.get("path")), str(data.get("name"))), data)
+    return list(models.values()), problems
 
 
 def precheck_model(engine_api: Callable[[], EngineApi], spec: str) -> str:

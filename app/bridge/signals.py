@@ -32,6 +32,8 @@ class EngineSignals(QObject):
         recommendation_ready(QuantizationAdvice): result of ``recommend_quantization``.
         models_discovered(list[dict]): result of ``discover_models``: each model found on disk, as
             ``engine.loading.describe.FoundModel.to_json()``.
+        model_folders_unreadable(list[str]): the places ``discover_models`` could not read ("folder: why"),
+            emitted just before ``models_discovered``; empty when every one was read.
     """
 
     token_delta = Signal(str, str)
@@ -48,3 +50,4 @@ class EngineSignals(QObject):
     server_state_changed = Signal(object)
     recommendation_ready = Signal(object)
     models_discovered = Signal(object)
+    model_folders_unreadable = Signal(object)

@@ -62,6 +62,11 @@ class ModelsView(QWidget):
         self._status = QLabel("Looking for models…")
         self._status.setObjectName("modelsStatusLabel")
         self._status.setWordWrap(True)
+        self._unreadable = QLabel("")
+        self._unreadable.setObjectName("modelsUnreadableLabel")
+        self._unreadable.setWordWrap(True)
+        self._unreadable.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self._unreadable.hide()
         self._tree = QTreeWidget()
         self._tree.setObjectName("modelsTree")
         self._tree.setColumnCount(len(COLUMNS))
@@ -100,6 +105,7 @@ class ModelsView(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 8, 8)
         layout.addWidget(self._status)
+        layout.addWidget(self._unreadable)
         layout.addWidget(self._tree, 1)
         layout.addWidget(self._detail)
         layout.addLayout(buttons)
@@ -118,6 +124,19 @@ class ModelsView(QWidget):
         """Ask for the list again (``refresh_requested``)."""
         self._status.setText("Looking for models…")
         self.refresh_requested.emit(self.folders)
+
+    def show_unreadable(self, folders: list[str]) -> None:
+        """Say which folders could not be read ("folder: why" each); the models elsewhere are listed still."""
+        self._unreadable.setVisible(bool(folders))
+        shown = [str(folder)[:300] for folder in folders[:10]]
+        more = f"\n… and {len(folders) - 10} more" if len(folders) > 10 else ""
+        self._unreadable.setText("Some folders could not be read, so their models are not listed:\n"
+                                 + "\n".join(shown) + more if folders else "")
+
+    @property
+    def unreadable_text(self) -> str:
+        """The note about folders that could not be read ("" when none)."""
+        return self._unreadable.text()
 
     def show_models(self, models: list[dict[str, Any]]) -> None:
         """Fill the list with ``FoundModel.to_json()`` dicts."""

@@ -314,12 +314,13 @@ def test_tiny_models_greedy_unchanged_by_speculation(
 
 # --- a separate draft model -------------------------------------------------------------------------------------
 def _small_model(folder: Path, tokenizer_dir: Path, seed: int, like: Path | None = None) -> Path:
-    """A tiny llama with a 64-token vocabulary (fast to sample) and the default model's tokenizer files; with
+    """A tiny llama with the default model's tokenizer files and an embedding for each of its tokens (a model whose
+    tokenizer outruns its embedding is refused at load); with
     ``like``, that model's weights plus noise (a draft that agrees with it often, not always)."""
     import transformers
 
     config = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.3, bos_token_id=1, eos_token_id=2,
         pad_token_id=2, tie_word_embeddings=False,
     )

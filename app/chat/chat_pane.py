@@ -5,6 +5,9 @@ settings bar's edits (preset, sampling, reply format) are stored by :mod:`app.ch
 here is the pane's public API (the window's menus call it) and the glue between them: each user action (send, edit,
 regenerate, continue, switch branch, delete, undo) writes the store and then updates the sidebar, transcript and
 message box in a fixed order, one method beside the others.
+
+Long because it is the pane's whole API: every action the menus and the composer can start is a short method
+here, and splitting them by kind would scatter that fixed order of updates over several classes.
 """
 
 from __future__ import annotations

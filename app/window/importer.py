@@ -7,6 +7,7 @@ import ends in a result: the new conversation, or the exception that explains wh
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,31 @@ from PySide6.QtCore import QObject, QThreadPool, Signal
 from app import log
 from app.data import export
 from app.data.storage import Storage
+from app.data.storage_errors import storage_error_text
+
+
+def import_error_text(exc: BaseException) -> str:
+    """Why a conversation file could not be imported, in sentences rather than parser output."""
+    if isinstance(exc, export.ImportRefused):
+        return str(exc)
+    if (stored := storage_error_text(exc)) is not None:
+        return f"The file was read, but not saved. {stored}"
+    if isinstance(exc, json.JSONDecodeError):
+        return (f"The file is not valid JSON: {exc.msg.lower()} on line {exc.lineno}, column {exc.colno}. "
+                "It may be damaged or cut short, or not be a conversation exported by Hearth.")
+    if isinstance(exc, UnicodeDecodeError):
+        return "The file is not text (UTF-8), so it cannot be a conversation exported by Hearth."
+    if isinstance(exc, OSError):
+        return f"The file could not be read: {(exc.strerror or str(exc)).lower()}."
+    if isinstance(exc, MemoryError):
+        return "The file needs more memory to import than this computer has free."
+    if isinstance(exc, RecursionError):
+        return "The file nests lists or objects too deeply to be a conversation."
+    if not isinstance(exc, ValueError):
+        return f"The file could not be imported: {type(exc).__name__}: {str(exc)[:200]}."
+    detail = str(exc)[:300].rstrip(".")
+    return (f"The file is JSON, but not a conversation Hearth can read: {detail}. "
+            "Hearth imports the JSON files it exports (File → Export as JSON).")
 
 
 @dataclass(frozen=True, slots=True)

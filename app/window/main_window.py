@@ -34,7 +34,7 @@ from app.icon import app_icon
 from app.model.model_pane import ModelPane
 from app.model.models_view import ModelsView
 from app.monitor.monitor_pane import MonitorPane
-from app.window.importer import ConversationImport, ImportResult
+from app.window.importer import ConversationImport, ImportResult, import_error_text
 from app.window.menus import WindowMenus
 from app.window.theme import apply_theme
 
@@ -58,29 +58,6 @@ def default_data_dir() -> Path:
         return Path(override).expanduser()
     return Path(platformdirs.user_data_dir("Hearth", appauthor=False))
 
-
-def import_error_text(exc: BaseException) -> str:
-    """Why a conversation file could not be imported, in sentences rather than parser output."""
-    if isinstance(exc, export.ImportRefused):
-        return str(exc)
-    if (stored := storage_error_text(exc)) is not None:
-        return f"The file was read, but not saved. {stored}"
-    if isinstance(exc, json.JSONDecodeError):
-        return (f"The file is not valid JSON: {exc.msg.lower()} on line {exc.lineno}, column {exc.colno}. "
-                "It may be damaged or cut short, or not be a conversation exported by Hearth.")
-    if isinstance(exc, UnicodeDecodeError):
-        return "The file is not text (UTF-8), so it cannot be a conversation exported by Hearth."
-    if isinstance(exc, OSError):
-        return f"The file could not be read: {(exc.strerror or str(exc)).lower()}."
-    if isinstance(exc, MemoryError):
-        return "The file needs more memory to import than this computer has free."
-    if isinstance(exc, RecursionError):
-        return "The file nests lists or objects too deeply to be a conversation."
-    if not isinstance(exc, ValueError):
-        return f"The file could not be imported: {type(exc).__name__}: {str(exc)[:200]}."
-    detail = str(exc)[:300].rstrip(".")
-    return (f"The file is JSON, but not a conversation Hearth can read: {detail}. "
-            "Hearth imports the JSON files it exports (File → Export as JSON).")
 
 
 class MainWindow(QMainWindow):

@@ -223,6 +223,39 @@ def test_auto_keeps_fp32_eager_and_reads_cached_verdicts(
         llm.close()
 
 
+@needs_native
+def test_a_verdict_timed_on_a_busy_machine_is_timed_again_when_it_is_quiet(
+    tiny_model_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extension: None
+) -> None:
+    """A first load on a busy machine must not fix the verdict for good: its timings say little."""
+    monkeypatch.setenv("HEARTH_DATA_DIR", str(tmp_path))
+    quiet = [False]
+    monkeypatch.setattr(native, "machine_quiet", lambda: quiet[0])
+    timed: list[int] = []
+    real_time = native.NativeDecode._time
+
+    def counted(self: Any, bucket: int, handle: int) -> tuple[float, float]:
+        timed.append(bucket)
+        return real_time(self, bucket, handle)
+
+    monkeypatch.setattr(native.NativeDecode, "_time", counted)
+    key = None
+    for load, is_quiet in enumerate((False, False, True, True, True, True)):
+        quiet[0] = is_quiet
+        llm = LLM(tiny_model_dirs["llama"], quantization="int4", start_loop=False, kv_cache_bytes=8 << 20)
+        try:
+            decode = _native(llm)
+            decode.weights_for(1)
+            key = VerdictCache.key(decode.signature, 0)
+        finally:
+            llm.close()
+        verdict = VerdictCache().get(key)
+        assert verdict is not None
+        assert verdict["provisional"] is (load < 2), (load, verdict)
+    # timed on the busy first load; kept (not timed) on the busy second; timed again on the first quiet one; kept after
+    assert timed.count(0) == 2, timed
+
+
 def test_where_native_steps_cannot_run() -> None:
     cpu = torch.device("cpu")
     assert native.native_problem(cpu, torch.bfloat16) == "native steps read an fp32 KV pool, not torch.bfloat16"

@@ -82,9 +82,16 @@ class Intake:
             # message text that spells a control token stays text (engine/core/chat_template.py)
             messages = cast(list[dict[str, str]], prompt)
             extra: dict[str, Any] = {"tools": tools} if tools else {}
-            return self._in_vocabulary(chat_token_ids(
-                self.tokenizer, messages, add_generation_prompt=not cont, continue_final_message=cont, **extra
-            ))  # fmt: skip
+            try:
+                ids = chat_token_ids(
+                    self.tokenizer, messages, add_generation_prompt=not cont, continue_final_message=cont, **extra
+                )
+            except ValueError:
+                raise
+            except Exception as exc:
+                raise ValueError(f"the model's chat template could not render these messages ({type(exc).__name__}: "
+                                 f"{str(exc)[:300]})") from exc
+            return self._in_vocabulary(ids)
         raise ValueError("messages must be dicts with 'role' and 'content'")
 
     def _in_vocabulary(self, ids: list[int]) -> list[int]:

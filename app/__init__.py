@@ -35,6 +35,8 @@ def create_window(data_dir: str | Path | None = None, *, bridge: EngineBridge | 
         bridge: the engine bridge to use; None creates one on the real engine. Tests pass one
             built on a fake engine.
     """
+    from app import wheel_guard
     from app.window.main_window import MainWindow
 
+    wheel_guard.install()
     return MainWindow(data_dir=Path(data_dir) if data_dir is not None else None, bridge=bridge)

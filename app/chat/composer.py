@@ -81,7 +81,7 @@ class Composer(QWidget):
                         is_editing: bool) -> None:
         """Enable the buttons and word the box's placeholder for the conversation's state."""
         self._send_button.setEnabled(can_send and bool(self._input.toPlainText().strip()))
-        self._send_button.setText("Save & send" if is_editing else "Send")
+        self._send_button.setText("Save && send" if is_editing else "Send")  # "&&": a lone "&" is a mnemonic
         self._stop_button.setEnabled(is_streaming)
         if not is_model_ready:
             placeholder = "Load a model in the Model pane to start chatting…"

@@ -178,7 +178,7 @@ def test_edit_makes_a_new_branch_from_the_edited_question(chat: Chat) -> None:
     chat.wait(first)
     chat.pane.view.action_requested.emit("edit", 0, 0)
     assert chat.pane.is_editing
-    assert chat.button("sendButton").text() == "Save & send"
+    assert chat.button("sendButton").text() == "Save && send"  # shown as "Save & send"
     chat.pane.escape()  # Esc cancels the edit, not the conversation
     assert not chat.pane.is_editing and chat.conversation.messages[1].id == first.id
 

@@ -30,3 +30,42 @@ def test_wheel_over_an_unfocused_spin_box_in_the_model_pane_leaves_its_value(win
     qtbot.waitUntil(spin.hasFocus, timeout=2000)
     QApplication.sendEvent(spin, _wheel(spin))  # focused, it takes the wheel as before
     assert spin.value() != before
+
+
+def shown_text(text: str) -> str:
+    """A button's or action's text as Qt draws it: "&&" is one "&", a lone "&" marks the next character as the
+    mnemonic (drawn underlined; "_" here) and is not drawn itself."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "&" and i + 1 < len(text):
+            out.append("&" if text[i + 1] == "&" else "_" + text[i + 1] if text[i + 1] in " \t" else text[i + 1])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def test_shown_text_follows_qt() -> None:
+    assert shown_text("Save && send") == "Save & send"
+    assert shown_text("Save & send") == "Save _ send"
+    assert shown_text("&File") == "File"
+
+
+def test_no_button_or_action_text_has_a_stray_mnemonic(window: Any) -> None:
+    from PySide6.QtGui import QAction
+    from PySide6.QtWidgets import QAbstractButton
+
+    from app.chat.composer import Composer
+
+    composer = window.chat_pane.findChild(Composer)
+    composer.update_controls(can_send=True, is_streaming=False, is_model_ready=True, is_editing=True)
+    send = composer.findChild(QAbstractButton, "sendButton")
+    assert shown_text(send.text()) == "Save & send"
+    texts = [button.text() for button in window.findChildren(QAbstractButton)]
+    texts += [action.text() for action in window.findChildren(QAction)]
+    for text in texts:
+        for i, char in enumerate(text[:-1]):
+            if char == "&" and (i == 0 or text[i - 1] != "&"):
+                follower = text[i + 1]
+                assert follower == "&" or follower.isalnum(), f"{text!r} shows a stray mnemonic: {shown_text(text)!r}"

@@ -1,0 +1,142 @@
+"""The document index in SQLite: collections, files, chunks with their positions and vectors, FTS5 for BM25.
+
+One database file, ``documents.sqlite3``, in the index's home folder (by default ``documents/`` in Hearth's data
+folder). Tables:
+
+- ``collections``: a name, the embedder its vectors come from, and a generation bumped by every change, so a
+  process holding vectors in memory knows when to reload them.
+- ``roots``: the files and folders a collection watches; every indexing run scans them all again.
+- ``files``: one row per file seen: mtime, size, SHA-256, and ``reason`` when it was skipped.
+- ``chunks``: file, page, start/end character offsets, text, and the vector as a float32 BLOB.
+- ``chunks_fts``: an FTS5 index over ``chunks.text`` (external content, kept by triggers), ranked by ``bm25()``.
+- ``queue``: files still to index. Each file is indexed in one transaction that also removes it from the queue,
+  so a process killed at any point (``kill -9`` included) leaves either the old or the new chunks, never both,
+  and the next run picks up the files still queued.
+
+Vectors are searched exactly with numpy, not with ``sqlite-vec``: that extension must be loaded into SQLite, and
+the Python builds Hearth ships with (this one included) are compiled without ``enable_load_extension``. An exact
+dot product over a collection's vectors, read once into memory per collection, is also exact where an approximate
+index is not, and a few tens of thousands of chunks are well within its reach.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+from engine.system.paths import data_dir, ensure_private_dir
+
+DB_NAME = "documents.sqlite3"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS collections (
+    id INTEGER PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    embedder TEXT NOT NULL,
+    dim INTEGER NOT NULL DEFAULT 0,
+    generation INTEGER NOT NULL DEFAULT 0,
+    created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS roots (
+    collection_id INTEGER NOT NULL REFERENCES collections(id) ON DELETE CASCADE,
+    path TEXT NOT NULL,
+    PRIMARY KEY (collection_id, path)
+);
+CREATE TABLE IF NOT EXISTS files (
+    id INTEGER PRIMARY KEY,
+    collection_id INTEGER NOT NULL REFERENCES collections(id) ON DELETE CASCADE,
+    path TEXT NOT NULL,
+    mtime REAL NOT NULL,
+    size INTEGER NOT NULL,
+    sha256 TEXT,
+    reason TEXT,
+    indexed REAL NOT NULL,
+    UNIQUE (collection_id, path)
+);
+CREATE TABLE IF NOT EXISTS chunks (
+    id INTEGER PRIMARY KEY,
+    file_id INTEGER NOT NULL REFERENCES files(id) ON DELETE CASCADE,
+    collection_id INTEGER NOT NULL,
+    page INTEGER,
+    start INTEGER NOT NULL,
+    "end" INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    vector BLOB
+);
+CREATE INDEX IF NOT EXISTS chunks_by_file ON chunks(file_id);
+CREATE INDEX IF NOT EXISTS chunks_by_collection ON chunks(collection_id);
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(text, content='chunks', content_rowid='id');
+CREATE TRIGGER IF NOT EXISTS chunks_ai AFTER INSERT ON chunks BEGIN
+    INSERT INTO chunks_fts(rowid, text) VALUES (new.id, new.text);
+END;
+CREATE TRIGGER IF NOT EXISTS chunks_ad AFTER DELETE ON chunks BEGIN
+    INSERT INTO chunks_fts(chunks_fts, rowid, text) VALUES ('delete', old.id, old.text);
+END;
+CREATE TABLE IF NOT EXISTS queue (
+    collection_id INTEGER NOT NULL REFERENCES collections(id) ON DELETE CASCADE,
+    path TEXT NOT NULL,
+    PRIMARY KEY (collection_id, path)
+);
+"""
+
+
+def default_home() -> Path:
+    """The index's default home folder: ``documents/`` in Hearth's data folder."""
+    return data_dir() / "documents"
+
+
+def connect(home: Path | None = None) -> sqlite3.Connection:
+    """Open (creating if needed) the index database in ``home``, in WAL mode so readers never wait for indexing."""
+    folder = ensure_private_dir(Path(home) if home is not None else default_home())
+    conn = sqlite3.connect(folder / DB_NAME, timeout=30.0, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    conn.executescript(SCHEMA)
+    return conn
+
+
+def collection_row(conn: sqlite3.Connection, name: str) -> sqlite3.Row | None:
+    """The collection called ``name``, or ``None``."""
+    row: sqlite3.Row | None = conn.execute("SELECT * FROM collections WHERE name = ?", (name,)).fetchone()
+    return row
+
+
+def create_collection(conn: sqlite3.Connection, name: str, embedder: str, dim: int) -> sqlite3.Row:
+    """Create the collection ``name`` (an existing one is returned as it is)."""
+    if not name.strip():
+        raise ValueError("a collection needs a name")
+    conn.execute(
+        "INSERT OR IGNORE INTO collections(name, embedder, dim, created) VALUES (?, ?, ?, ?)",
+        (name, embedder, dim, time.time()),
+    )
+    row = collection_row(conn, name)
+    assert row is not None
+    return row
+
+
+def list_collections(conn: sqlite3.Connection) -> list[dict[str, object]]:
+    """Every collection with its embedder, roots and counts of files, skipped files, chunks and queued files."""
+    out: list[dict[str, object]] = []
+    for row in conn.execute("SELECT * FROM collections ORDER BY name").fetchall():
+        cid = row["id"]
+
+        def count(sql: str, cid: int = cid) -> int:
+            return int(conn.execute(sql, (cid,)).fetchone()[0])
+
+        out.append(
+            {
+                "name": row["name"],
+                "embedder": row["embedder"],
+                "roots": [
+                    r[0] for r in conn.execute("SELECT path FROM roots WHERE collection_id = ?", (cid,))
+                ],
+                "files": count("SELECT COUNT(*) FROM files WHERE collection_id = ? AND reason IS NULL"),
+                "skipped": count("SELECT COUNT(*) FROM files WHERE collection_id = ? AND reason IS NOT NULL"),
+                "chunks": count("SELECT COUNT(*) FROM chunks WHERE collection_id = ?"),
+                "queued": count("SELECT COUNT(*) FROM queue WHERE collection_id = ?"),
+            }
+        )
+    return out

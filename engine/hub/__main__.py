@@ -1,0 +1,7 @@
+"""``python -m engine.hub``: see :mod:`engine.hub.cli`."""
+
+import sys
+
+from engine.hub.cli import main
+
+sys.exit(main())

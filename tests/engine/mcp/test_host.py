@@ -1,0 +1,65 @@
+"""The MCP host against a real stdio server: lazy start, tools, calls, timeouts, crashes and restarts, failures."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from engine.mcp.config import parse_config
+from engine.mcp.host import MAX_RESULT_CHARS, McpHost
+from tests.engine.mcp.conftest import server_config
+
+
+def test_servers_start_lazily_and_list_their_tools(host: McpHost) -> None:
+    assert host.status("t")[0].state == "stopped"  # nothing started by making the host
+    tools = {t.name: t for t in host.list_tools("t").result(60)}
+    assert {"add", "slow", "crash", "big", "city_time", "started"} <= set(tools)
+    assert tools["add"].input_schema["properties"]["a"]["type"] == "integer"
+    assert tools["add"].description == "Add two integers."
+    assert host.status("t")[0].state == "ready"
+
+
+def test_a_call_and_its_result(host: McpHost) -> None:
+    result = host.call_tool("t", "add", {"a": 2, "b": 3}).result(60)
+    assert (result.text, result.is_error) == ("5", False)
+    wrong = host.call_tool("t", "add", {"a": "two"}).result(60)
+    assert wrong.is_error and "validation error" in wrong.text.lower()
+    missing = host.call_tool("t", "nope", {}).result(60)
+    assert missing.is_error and "no tool named 'nope'" in missing.text
+    big = host.call_tool("t", "big", {"chars": MAX_RESULT_CHARS + 50}).result(60)
+    assert len(big.text) < MAX_RESULT_CHARS + 100 and "cut" in big.text
+
+
+def test_a_call_that_takes_too_long_times_out_and_the_server_goes_on(host: McpHost) -> None:
+    result = host.call_tool("t", "slow", {"seconds": 5}, timeout_s=0.5).result(10)
+    assert result.is_error and "did not answer within 0.5 s" in result.text
+    assert host.call_tool("t", "add", {"a": 1, "b": 1}).result(30).text == "2"
+
+
+def test_a_crashed_server_is_restarted_with_backoff(tmp_path: Path) -> None:
+    counter = tmp_path / "starts"
+    with McpHost(server_config(counter), start_timeout_s=60, backoff_s=0.2, ping_interval_s=0.5) as host:
+        assert host.call_tool("t", "started", {}).result(60).text == "1"
+        crashed = host.call_tool("t", "crash", {}).result(30)
+        assert crashed.is_error
+        # the next call waits for the restart rather than failing
+        assert host.call_tool("t", "started", {}).result(60).text == "2"
+        status = host.status("t")[0]
+        assert status.state == "ready" and status.restarts >= 1
+
+
+def test_a_server_that_cannot_start_fails_with_its_stderr_and_does_not_block() -> None:
+    config = parse_config({"mcpServers": {
+        "boom": {"command": sys.executable,
+                 "args": ["-c", "import sys; print('no token set', file=sys.stderr); sys.exit(2)"]},
+        "missing": {"command": "/nonexistent/mcp-server"},
+        "off": {"command": sys.executable, "disabled": True},
+    }})
+    with McpHost(config, max_restarts=0, start_timeout_s=20) as host:
+        boom = host.start("boom").result(30)
+        assert boom.state == "failed" and "no token set" in "\n".join(boom.stderr_tail)
+        missing = host.start("missing").result(30)
+        assert missing.state == "failed" and missing.error
+        result = host.call_tool("missing", "x", {}).result(30)
+        assert result.is_error and "not running" in result.text
+        assert host.start("off").result(5).state == "stopped"

@@ -92,6 +92,18 @@ class ModelInfo:
     kv_cache_bytes: int = 0
     context_length: int = 0
 
+    @property
+    def precision(self) -> str:
+        """The precision the weights run at, for labels: "int4" or "int8" for a quantized model (its compute dtype
+        says nothing of that), the dtype's name ("bfloat16", "float16", "float32") for a float level, else the
+        dtype as loaded (a remote model: its host)."""
+        level = self.quantization
+        return _FLOAT_LEVEL_DTYPES.get(level, level) if level and level != "auto" else self.dtype
+
+
+#: The float quantization levels by the dtype they run in ("none" is the old name of fp32).
+_FLOAT_LEVEL_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "none": "float32"}
+
 
 @dataclass(slots=True)
 class QuantizationAdvice:

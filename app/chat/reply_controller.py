@@ -79,7 +79,7 @@ class ReplyController(QObject):
     @Slot(object)
     def set_model_info(self, info: ModelInfo | None) -> None:
         """The model new replies are recorded as written by."""
-        self._model = (info.model_name, info.dtype) if info is not None else (None, None)
+        self._model = (info.model_name, info.precision) if info is not None else (None, None)
 
     def new_reply(self, conversation: Conversation) -> Message:
         """Add an empty assistant reply to ``conversation``, to be streamed into by :meth:`submit`."""

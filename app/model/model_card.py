@@ -10,7 +10,6 @@ import html
 
 from app.bridge.types import DEFAULT_MODEL_SPEC, REMOTE_DEVICE, ModelInfo
 from app.formatting import format_bytes
-from app.model.quantization_view import level_name
 
 #: The model card line's note on the bundled default model.
 DEMO_NOTE = ("A small demo model: quick, but often wrong on facts. For real use, load a larger model from the "
@@ -23,9 +22,11 @@ def model_card(info: ModelInfo) -> str:
     if info.device == REMOTE_DEVICE:
         return f"<b>{html.escape(info.model_name)}</b> on <b>{html.escape(info.spec)}</b>"
     details = [f"<b>{html.escape(info.model_name)}</b>",
-               f"runs on <b>{html.escape(info.device)}</b> in {html.escape(info.dtype)}"]
-    if info.quantization:
-        details.append(f"precision <b>{html.escape(level_name(info.quantization))}</b>")
+               f"runs on <b>{html.escape(info.device)}</b>"]
+    precision = f"precision <b>{html.escape(info.precision)}</b>"
+    if info.precision != info.dtype:  # quantized: its weights are int4 or int8, its arithmetic is not
+        precision += f" (computes in {html.escape(info.dtype)})"
+    details.append(precision)
     if info.weights_bytes:
         details.append(f"{format_bytes(info.weights_bytes)} of weights")
     if info.kv_cache_bytes:

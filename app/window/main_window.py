@@ -294,7 +294,7 @@ class MainWindow(QMainWindow):
             self.settings.last_model = info.spec
             self.settings.set_context_length(info.spec, self.model_pane.load_settings_form.context_length())
             self.settings.sync()
-        self._model_status.setText(f"{info.model_name} · {info.device} · {info.dtype}")
+        self._model_status.setText(f"{info.model_name} · {info.device} · {info.precision}")
         self.statusBar().showMessage(f"{info.model_name} is ready.", 4000)
         self.chat_pane.set_model_ready(True)
 

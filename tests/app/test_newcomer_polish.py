@@ -69,3 +69,27 @@ def test_no_button_or_action_text_has_a_stray_mnemonic(window: Any) -> None:
             if char == "&" and (i == 0 or text[i - 1] != "&"):
                 follower = text[i + 1]
                 assert follower == "&" or follower.isalnum(), f"{text!r} shows a stray mnemonic: {shown_text(text)!r}"
+
+
+def test_status_bar_card_and_markdown_export_name_the_precision_that_runs(qtbot: Any, window: Any) -> None:
+    from PySide6.QtWidgets import QComboBox, QLabel
+
+    from app.data import export
+    from tests.app import ui_flows
+    from tests.app.fake_engine import FakeLLM
+
+    label = ui_flows.child(window, QLabel, "recommendationLabel")
+    qtbot.wait_until(lambda: "Recommended" in label.text(), timeout=10_000)
+    combo = ui_flows.child(window, QComboBox, "quantizationCombo")
+    combo.setCurrentIndex(combo.findData("int4"))
+    ui_flows.load_model(qtbot, window)
+    llm = FakeLLM.instances[-1]
+    assert (llm.quantization, llm.dtype) == ("int4", "bfloat16")  # runs int4, computes in bf16
+    assert ui_flows.child(window, QLabel, "modelStatusLabel").text() == "fake-smollm · cpu · int4"
+    card = ui_flows.child(window, QLabel, "modelInfoLabel").text()
+    assert "precision <b>int4</b> (computes in bfloat16)" in card
+    ui_flows.set_generation(window, max_tokens=4)
+    reply = ui_flows.send(qtbot, window, "What is the capital of France?")
+    ui_flows.wait_finished(qtbot, reply, 10_000)
+    text = export.to_markdown(window.storage, window.chat_pane.current_conversation.id)
+    assert "model fake-smollm (int4)" in text and "bfloat16" not in text

@@ -251,8 +251,10 @@ def test_export_then_import_gives_the_same_conversation(qtbot: Any, window: Main
     assert exported["messages"][-1] == {"role": "assistant", "content": FRANCE_REPLY}
 
     monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(lambda *a, **k: (str(json_path), "")))
-    actions["importJsonAction"].trigger()
+    with qtbot.waitSignal(window.import_finished, timeout=TIMEOUT_MS) as finished:
+        actions["importJsonAction"].trigger()  # the import runs off the GUI thread
     imported = window.chat_pane.current_conversation
+    assert finished.args == [imported.id]
     assert imported.id != original.id and imported.title == original.title
     again = export.to_json(window.storage, imported.id)
 

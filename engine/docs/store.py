@@ -14,9 +14,9 @@ folder). Tables:
   and the next run picks up the files still queued.
 
 Vectors are searched exactly with numpy, not with ``sqlite-vec``: that extension must be loaded into SQLite, and
-the Python builds Hearth ships with (this one included) are compiled without ``enable_load_extension``. An exact
-dot product over a collection's vectors, read once into memory per collection, is also exact where an approximate
-index is not, and a few tens of thousands of chunks are well within its reach.
+Python's ``sqlite3`` module is often built without ``enable_load_extension`` (the Python Hearth is developed on is),
+so it cannot be relied on. A dot product over a collection's vectors, read lazily into memory once per collection
+(``engine/docs/search.py``), is exact where an approximate index is not, and needs no extension at all.
 """
 
 from __future__ import annotations

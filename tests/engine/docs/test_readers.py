@@ -35,8 +35,8 @@ def test_docx_headings_become_markdown_headings(tmp_path: Path) -> None:
 def test_html_code_csv_and_utf16(tmp_path: Path) -> None:
     html = tmp_path / "a.html"
     html.write_text("<html><head><title>x</title><style>p{}</style></head><body><h2>Title</h2><p>One &amp; two."
-                    "</p><script>var x;</script><p>Three</p></body></html>")  # fmt: skip
-    assert read_pages(html)[0].text == "## Title\n\nOne & two.\n\nThree"
+                    "</p><script>var x;</script><p>Three <b>bold</b> words</p></body></html>")  # fmt: skip
+    assert read_pages(html)[0].text == "## Title\n\nOne & two.\n\nThree bold words"
     code = tmp_path / "a.py"
     code.write_text("def f():\n    return 1\n")
     assert "return 1" in read_pages(code)[0].text

@@ -114,12 +114,27 @@ def quantization_advice(engine_api: Callable[[], EngineApi], spec: str, device: 
 SERVER_PRIORITY = 5
 
 
-def start_local_server(llm: BridgedLLM, host: str, port: int, api_key: str) -> tuple[ServerThread | None, ServerState]:
-    """Serve ``llm``'s engine over the OpenAI API: the running ``ServerThread`` (or None) and its state."""
+def shown_model_name(spec: str, loaded_name: str) -> str:
+    """The name a model loaded from ``spec`` is shown and served as: for an Ollama blob (``sha256-…``) the name of
+    its tag (``llama3.2:1b``), as Ollama itself calls it; else the engine's name for it."""
+    from pathlib import Path
+
+    from engine.loading.ollama import manifest_name
+
+    try:
+        return manifest_name(Path(spec)) or loaded_name
+    except (OSError, ValueError):
+        return loaded_name
+
+
+def start_local_server(llm: BridgedLLM, name: str, host: str, port: int,
+                       api_key: str) -> tuple[ServerThread | None, ServerState]:
+    """Serve ``llm``'s engine over the OpenAI API as model ``name``: the running ``ServerThread`` (or None) and its
+    state."""
     from engine.serving.openai_app import ServerThread
 
     try:
-        server = ServerThread(llm.engine, llm.model_name, host, port, api_key or None, priority=SERVER_PRIORITY)
+        server = ServerThread(llm.engine, name, host, port, api_key or None, priority=SERVER_PRIORITY)
         server.start()
     except OSError as exc:
         return None, ServerState(False, message=f"Could not listen on {host}:{port}: {exc.strerror or exc}.")

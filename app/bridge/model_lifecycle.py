@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QObject
 
 from app import log
-from app.bridge.jobs import Superseded, Threads, kv_cache_size, precheck_model, start_local_server
+from app.bridge.jobs import (
+    Superseded,
+    Threads,
+    kv_cache_size,
+    precheck_model,
+    shown_model_name,
+    start_local_server,
+)
 from app.bridge.loop import Command, EngineLoop, Submit
 from app.bridge.protocols import BridgedLLM, EngineApi
 from app.bridge.remote_backend import RemoteBackend, RemoteError, RemoteEvents, api_root, fetch_models
@@ -67,6 +74,7 @@ class ModelLifecycle:
         # Guarded by lock.
         self._generation = 0
         self._llm: BridgedLLM | None = None
+        self._llm_name = ""  # what the running model is shown and served as (an Ollama blob: its tag's name)
         self.loop: EngineLoop | None = None
         self._retired_loops: list[EngineLoop] = []
         #: A remote server instead of the local engine.
@@ -164,11 +172,11 @@ class ModelLifecycle:
     def start_server_worker(self, host: str, port: int, api_key: str) -> None:
         self.stop_server_worker("")
         with self.lock:
-            llm = self._llm
+            llm, name = self._llm, self._llm_name
         if llm is None:
             self._signals.server_state_changed.emit(ServerState(False, message="Load a local model first."))
             return
-        server, state = start_local_server(llm, host, port, api_key)
+        server, state = start_local_server(llm, name or llm.model_name, host, port, api_key)
         if server is not None:
             with self.lock:
                 self._server = server
@@ -245,7 +253,8 @@ class ModelLifecycle:
             log.bridge.exception("loading %s failed", spec)
             self._load_failed(generation, f"Could not load {spec}: {type(exc).__name__}: {exc}")
             return None
-        info = ModelInfo(spec=spec, model_name=llm.model_name, device=llm.device, dtype=llm.dtype,
+        name = shown_model_name(spec, llm.model_name)
+        info = ModelInfo(spec=spec, model_name=name, device=llm.device, dtype=llm.dtype,
                          device_reason=llm.device_reason, weights_bytes=llm.weights_bytes,
                          load_s=time.monotonic() - started, quantization=llm.quantization,
                          sampling_defaults=dict(llm.sampling_defaults),
@@ -253,7 +262,7 @@ class ModelLifecycle:
         with self.lock:  # from here on the caller runs the loop: a registered loop must run, or teardown waits
             is_current = generation == self._generation and not self._shutdown.is_set()
             if is_current:
-                self._llm = llm
+                self._llm, self._llm_name = llm, name
                 self.loop = loop = EngineLoop(llm, self._commands, self._signals, self._sentinel,
                                               self._threads.stop, release=lambda: self._release_model(llm))
         if not is_current:

@@ -4,12 +4,15 @@ The list comes from ``engine.loading.discovery.discover_models`` through the bri
 (:meth:`~app.bridge.engine_bridge.EngineBridge.discover_models`, run on its pool): the Hugging Face cache, LM
 Studio, Ollama, GPT4All and Jan, and the folders the user adds here. Each row shows the name, where it was
 found, architecture, parameters, the file's quantization, its size in GiB and whether it fits this machine; a
-model Hearth cannot run is greyed out and says why.
+model Hearth cannot run is greyed out and says why. The model that is running is listed too (first, in bold,
+"(running)" after its name), also when it was loaded from a path no scan reaches. Long names elide in the middle,
+and their tooltip holds the whole name.
 """
 
 from __future__ import annotations
 
 import html
+import os
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal, Slot
@@ -25,11 +28,25 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-COLUMNS = ("Name", "Architecture", "Parameters", "Quantization", "Size", "Fits")
+COLUMNS = ("Name", "Source", "Architecture", "Parameters", "Quantization", "Size", "Fits")
 SOURCE_NAMES = {"huggingface": "Hugging Face", "lmstudio": "LM Studio", "ollama": "Ollama", "gpt4all": "GPT4All",
-                "jan": "Jan", "user": "Added folder"}
+                "jan": "Jan", "user": "Added folder", "loaded": "Loaded by path"}
+#: Follows the running model's name in the list.
+RUNNING_MARK = " (running)"
 FIT_WORDS = {"yes": "Yes", "tight": "Only just", "no": "No"}
 _PATH_ROLE = Qt.ItemDataRole.UserRole
+_RUNNING_ROLE = Qt.ItemDataRole.UserRole + 1
+
+
+def _same_model(model: dict[str, Any], spec: str) -> bool:
+    """Whether the found ``model`` is the one loaded from ``spec`` (the same path, however it is spelled)."""
+    path = str(model.get("path", ""))
+    if path == spec:
+        return True
+    try:
+        return os.path.realpath(path) == os.path.realpath(spec) and os.path.exists(spec)
+    except (OSError, ValueError):
+        return False
 
 
 def parameters_text(count: int | None) -> str:
@@ -59,6 +76,7 @@ class ModelsView(QWidget):
         self.setObjectName("modelsView")
         self._folders: list[str] = []
         self._models: list[dict[str, Any]] = []
+        self._running: tuple[str, str] | None = None  # (spec, name) of the model that is running
         self._status = QLabel("Looking for models…")
         self._status.setObjectName("modelsStatusLabel")
         self._status.setWordWrap(True)
@@ -76,9 +94,9 @@ class ModelsView(QWidget):
         self._tree.setUniformRowHeights(True)
         header = self._tree.header()
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        for column, width in ((0, 170), (1, 90)):  # long names and architectures elide; the user may widen them
-            header.setSectionResizeMode(column, QHeaderView.ResizeMode.Interactive)
-            header.resizeSection(column, width)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)  # the name gets the room that is left
+        header.setSectionResizeMode(2, QHeaderView.ResizeMode.Interactive)  # architectures elide; may be widened
+        header.resizeSection(2, 90)
         header.setStretchLastSection(False)
         self._tree.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         self._tree.itemDoubleClicked.connect(self._on_item_double_clicked)
@@ -138,12 +156,25 @@ class ModelsView(QWidget):
         """The note about folders that could not be read ("" when none)."""
         return self._unreadable.text()
 
+    def set_running(self, spec: str | None, name: str = "") -> None:
+        """Mark the model loaded from ``spec`` as running (None: none runs), adding it to the list if no scan
+        found it."""
+        self._running = (spec, name or spec) if spec else None
+        self._fill()
+
+    @property
+    def running_item(self) -> QTreeWidgetItem | None:
+        """The row of the running model, or None."""
+        for i in range(self._tree.topLevelItemCount()):
+            item = self._tree.topLevelItem(i)
+            if item is not None and item.data(0, _RUNNING_ROLE):
+                return item
+        return None
+
     def show_models(self, models: list[dict[str, Any]]) -> None:
         """Fill the list with ``FoundModel.to_json()`` dicts."""
         self._models = list(models)
-        self._tree.clear()
-        for model in self._models:
-            self._tree.addTopLevelItem(self._item(model))
+        self._fill()
         runnable = sum(1 for m in self._models if m.get("runnable"))
         if not self._models:
             self._status.setText("No models found in the Hugging Face cache, LM Studio, Ollama, GPT4All or Jan. "
@@ -151,22 +182,51 @@ class ModelsView(QWidget):
         else:
             found = f"{len(self._models)} model{'s' if len(self._models) != 1 else ''} found"
             self._status.setText(f"{found}, {runnable} of them Hearth can run. Double-click one to load it.")
-        self._on_current_changed(self._tree.currentItem(), None)
 
     # -- helpers ----------------------------------------------------------------------------------
 
+    def _fill(self) -> None:
+        """Show the found models, the running one first (added when no scan found it)."""
+        current = self._selected()
+        models = list(self._models)
+        running = [m for m in models if self._running and _same_model(m, self._running[0])][:1]
+        if self._running and not running:
+            spec, name = self._running
+            running = [{"name": name, "path": spec, "source": "loaded", "runnable": True, "fits": "yes"}]
+        else:
+            models = [m for m in models if m is not running[0]] if running else models
+        self._tree.clear()
+        for model in running + models:
+            item = self._item(model)
+            if running and model is running[0]:
+                item.setData(0, _RUNNING_ROLE, True)
+                item.setText(0, item.text(0) + RUNNING_MARK)
+                for column in range(len(COLUMNS)):
+                    font = item.font(column)
+                    font.setBold(True)
+                    item.setFont(column, font)
+            self._tree.addTopLevelItem(item)
+            if current is not None and model.get("path") == current.get("path") \
+                    and model.get("name") == current.get("name"):
+                self._tree.setCurrentItem(item)
+        self._on_current_changed(self._tree.currentItem(), None)
+
     def _item(self, model: dict[str, Any]) -> QTreeWidgetItem:
         fits = FIT_WORDS.get(str(model.get("fits")), "")
-        values = (str(model.get("name", "")), str(model.get("architecture", "")), parameters_text(model.get("num_parameters")),
+        values = (str(model.get("name", "")), self._source(model), str(model.get("architecture", "")),
+                  parameters_text(model.get("num_parameters")),
                   str(model.get("quantization", "")), f"{int(model.get('size_bytes') or 0) / 2**30:.2f} GiB",
                   fits if model.get("runnable") else "Can't run")
         item = QTreeWidgetItem(list(values))
         item.setData(0, _PATH_ROLE, model)
-        item.setToolTip(0, f"{self._source(model)}: {model.get('path', '')}")
+        where = f"{model.get('name', '')}\n{self._source(model)}: {model.get('path', '')}"  # the whole name
+        item.setToolTip(0, where)
+        item.setToolTip(1, where)
         if not model.get("runnable"):
             for column in range(len(COLUMNS)):
                 item.setForeground(column, self.palette().placeholderText())
                 item.setToolTip(column, str(model.get("reason", "")))
+            item.setToolTip(0, f"{where}\n{model.get('reason', '')}")
         elif model.get("fit_reason"):
             item.setToolTip(len(COLUMNS) - 1, str(model["fit_reason"]))
         return item

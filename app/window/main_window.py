@@ -295,6 +295,7 @@ class MainWindow(QMainWindow):
             self.settings.set_context_length(info.spec, self.model_pane.load_settings_form.context_length())
             self.settings.sync()
         self._model_status.setText(f"{info.model_name} · {info.device} · {info.precision}")
+        self.models_view.set_running(info.spec if info.device != REMOTE_DEVICE else None, info.model_name)
         self.statusBar().showMessage(f"{info.model_name} is ready.", 4000)
         self.chat_pane.set_model_ready(True)
 
@@ -311,6 +312,7 @@ class MainWindow(QMainWindow):
     @Slot()
     def _on_model_unloaded(self) -> None:
         self._model_status.setText("No model loaded")
+        self.models_view.set_running(None)
         self.chat_pane.set_model_ready(False)
         self.replies.set_model_info(None)
 

@@ -203,10 +203,11 @@ def _has_weights_or_nothing(names: set[str]) -> bool:
 
 
 def _name(root: Path, path: Path, label: str = "") -> str:
-    """``label/relative/path`` (the label alone, or the folder name, for the root itself)."""
+    """``label/relative/path`` (the label alone, or the folder name, for the root itself; an Ollama blob added by
+    hand is called by its tag's name)."""
     rel = path.relative_to(root).as_posix() if path != root else ""
     if not rel:
-        return label or root.name
+        return label or ollama.manifest_name(root) or root.name
     return f"{label}/{rel}" if label else rel
 
 

@@ -85,6 +85,18 @@ def list_models(models_dir: Path) -> list[OllamaModel]:
     return sorted(found, key=lambda m: m.name)
 
 
+def manifest_name(path: Path) -> str | None:
+    """The name (``llama3.2:1b``) of the first tag whose weights are the blob at ``path``, so that a model loaded
+    from its blob is called what ``ollama list`` calls it; None when ``path`` is not a blob of an Ollama store."""
+    blobs = path.parent
+    if blobs.name != "blobs" or not path.name.startswith("sha256"):
+        return None
+    for model in list_models(blobs.parent):
+        if not model.problem and model.blob.name == path.name:
+            return model.name
+    return None
+
+
 def _is_file(path: Path) -> bool:
     """``path.is_file()``, False where the path cannot be looked at (an unreadable folder, a link loop)."""
     try:

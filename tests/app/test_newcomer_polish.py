@@ -93,3 +93,85 @@ def test_status_bar_card_and_markdown_export_name_the_precision_that_runs(qtbot:
     ui_flows.wait_finished(qtbot, reply, 10_000)
     text = export.to_markdown(window.storage, window.chat_pane.current_conversation.id)
     assert "model fake-smollm (int4)" in text and "bfloat16" not in text
+
+
+def _ollama_store(root: Any) -> Any:
+    """An Ollama models folder with one tag, ``llama3.2:1b``; returns its weights blob."""
+    import json
+
+    from engine.loading.ollama import MODEL_MEDIA_TYPE
+
+    digest = "sha256:" + "b179c952" * 8
+    manifest = root / "manifests" / "registry.ollama.ai" / "library" / "llama3.2" / "1b"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"layers": [{"mediaType": MODEL_MEDIA_TYPE, "digest": digest}]}))
+    blob = root / "blobs" / digest.replace(":", "-")
+    blob.parent.mkdir()
+    blob.write_bytes(b"GGUF" + bytes(60))
+    return blob
+
+
+def test_an_ollama_blob_is_shown_and_served_by_its_tag_name(qtbot: Any, window: Any, tmp_path: Any) -> None:
+    import json
+    import socket
+    import urllib.request
+
+    from PySide6.QtWidgets import QCheckBox, QLabel, QSpinBox, QTreeWidget
+
+    from tests.app import ui_flows
+
+    blob = _ollama_store(tmp_path / "models")
+    tree = ui_flows.child(window, QTreeWidget, "modelsTree")
+    qtbot.wait_until(lambda: tree.topLevelItemCount() == 2, timeout=5000)
+    ui_flows.load_model(qtbot, window, str(blob))
+    assert window.bridge.model_info.model_name == "llama3.2:1b"
+    assert ui_flows.child(window, QLabel, "modelStatusLabel").text().startswith("llama3.2:1b · ")
+    assert "<b>llama3.2:1b</b>" in ui_flows.child(window, QLabel, "modelInfoLabel").text()
+    running = window.models_view.running_item  # no scan found it, so it is added, first, marked, with its source
+    assert running is tree.topLevelItem(0) and tree.topLevelItemCount() == 3
+    assert running.text(0) == "llama3.2:1b (running)" and running.font(0).bold()
+    assert running.text(1) == "Loaded by path" and str(blob) in running.toolTip(0)
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ui_flows.child(window, QSpinBox, "servePortSpin").setValue(port)
+    with qtbot.wait_signal(window.bridge.signals.server_state_changed, timeout=10_000) as blocker:
+        ui_flows.child(window, QCheckBox, "serveCheck").setChecked(True)
+    assert blocker.args[0].is_running, blocker.args[0]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as response:
+        served = [model["id"] for model in json.load(response)["data"]]
+    assert served == ["llama3.2:1b"]
+    ui_flows.child(window, QCheckBox, "serveCheck").setChecked(False)
+
+
+def test_the_models_list_marks_the_running_model_shows_sources_and_keeps_whole_names(qtbot: Any,
+                                                                                   window: Any) -> None:
+    from PySide6.QtWidgets import QTreeWidget
+
+    from app.model.models_view import COLUMNS
+    from tests.app import ui_flows
+
+    tree = ui_flows.child(window, QTreeWidget, "modelsTree")
+    qtbot.wait_until(lambda: tree.topLevelItemCount() == 2, timeout=5000)
+    assert COLUMNS[1] == "Source" and not tree.isColumnHidden(1)
+    assert [tree.topLevelItem(i).text(1) for i in range(2)] == ["Hugging Face", "LM Studio"]
+    assert tree.textElideMode() == Qt.TextElideMode.ElideMiddle
+    assert tree.topLevelItem(1).toolTip(0).splitlines()[0] == "whisper-tiny"  # the whole name
+    assert window.models_view.running_item is None
+    ui_flows.load_model(qtbot, window)  # the default model, which the scan found: marked in place, not added
+    running = window.models_view.running_item
+    assert running is tree.topLevelItem(0) and tree.topLevelItemCount() == 2
+    assert running.text(0) == "SmolLM2-135M-Instruct (running)"
+    with qtbot.wait_signal(window.bridge.signals.model_unloaded, timeout=5000):
+        window.bridge.unload_model()
+    assert window.models_view.running_item is None and tree.topLevelItem(0).text(0) == "SmolLM2-135M-Instruct"
+
+
+def test_ollama_manifest_name_of_a_blob(tmp_path: Any) -> None:
+    from engine.loading.ollama import manifest_name
+
+    blob = _ollama_store(tmp_path / "models")
+    assert manifest_name(blob) == "llama3.2:1b"
+    assert manifest_name(tmp_path / "models" / "blobs" / "sha256-other") is None
+    assert manifest_name(tmp_path / "model.gguf") is None

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from engine.mcp.config import parse_config
 from engine.mcp.host import MAX_RESULT_CHARS, McpHost
-from tests.engine.mcp.conftest import server_config
+from tests.engine.mcp.conftest import SERVER, server_config
 
 
 def test_servers_start_lazily_and_list_their_tools(host: McpHost) -> None:
@@ -63,3 +66,15 @@ def test_a_server_that_cannot_start_fails_with_its_stderr_and_does_not_block() -
         result = host.call_tool("missing", "x", {}).result(30)
         assert result.is_error and "not running" in result.text
         assert host.start("off").result(5).state == "stopped"
+
+
+def test_the_command_line_lists_and_calls(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from engine.mcp.__main__ import main
+
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"t": {"command": sys.executable, "args": [str(SERVER)]},
+                                                 "bad": {"args": []}}}))
+    assert main(["call", "t", "add", "--args", '{"a": 20, "b": 22}', "--config", str(config)]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip() == "42" and "bad: left out: the entry needs 'command'" in out.err
+    assert main(["call", "t", "add", "--args", "[1]", "--config", str(config)]) == 2

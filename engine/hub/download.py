@@ -120,7 +120,7 @@ def download_file(
         raise unreachable("offline mode is on (HF_HUB_OFFLINE)")
     rev = revision or constants.DEFAULT_REVISION
     url = hf_hub_url(repo_id, filename, revision=rev, endpoint=endpoint)
-    with hub_errors(repo_id, filename):
+    with hub_errors(repo_id, filename, endpoint):
         meta = get_hf_file_metadata(url, token=token, endpoint=endpoint)
     if not meta.commit_hash or not meta.etag:
         raise HubError(f"{url} did not answer as a Hugging Face hub does (no commit or ETag header).")
@@ -130,8 +130,8 @@ def download_file(
     final = (Path(dest) / filename) if dest is not None else (partial.parent.parent / "snapshots" / commit / filename)
     partial.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(partial) + ".lock"):
-        if not final.exists():
-            _fetch(repo_id, filename, url, meta.location, partial, size, token, on_progress, cancel)
+        if not final.exists() or (size is not None and final.stat().st_size != size):  # absent, or not this file
+            _fetch(repo_id, filename, url, meta.location, partial, size, token, endpoint, on_progress, cancel)
             _verify(repo_id, filename, partial, sha, on_progress)
             _place(partial, final, dest is None, etag)
         if dest is None and not _COMMIT.match(rev):
@@ -145,7 +145,8 @@ def download_file(
 
 
 def _fetch(repo_id: str, filename: str, url: str, location: str, partial: Path, size: int | None,
-           token: str | bool | None, on_progress: ProgressFn | None, cancel: threading.Event | None) -> None:
+           token: str | bool | None, endpoint: str | None, on_progress: ProgressFn | None,
+           cancel: threading.Event | None) -> None:
     """Stream the missing bytes into ``partial``, from where it ends."""
     resume = partial.stat().st_size if partial.exists() else 0
     if size is not None and resume > size:  # not this file's bytes: start again
@@ -163,7 +164,7 @@ def _fetch(repo_id: str, filename: str, url: str, location: str, partial: Path, 
     def meter(**kwargs: Any) -> _Meter:
         return _Meter(filename, on_progress, cancel, **kwargs)
 
-    with hub_errors(repo_id, filename), _open_partial(partial) as out:
+    with hub_errors(repo_id, filename, endpoint), _open_partial(partial) as out:
         http_get(location, out, resume_size=resume, headers=headers, expected_size=size,
                  displayed_filename=filename, tqdm_class=cast(Any, meter))
 

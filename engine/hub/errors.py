@@ -38,10 +38,11 @@ def unreachable(why: object) -> HubError:
 
 
 @contextmanager
-def hub_errors(repo_id: str = "", filename: str = "") -> Iterator[None]:
+def hub_errors(repo_id: str = "", filename: str = "", endpoint: str | None = None) -> Iterator[None]:
     """Re-raise hub and network failures inside the block as :class:`HubError` with a clear message."""
     what = f"{filename} in {repo_id}" if filename else repo_id
-    page = f"{constants.ENDPOINT}/{repo_id}" if repo_id else constants.ENDPOINT
+    site = (endpoint or constants.ENDPOINT).rstrip("/")
+    page = f"{site}/{repo_id}" if repo_id else site
     try:
         yield
     except HubError:

@@ -146,7 +146,7 @@ def list_files(
         HubError: The hub cannot be reached, the repository does not exist, or it is gated.
     """
     api = HfApi(endpoint=endpoint, token=token)
-    with hub_errors(repo_id):
+    with hub_errors(repo_id, endpoint=endpoint):
         info = api.model_info(repo_id, revision=revision)
         tree = [f for f in api.list_repo_tree(repo_id, revision=info.sha or revision, recursive=True)
                 if isinstance(f, RepoFile)]
@@ -202,5 +202,6 @@ def _recommend(entries: list[FileEntry], context: int) -> None:
         if not shorter:
             return
         pick = max(shorter, key=lambda e: (e.fit.context if e.fit else 0, -e.size_bytes))
-        why = f"nothing fits with {context} tokens; this one leaves the longest context ({pick.fit and pick.fit.context})"
+        longest = pick.fit.context if pick.fit else 0
+        why = f"nothing fits with {context} tokens; this one leaves the longest context ({longest} tokens)"
     pick.recommended, pick.why = True, why

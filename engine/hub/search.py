@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from huggingface_hub import HfApi, constants
-from huggingface_hub.utils import get_session
+from huggingface_hub.utils import build_hf_headers, get_session
 
 from engine.hub.errors import HubError, hub_errors, unreachable
 
@@ -74,12 +74,12 @@ def search(query: str, limit: int = 20, endpoint: str | None = None, token: str 
         raise unreachable("offline mode is on (HF_HUB_OFFLINE)")
     api = HfApi(endpoint=endpoint, token=token)
     if kind == "repo":
-        with hub_errors(value):
+        with hub_errors(value, endpoint=endpoint):
             info = api.model_info(value)
         return [_hit(info)]
-    with hub_errors():
+    with hub_errors(endpoint=endpoint):
         # list_models retries a refused connection for about 20 s; one plain request says "offline" at once
-        get_session().get(f"{api.endpoint}/api/models", params={"limit": "1"}, headers=api._build_hf_headers())
+        get_session().get(f"{api.endpoint}/api/models", params={"limit": "1"}, headers=build_hf_headers(token=token))
         found = api.list_models(search=value, sort="downloads", limit=limit)
         return [_hit(info) for info in found]
 

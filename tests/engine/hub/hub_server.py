@@ -10,7 +10,7 @@
 - ``HEAD|GET /cdn/{sha256}``: the bytes, with ``Range`` requests answered 206.
 
 Test knobs: ``corrupt`` (sha256s served with one byte flipped), ``drop_once`` (sha256s whose first GET stops
-halfway and drops the connection), and ``requests`` (method, path, Range header) of everything asked.
+before its last MiB and drops the connection), and ``requests`` (method, path, Range header) of everything asked.
 """
 
 from __future__ import annotations
@@ -39,13 +39,12 @@ class HubFile:
     data: bytes
     lfs: bool
 
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.data).hexdigest()
+    sha256: str = ""
+    git_oid: str = ""
 
-    @property
-    def git_oid(self) -> str:
-        return hashlib.sha1(b"blob %d\0" % len(self.data) + self.data).hexdigest()
+    def __post_init__(self) -> None:
+        self.sha256 = hashlib.sha256(self.data).hexdigest()
+        self.git_oid = hashlib.sha1(b"blob %d\0" % len(self.data) + self.data).hexdigest()
 
 
 @dataclass
@@ -208,8 +207,8 @@ class FakeHub:
 
         async def stream() -> AsyncIterator[bytes]:
             for i in range(0, len(body), CHUNK):
-                if drop and i >= len(body) // 2:
-                    raise ConnectionResetError("the test hub drops this connection halfway")
+                if drop and i + CHUNK >= len(body):
+                    raise ConnectionResetError("the test hub drops this connection before the end")
                 yield body[i: i + CHUNK]
 
         return StreamingResponse(stream(), status, headers=headers)

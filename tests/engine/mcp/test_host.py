@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -78,3 +82,25 @@ def test_the_command_line_lists_and_calls(tmp_path: Path, capsys: pytest.Capture
     out = capsys.readouterr()
     assert out.out.strip() == "42" and "bad: left out: the entry needs 'command'" in out.err
     assert main(["call", "t", "add", "--args", "[1]", "--config", str(config)]) == 2
+
+
+def test_a_streamable_http_server(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(SERVER), "--http", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            time.sleep(0.1)
+        config = parse_config({"mcpServers": {"web": {"url": f"http://127.0.0.1:{port}/mcp",
+                                                      "headers": {"Authorization": "Bearer x"}}}})
+        with McpHost(config, start_timeout_s=30) as host:
+            assert host.call_tool("web", "add", {"a": 40, "b": 2}).result(60).text == "42"
+            assert host.status("web")[0].state == "ready"
+    finally:
+        proc.terminate()
+        proc.wait(10)

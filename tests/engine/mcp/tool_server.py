@@ -1,5 +1,5 @@
 """A small stdio MCP server for the host's tests: ``add``, ``slow`` (for timeouts), ``crash`` (exits the process),
-``big`` (a large result), ``city_time`` (one enum argument) and ``started`` (how many times this server's process started, from a counter file)."""
+``big`` (a large result), ``city_time`` (one enum argument) and ``started`` (how many times this server's process started, from a counter file). ``--http PORT`` serves Streamable HTTP."""
 
 from __future__ import annotations
 
@@ -58,4 +58,8 @@ if __name__ == "__main__":
         path = Path(COUNTER)
         path.write_text(str(int(path.read_text() or "0") + 1) if path.exists() else "1")
     print("test server starting", file=sys.stderr, flush=True)
-    server.run("stdio")
+    if len(sys.argv) > 2 and sys.argv[1] == "--http":  # Streamable HTTP on 127.0.0.1:PORT/mcp
+        server.settings.port = int(sys.argv[2])
+        server.run("streamable-http")
+    else:
+        server.run("stdio")

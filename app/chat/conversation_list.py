@@ -1,6 +1,12 @@
-"""The conversation sidebar: search field, list (rename in place), new/delete buttons, undo bar."""
+"""The conversation sidebar: search field, list (rename in place), new/delete buttons, undo bar.
+
+Each row is the title, then when the conversation was last active ("Today 14:02", "Yesterday 09:15", "3 Nov"),
+so that several with one title can be told apart, then the search snippet when searching.
+"""
 
 from __future__ import annotations
+
+from datetime import datetime, timedelta
 
 from PySide6.QtCore import QPoint, Qt, QTimer, Signal, Slot
 from PySide6.QtWidgets import (
@@ -24,6 +30,18 @@ from app.data import records as db
 UNDO_TIMEOUT_MS = 8000
 #: Typing in the search field re-queries after this pause.
 SEARCH_DELAY_MS = 150
+
+
+def when_text(timestamp: float, now: datetime | None = None) -> str:
+    """When, in local time, as a list reads it: "Today 14:02", "Yesterday 09:15", "3 Nov", "3 Nov 2025"."""
+    moment = datetime.fromtimestamp(timestamp)
+    today = (now or datetime.now()).date()
+    if moment.date() == today:
+        return f"Today {moment:%H:%M}"
+    if moment.date() == today - timedelta(days=1):
+        return f"Yesterday {moment:%H:%M}"
+    day = f"{moment.day} {moment:%b}"
+    return day if moment.year == today.year else f"{day} {moment.year}"
 
 
 class ConversationList(QWidget):
@@ -134,12 +152,15 @@ class ConversationList(QWidget):
         """Fill the list with (conversation, snippet) pairs; mark ``current_id`` selected."""
         self._list.blockSignals(True)
         self._list.clear()
+        now = datetime.now()
         for conversation, snippet in entries:
             label = conversation.title + (" …" if conversation.id in streaming_ids else "")
+            label += "\n" + when_text(conversation.updated_at, now)
             item = QListWidgetItem(label if not snippet or snippet == conversation.title
                                    else f"{label}\n{snippet}")
             item.setData(Qt.ItemDataRole.UserRole, conversation.id)
-            item.setToolTip(snippet or conversation.title)
+            last_active = datetime.fromtimestamp(conversation.updated_at)
+            item.setToolTip(f"{snippet or conversation.title}\nLast active {last_active:%d %b %Y, %H:%M}")
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
             self._list.addItem(item)
             if conversation.id == current_id:

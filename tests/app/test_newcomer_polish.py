@@ -175,3 +175,39 @@ def test_ollama_manifest_name_of_a_blob(tmp_path: Any) -> None:
     assert manifest_name(blob) == "llama3.2:1b"
     assert manifest_name(tmp_path / "models" / "blobs" / "sha256-other") is None
     assert manifest_name(tmp_path / "model.gguf") is None
+
+
+def test_when_text_reads_like_a_calendar() -> None:
+    from datetime import datetime
+
+    from app.chat.conversation_list import when_text
+
+    now = datetime(2026, 11, 20, 18, 30)
+    assert when_text(datetime(2026, 11, 20, 14, 2).timestamp(), now) == "Today 14:02"
+    assert when_text(datetime(2026, 11, 19, 9, 15).timestamp(), now) == "Yesterday 09:15"
+    assert when_text(datetime(2026, 11, 3, 9, 15).timestamp(), now) == "3 Nov"
+    assert when_text(datetime(2025, 11, 3, 9, 15).timestamp(), now) == "3 Nov 2025"
+
+
+def test_conversations_with_one_title_are_told_apart_by_their_dates(qtbot: Any) -> None:
+    import time
+
+    from PySide6.QtWidgets import QListWidget
+
+    from app.chat.conversation_list import ConversationList
+    from app.data import records
+
+    sidebar = ConversationList()
+    qtbot.add_widget(sidebar)
+    day = 86_400.0
+    now = time.time()
+    rows = [records.Conversation(id=i + 1, title="Pancakes", created_at=when, updated_at=when, system_prompt=None,
+                                 preset_id=None, temperature=None, top_p=None, max_tokens=None, model=None,
+                                 deleted_at=None, active_leaf_id=None)
+            for i, when in enumerate((now, now - day, now - 40 * day))]
+    sidebar.show_conversations([(row, "") for row in rows], 1, set())
+    listing = sidebar.findChild(QListWidget, "conversationList")
+    texts = [listing.item(i).text() for i in range(3)]
+    assert [text.splitlines()[0] for text in texts] == ["Pancakes"] * 3  # the title stays the first line
+    assert texts[0].splitlines()[1].startswith("Today ") and texts[1].splitlines()[1].startswith("Yesterday ")
+    assert len(set(texts)) == 3

@@ -1,4 +1,5 @@
-"""The main window's menu bar: File, Chat, View and Help, their shortcuts, and what each item does.
+"""The main window's menu bar: File, Chat, View and Help, their shortcuts, and what each item does (Help's own
+items: ``app/window/help_menu.py``).
 
 Every item hands its work to a pane or to the window (export, import, settings, layout), so a new item is one line
 here and a method where the work belongs; the window's own module keeps the panes and the wiring between them.
@@ -13,6 +14,7 @@ from PySide6.QtCore import QObject, Qt, Slot
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QMenu, QMessageBox
 
+from app.window.help_menu import HelpMenu
 from app.window.settings_dialog import SettingsDialog
 
 if TYPE_CHECKING:
@@ -86,6 +88,7 @@ class WindowMenus(QObject):
         self._add_action(view_menu, "&Reset layout", "resetLayoutAction", window.reset_layout)
 
         help_menu = window.menuBar().addMenu("&Help")
+        self.help = HelpMenu(window, help_menu)
         about = QAction("&About Hearth", window)
         about.triggered.connect(self._on_about_triggered)
         help_menu.addAction(about)

@@ -211,3 +211,64 @@ def test_conversations_with_one_title_are_told_apart_by_their_dates(qtbot: Any) 
     assert [text.splitlines()[0] for text in texts] == ["Pancakes"] * 3  # the title stays the first line
     assert texts[0].splitlines()[1].startswith("Today ") and texts[1].splitlines()[1].startswith("Yesterday ")
     assert len(set(texts)) == 3
+
+
+def _help_actions(window: Any) -> dict[str, Any]:
+    from PySide6.QtGui import QAction
+
+    return {action.objectName(): action for action in window.findChildren(QAction) if action.objectName()}
+
+
+def test_help_opens_the_docs_and_the_data_folder_only_when_clicked(window: Any, monkeypatch: Any) -> None:
+    from PySide6.QtCore import QUrl
+    from PySide6.QtGui import QDesktopServices
+
+    opened: list[QUrl] = []
+    monkeypatch.setattr(QDesktopServices, "openUrl", staticmethod(lambda url: opened.append(url) or True))
+    actions = _help_actions(window)
+    help_menu = next(a.menu() for a in window.menuBar().actions() if a.text() == "&Help")
+    names = [a.objectName() for a in help_menu.actions() if a.objectName()]
+    assert names[:4] == ["documentationAction", "shortcutsAction", "openDataFolderAction", "copyDiagnosticsAction"]
+    assert opened == []
+    actions["documentationAction"].trigger()
+    assert len(opened) == 1 and opened[0].isLocalFile() and opened[0].toLocalFile().endswith("README.md")
+    actions["openDataFolderAction"].trigger()
+    assert opened[1].toLocalFile() == str(window.data_dir)
+
+
+def test_the_shortcuts_dialog_lists_the_actions_real_shortcuts(window: Any, monkeypatch: Any) -> None:
+    from PySide6.QtGui import QKeySequence
+
+    from app.window.help_menu import ShortcutsDialog, shortcut_rows
+
+    rows = dict(shortcut_rows(window))
+    native = QKeySequence.SequenceFormat.NativeText
+    assert rows["Regenerate reply"] == QKeySequence("Ctrl+R").toString(native)
+    assert rows["Rename conversation"] == "F2"
+    actions = _help_actions(window)
+    actions["regenerateAction"].setShortcut(QKeySequence("Ctrl+G"))  # read from the actions, not a fixed list
+    assert dict(shortcut_rows(window))["Regenerate reply"] == QKeySequence("Ctrl+G").toString(native)
+    shown: list[ShortcutsDialog] = []
+    monkeypatch.setattr(ShortcutsDialog, "exec", lambda self: shown.append(self) or 0)
+    actions["shortcutsAction"].trigger()
+    table = shown[0].table
+    listed = {table.item(r, 0).text(): table.item(r, 1).text() for r in range(table.rowCount())}
+    assert listed == dict(shortcut_rows(window)) and "Search conversations" in listed
+
+
+def test_copy_diagnostics_puts_versions_cpu_flags_model_and_precision_on_the_clipboard(
+        qtbot: Any, window: Any) -> None:
+    from importlib import metadata
+
+    from PySide6.QtGui import QGuiApplication
+
+    from tests.app import ui_flows
+
+    ui_flows.load_model(qtbot, window)
+    qtbot.wait_until(lambda: window.menus.help._hardware is not None, timeout=5000)
+    _help_actions(window)["copyDiagnosticsAction"].trigger()
+    text = QGuiApplication.clipboard().text()
+    assert text.startswith("Hearth ") and "OS: " in text
+    assert f"torch {metadata.version('torch')}" in text
+    assert "CPU: Fake CPU 9000" in text and "flags: avx2" in text  # the fake machine has AVX2 only
+    assert "Model: fake-smollm (default) on cpu, precision int8, computes in bfloat16" in text

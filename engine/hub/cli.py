@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.hub.download import Progress, download_file
+from engine.hub.download import Progress, download_all
 from engine.hub.errors import HubError
 from engine.hub.files import list_files
 from engine.hub.search import search
@@ -44,9 +44,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_files.add_argument("repo")
     p_files.add_argument("--context", type=int, help="tokens of context to judge fit at")
     p_files.add_argument("--json", action="store_true")
-    p_down = sub.add_parser("download", help="download one file (resumes an unfinished one)")
+    p_down = sub.add_parser("download", help="download files (resumes unfinished ones; a split GGUF's first part "
+                                             "brings all its parts)")
     p_down.add_argument("repo")
-    p_down.add_argument("file")
+    p_down.add_argument("file", nargs="+")
     p_down.add_argument("--dest", type=Path, help="a folder instead of the Hugging Face cache")
     args = parser.parse_args(argv)
     try:
@@ -70,8 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if e.recommended:
                         print(f"    recommended: {e.why}")
         else:
-            path = download_file(args.repo, args.file, dest=args.dest, on_progress=_print_progress)
-            print(path)
+            for name in args.file:
+                for path in download_all(args.repo, name, dest=args.dest, on_progress=_print_progress):
+                    print(path)
     except HubError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -32,8 +32,9 @@ from huggingface_hub.file_download import http_get, repo_folder_name
 from huggingface_hub.utils import build_hf_headers
 
 from engine.hub.errors import DownloadCancelled, HubError, hub_errors, unreachable
+from engine.hub.files import SPLIT_PART, FileEntry
 
-__all__ = ["Progress", "ProgressFn", "download_file", "partial_path"]
+__all__ = ["Progress", "ProgressFn", "download_all", "download_entry", "download_file", "partial_path"]
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -142,6 +143,22 @@ def download_file(
         done = final.stat().st_size
         on_progress(Progress(filename, "done", done, done, 0.0, 0.0))
     return final
+
+
+def download_entry(repo_id: str, entry: FileEntry, **kwargs: Any) -> list[Path]:
+    """Download every file of one entry of :func:`engine.hub.files.list_files` (all parts of a split GGUF, a
+    whole safetensors folder), each checked against the sha256 the listing gave; ``kwargs`` as
+    :func:`download_file`. Returns the local paths, in the entry's order."""
+    return [download_file(repo_id, name, expected_sha256=entry.sha256.get(name), **kwargs) for name in entry.files]
+
+
+def download_all(repo_id: str, filename: str, **kwargs: Any) -> list[Path]:
+    """:func:`download_file`, except that any part of a split GGUF brings every part (their names are regular)."""
+    split = SPLIT_PART.search(filename)
+    if split is None:
+        return [download_file(repo_id, filename, **kwargs)]
+    count, stem = int(split.group(2)), filename[: split.start()]
+    return [download_file(repo_id, f"{stem}-{i:05d}-of-{count:05d}.gguf", **kwargs) for i in range(1, count + 1)]
 
 
 def _fetch(repo_id: str, filename: str, url: str, location: str, partial: Path, size: int | None,

@@ -25,7 +25,7 @@ import pytest
 from huggingface_hub import constants
 from safetensors.numpy import save_file
 
-from engine.hub import DownloadCancelled, HubError, download_file, list_files, search
+from engine.hub import DownloadCancelled, HubError, download_entry, download_file, list_files, search
 from engine.hub import download as download_mod
 from engine.hub.fit import FITS, SHORTER, TOO_LARGE, judge_fit
 from engine.hub.search import parse_query
@@ -329,6 +329,18 @@ def test_a_disk_that_fills_while_writing_keeps_the_part_for_later(
     assert hub.hub.ranges_seen("/cdn/")[-1] == f"bytes={written['bytes']}-"
 
 
+def test_a_split_gguf_entry_downloads_whole_and_is_listed_once(hub: HubThread, tmp_path: Path) -> None:
+    from engine.loading.discovery import discover_models
+    from tests.engine.loading.test_discovery import HARDWARE
+
+    cache = tmp_path / "home" / ".cache" / "huggingface" / "hub"
+    entry = next(e for e in list_files(GGUF_REPO, endpoint=hub.endpoint).entries if len(e.files) == 2)
+    paths = download_entry(GGUF_REPO, entry, cache_dir=cache, endpoint=hub.endpoint)
+    assert [p.name for p in paths] == SPLIT and len({p.parent for p in paths}) == 1
+    names = [m.name for m in discover_models(home=tmp_path / "home", hardware=HARDWARE)]
+    assert names == [f"{GGUF_REPO}/{SPLIT[0]}"]
+
+
 def test_two_downloads_at_once(hub: HubThread, tmp_path: Path) -> None:
     results: dict[str, Path] = {}
     errors: list[BaseException] = []
@@ -352,6 +364,23 @@ def test_two_downloads_at_once(hub: HubThread, tmp_path: Path) -> None:
         assert results[key].read_bytes() == files[name].data
 
 
+def test_the_command_line_prints_a_table(
+    hub: HubThread, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from engine.hub.cli import main
+
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)  # what HF_ENDPOINT set before the import does
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    assert main(["files", GGUF_REPO, "--context", "2048"]) == 0
+    out = capsys.readouterr().out
+    assert "judged at 2048 tokens" in out and "recommended: " in out
+    assert any(line.startswith("* gguf") for line in out.splitlines())
+    assert main(["search", "hearth-test"]) == 0
+    assert "hearth-test/gated-model" in capsys.readouterr().out
+    assert main(["download", GATED_REPO, "model.gguf"]) == 1
+    assert "gated repository" in capsys.readouterr().err
+
+
 def test_the_command_line_uses_hf_endpoint(hub: HubThread, tmp_path: Path) -> None:
     env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0", "HF_HUB_CACHE": str(tmp_path / "c")}
     run = [sys.executable, "-m", "engine.hub"]
@@ -359,7 +388,8 @@ def test_the_command_line_uses_hf_endpoint(hub: HubThread, tmp_path: Path) -> No
     found = subprocess.run([*run, "files", GGUF_REPO, "--json"], env=env, cwd=cwd, capture_output=True, text=True, check=False)
     assert found.returncode == 0, found.stderr
     assert '"quant": "Q4_1"' in found.stdout
-    got = subprocess.run([*run, "download", GGUF_REPO, "README.md", "--dest", str(tmp_path / "d")], env=env,
-                         cwd=cwd, capture_output=True, text=True, check=False)
+    got = subprocess.run([*run, "download", GGUF_REPO, "README.md", SPLIT[0], "--dest", str(tmp_path / "d")],
+                         env=env, cwd=cwd, capture_output=True, text=True, check=False)
     assert got.returncode == 0, got.stderr
     assert (tmp_path / "d" / "README.md").read_bytes().startswith(b"# SmolLM2")
+    assert got.stdout.split() == [str(tmp_path / "d" / name) for name in ("README.md", *SPLIT)]  # every part

@@ -23,6 +23,9 @@ class _Handle:
     def done(self) -> bool:
         return True
 
+    def __iter__(self) -> Any:  # streamed in small chunks, as a running engine loop delivers them
+        return iter([self.text[i:i + 3] for i in range(0, len(self.text), 3)])
+
     def result(self) -> Any:
         return type("Out", (), {"text": self.text, "finish_reason": "stop", "error": None})()
 
@@ -103,6 +106,17 @@ def test_denied_and_invalid_calls_go_back_to_the_model_in_words(host: McpHost, t
     assert any("no tool named 'rm_rf'" in t for t in texts) and any("not valid JSON" in t for t in texts)
     assert all(s.result.is_error for s in result.steps) and len(asked) == 1  # invalid calls are never asked
     assert result.text == "Sorry."
+
+
+def test_streamed_replies_show_their_text_and_hold_back_the_calls(host: McpHost, tmp_path: Path) -> None:
+    llm = ScriptedLLM(["Checking. " + _call("add", a=3, b=4), "It is 7."])
+    llm.is_alive = True  # a running loop: the reply arrives as deltas
+    shown: list[str] = []
+    store = ApprovalStore(tmp_path / "a.json")
+    store.remember("t", "add")
+    result = run_tool_loop(llm, [{"role": "user", "content": "?"}], host, lambda r: Decision.DENY, store,
+                           tools=list(host.list_tools("t").result(60)), on_text=shown.append)
+    assert "".join(shown) == "Checking. It is 7." and result.steps[0].result.text == "7"
 
 
 def test_the_loop_stops_at_the_step_limit(host: McpHost, tmp_path: Path) -> None:

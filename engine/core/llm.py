@@ -24,6 +24,7 @@ from engine.api import (
 )
 from engine.core.llm_engine import LLMEngine
 from engine.core.request import Prompt, RequestHandle
+from engine.core.speculative import SpeculationRefused
 from engine.loading.default_model import sampling_defaults
 from engine.loading.loader import LoadedModel, load_model
 from engine.loading.recommend import recommend
@@ -131,7 +132,7 @@ class LLM:
             raise ModelLoadError(
                 "not enough memory for the KV cache; lower the KV-cache budget or the batch size"
             ) from exc
-        except ModelLoadError:
+        except (ModelLoadError, SpeculationRefused):
             self.__dict__.pop("engine", None)
             del loaded
             self._release()

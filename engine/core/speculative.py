@@ -38,6 +38,10 @@ NGRAM_MAX, NGRAM_MIN = 4, 2
 NGRAM_LOOKBACK = 4096
 
 
+class SpeculationRefused(ValueError):
+    """The speculation asked for cannot run on this model or level: the caller's option, not a damaged file."""
+
+
 def ngram_draft(tokens: list[int], k: int, max_n: int = NGRAM_MAX, min_n: int = NGRAM_MIN) -> list[int]:
     """Prompt-lookup draft: the ``k`` tokens that followed the latest earlier occurrence of the context's last
     n tokens (longest n first); empty when nothing matches."""
@@ -250,11 +254,15 @@ def make_speculator(
 
     if method == "self-int4":
         if not runner.is_fused:
-            raise ValueError("speculative='self-int4' needs a Llama-family model (the fused path); use 'ngram'")
+            raise SpeculationRefused(
+                "speculative='self-int4' needs a Llama-family model (the fused path); use 'ngram'"
+            )
         if quantization == "int4":
-            raise ValueError("the model already runs int4, so its int4 copy would be no faster; use 'ngram'")
+            raise SpeculationRefused(
+                "the model already runs int4, so its int4 copy would be no faster; use 'ngram'"
+            )
         if quantization == "file":
-            raise ValueError(
+            raise SpeculationRefused(
                 "the model runs its GGUF file's own blocks, which leave no dense weights to make an int4 copy of; "
                 "use 'ngram'"
             )
@@ -269,4 +277,4 @@ def make_speculator(
     return Speculator(name, k, drafter.propose)
 
 
-__all__ = ["SpecPolicy", "Speculator", "StepCost", "expected_tokens", "ngram_draft"]
+__all__ = ["SpecPolicy", "SpeculationRefused", "Speculator", "StepCost", "expected_tokens", "ngram_draft"]

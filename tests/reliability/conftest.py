@@ -1,6 +1,7 @@
 """Fixtures for the reliability suite.
 
 ``fake_engine`` and ``serve_fake``: the HTTP server in-process over a fake engine, on a loopback port.
+``dialogs``: the app's warning dialogs, recorded as (title, text) instead of shown.
 """
 
 from __future__ import annotations
@@ -117,3 +118,17 @@ def serve_fake(fake_engine: FakeEngine) -> Serve:
             server.stop()
 
     return run
+
+
+@pytest.fixture
+def dialogs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    from PySide6.QtWidgets import QMessageBox
+
+    shown: list[tuple[str, str]] = []
+
+    def warning(parent: Any, title: str, text: str, *args: Any) -> Any:
+        shown.append((title, text))
+        return QMessageBox.StandardButton.Ok
+
+    monkeypatch.setattr(QMessageBox, "warning", staticmethod(warning))
+    return shown

@@ -84,20 +84,6 @@ def window(qtbot: Any, tmp_path: Path) -> Iterator[Any]:
     FakeLLM.instances.clear()
 
 
-@pytest.fixture
-def dialogs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    from PySide6.QtWidgets import QMessageBox
-
-    shown: list[tuple[str, str]] = []
-
-    def warning(parent: Any, title: str, text: str, *args: Any) -> Any:
-        shown.append((title, text))
-        return QMessageBox.StandardButton.Ok
-
-    monkeypatch.setattr(QMessageBox, "warning", staticmethod(warning))
-    return shown
-
-
 def import_through(qtbot: Any, window: Any, path: Path, timeout_ms: int = 30_000) -> Any:
     with qtbot.wait_signal(window.import_finished, timeout=timeout_ms) as finished:
         assert window.import_conversation(path)

@@ -35,20 +35,6 @@ def window(qtbot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Itera
 
 
 @pytest.fixture
-def dialogs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    from PySide6.QtWidgets import QMessageBox
-
-    shown: list[tuple[str, str]] = []
-
-    def warning(parent: Any, title: str, text: str, *args: Any) -> Any:
-        shown.append((title, text))
-        return QMessageBox.StandardButton.Ok
-
-    monkeypatch.setattr(QMessageBox, "warning", staticmethod(warning))
-    return shown
-
-
-@pytest.fixture
 def other_instance(tmp_path: Path) -> Iterator[sqlite3.Connection]:
     """A second connection to the window's database, as another Hearth would hold it."""
     conn = sqlite3.connect(tmp_path / "hearth.db", isolation_level=None, timeout=0.1)

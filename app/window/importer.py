@@ -1,4 +1,4 @@
-"""Imports a conversation file on a pool thread, so that a large file never freezes the window.
+"""Imports a conversation file on a thread of its own, so that a large file never freezes the window.
 
 Reading, parsing, checking and writing (:func:`app.data.export.import_file`) all run off the GUI thread; the
 result comes back through :attr:`ConversationImport.finished`, on the GUI thread. Whatever the file holds, the
@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from PySide6.QtCore import QObject, QThreadPool, Signal
+from PySide6.QtCore import QObject, Signal
 
 from app import log
 from app.data import export
@@ -55,7 +55,7 @@ class ImportResult:
 
 
 class ConversationImport(QObject):
-    """One file's import, run on a pool thread.
+    """One file's import, run on a thread of its own.
 
     Signals:
         finished(ImportResult): the import ended (emitted once, received on the GUI thread).
@@ -73,9 +73,15 @@ class ConversationImport(QObject):
         self.path = Path(path)
         self.done = threading.Event()
 
-    def start(self, pool: QThreadPool) -> None:
-        """Run the import on ``pool``."""
-        pool.start(self._run)
+    def start(self) -> None:
+        """Run the import on a thread of its own: a Python thread, which holds the GIL as any other (a Python
+        callable handed to ``QThreadPool.start`` once ran the JSON parser beside the GUI thread and crashed)."""
+        self._thread = threading.Thread(target=self._run, name="hearth-import", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Until the import has ended (it writes in one transaction: closing the database must wait for it)."""
+        self.done.wait()
 
     def _run(self) -> None:
         try:

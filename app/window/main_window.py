@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import platformdirs
-from PySide6.QtCore import QByteArray, Qt, QThreadPool, QTimer, Signal, Slot
+from PySide6.QtCore import QByteArray, Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QCloseEvent, QGuiApplication, QShowEvent
 from PySide6.QtWidgets import QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox, QWidget
 
@@ -96,8 +96,6 @@ class MainWindow(QMainWindow):
         self._is_closed = False
         self._import: ConversationImport | None = None
         self._storage_warning = ("", 0.0)  # the last "Could not save" dialog: its text and when
-        self._import_pool = QThreadPool(self)  # one import at a time, off the GUI thread
-        self._import_pool.setMaxThreadCount(1)
         self.settings = Settings(self.data_dir)
         apply_theme(self.settings.theme)  # before the panes draw anything in the palette
         self.storage = self._open_storage()
@@ -397,7 +395,7 @@ class MainWindow(QMainWindow):
         job.finished.connect(self._on_import_finished)
         self._import = job
         self.statusBar().showMessage(f"Importing {job.path.name}…")
-        job.start(self._import_pool)
+        job.start()  # off the GUI thread; one import at a time (self._import)
         return True
 
     @Slot(object)
@@ -432,6 +430,7 @@ class MainWindow(QMainWindow):
             self.save_settings()
             self.replies.shutdown()
             self.bridge.shutdown()
-            self._import_pool.waitForDone()  # an import writes in one transaction: let it land before closing
+            if self._import is not None:
+                self._import.wait()  # an import writes in one transaction: let it land before closing
             self.storage.close()
         super().closeEvent(event)

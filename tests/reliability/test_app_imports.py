@@ -60,10 +60,13 @@ def test_a_20k_message_branch_tree_imports_in_bounded_time(tmp_path: Path) -> No
 
 
 def test_import_time_grows_linearly(tmp_path: Path) -> None:
-    # CPU time of this thread (SQLite runs on it too): other processes on a busy machine do not count.
-    small = min(timed_import(tmp_path, 6_000, time.thread_time) for _ in range(3))
-    large = min(timed_import(tmp_path, 12_000, time.thread_time) for _ in range(3))
-    assert large < 3.0 * small, f"6k messages took {small:.2f} s, 12k took {large:.2f} s"
+    # CPU time of this thread (SQLite runs on it too): other processes on a busy machine do not count. Eight
+    # times the messages take 8x the time when the import is linear and 64x when it is quadratic; the bound
+    # sits far from both, since SQLite's index and full-text inserts grow a little faster than linear and a
+    # shared VM's timings scatter by half (a 2x step once measured 3.3x on a clean CI run).
+    small = min(timed_import(tmp_path, 2_000, time.thread_time) for _ in range(3))
+    large = min(timed_import(tmp_path, 16_000, time.thread_time) for _ in range(3))
+    assert large < 24.0 * small, f"2k messages took {small:.2f} s, 16k took {large:.2f} s"
 
 
 # -- through the window ---------------------------------------------------------------------------

@@ -140,3 +140,30 @@ def list_collections(conn: sqlite3.Connection) -> list[dict[str, object]]:
             }
         )
     return out
+
+
+def remove_root(conn: sqlite3.Connection, name: str, path: str) -> int:
+    """Stop watching ``path`` in collection ``name``: the root goes, with the files under it that no other root
+    holds and their chunks. Returns how many files were dropped (0 for an unknown collection or root)."""
+    row = collection_row(conn, name)
+    if row is None:
+        return 0
+    cid, root = int(row["id"]), str(Path(path).resolve())
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("DELETE FROM roots WHERE collection_id = ? AND path = ?", (cid, root))
+        others = [Path(r[0]) for r in conn.execute("SELECT path FROM roots WHERE collection_id = ?", (cid,))]
+        gone = [
+            r[0]
+            for r in conn.execute("SELECT path FROM files WHERE collection_id = ?", (cid,))
+            if Path(r[0]).is_relative_to(root) and not any(Path(r[0]).is_relative_to(o) for o in others)
+        ]
+        for file in gone:
+            conn.execute("DELETE FROM files WHERE collection_id = ? AND path = ?", (cid, file))
+            conn.execute("DELETE FROM queue WHERE collection_id = ? AND path = ?", (cid, file))
+        conn.execute("UPDATE collections SET generation = generation + 1 WHERE id = ?", (cid,))
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return len(gone)

@@ -16,11 +16,13 @@ from typing import Any
 
 from PySide6.QtCore import Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFileDialog, QSplitter, QVBoxLayout, QWidget
 
 from app.chat.composer import Composer
 from app.chat.conversation_list import ConversationList
 from app.chat.conversation_settings import ConversationSettings
+from app.chat.documents_controller import DocumentsController
+from app.chat.file_drop import FileDropFilter
 from app.chat.markdown import code_blocks, split_reasoning
 from app.chat.message_view import MessageView
 from app.chat.preset_dialog import PresetDialog
@@ -60,6 +62,8 @@ class ChatPane(QWidget):
         self._replies = replies
         self._current_id: int | None = None
         self._is_model_ready = False
+        #: The chats' attached files and the sources their replies are given.
+        self.documents = DocumentsController(store.storage, self)
         #: The preset new conversations start from.
         self.default_preset_id: int | None = None
         self._replies.reply_changed.connect(self._on_reply_changed)
@@ -93,6 +97,17 @@ class ChatPane(QWidget):
         self._composer.send_requested.connect(self._on_send_requested)
         self._composer.stop_requested.connect(self._on_stop_requested)
         self._composer.text_changed.connect(self._on_composer_text_changed)
+        self._composer.attach_requested.connect(self._on_attach_requested)
+        self._composer.attachments_bar.remove_requested.connect(self._on_attachment_remove_requested)
+        self.documents.attachments_changed.connect(self._on_documents_changed)
+        self.documents.progress_changed.connect(self._on_documents_changed)
+        self.documents.notice.connect(self.notice)
+        self._view.set_sources_provider(self.documents.shown_sources)
+        self._drops = FileDropFilter(self)
+        self._drops.files_dropped.connect(self.attach_files)
+        for target in (self, self._view.viewport(), self._composer.input_box.viewport()):
+            target.setAcceptDrops(True)
+            target.installEventFilter(self._drops)
         main = QWidget()
         main_layout = QVBoxLayout(main)
         main_layout.setContentsMargins(6, 0, 0, 0)
@@ -170,8 +185,15 @@ class ChatPane(QWidget):
         self._current_id = conversation.id
         self._view.show_conversation(conversation)
         self._settings_bar.show_conversation(conversation)
+        self._on_documents_changed(conversation.id)
         self._refresh_list()
         self._update_controls()
+
+    @Slot(list)
+    def attach_files(self, paths: list[str]) -> list[str]:
+        """Attach files to the current conversation; they are read in the background. Returns those taken."""
+        conversation = self.current_conversation
+        return self.documents.attach(conversation.id, paths) if conversation is not None else []
 
     def delete_conversation(self, conversation_id: int) -> None:
         """Move a conversation to the trash, stopping its reply; "Undo" brings it back."""
@@ -428,9 +450,29 @@ class ChatPane(QWidget):
     def _on_presets_edited(self) -> None:
         self.refresh()
 
+    @Slot()
+    def _on_attach_requested(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Attach files to this chat")
+        if paths:
+            self.attach_files(paths)
+
+    @Slot(str)
+    def _on_attachment_remove_requested(self, path: str) -> None:
+        if self._current_id is not None:
+            self.documents.remove(self._current_id, path)
+
+    @Slot(int)
+    def _on_documents_changed(self, conversation_id: int) -> None:
+        if conversation_id == self._current_id:
+            self._composer.attachments_bar.show_attachments(self.documents.attachments(conversation_id))
+            self._composer.attachments_bar.show_progress(self.documents.progress(conversation_id))
+
     @Slot(str, int, int)
     def _on_action_requested(self, action: str, index: int, extra: int) -> None:
-        if action == "copy":
+        conversation = self.current_conversation
+        if action == "source" and conversation is not None and 0 <= index < len(conversation.messages):
+            self.documents.open_source(conversation.messages[index], extra, self)
+        elif action == "copy":
             self.copy_message(index)
         elif action == "copy-code":
             self.copy_code(index, extra)
@@ -446,9 +488,12 @@ class ChatPane(QWidget):
     # -- helpers ----------------------------------------------------------------------------------
 
     def _start_reply(self, conversation: Conversation, history: list[dict[str, str]]) -> str:
+        params = self.sampling_params(conversation)
+        history, sources = self.documents.prepare(conversation.id, history, params, self._replies.context_length)
         reply = self._replies.new_reply(conversation)
+        self.documents.remember_sources(reply, sources)
         self._view.append_message(reply)
-        return self._replies.submit(conversation, reply, history, self.sampling_params(conversation))
+        return self._replies.submit(conversation, reply, history, params)
 
     def _can_send(self, conversation: Conversation) -> bool:
         return self._is_model_ready and not conversation.is_streaming

@@ -1,4 +1,5 @@
-"""The bottom of the chat pane: the message box, its Send and Stop buttons, and the editing banner."""
+"""The bottom of the chat pane: the message box, its Send, Stop and Attach buttons, the attached files and the
+editing banner."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from PySide6.QtCore import Signal, Slot
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
+from app.chat.attachments_bar import AttachmentsBar
 from app.chat.chat_input import ChatInput
 
 
@@ -18,11 +20,13 @@ class Composer(QWidget):
     Signals:
         send_requested(): Enter in the box, or Send.
         stop_requested(): Stop.
+        attach_requested(): Attach (the chat pane asks which files).
         text_changed(): the box's text changed.
     """
 
     send_requested = Signal()
     stop_requested = Signal()
+    attach_requested = Signal()
     text_changed = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -43,9 +47,17 @@ class Composer(QWidget):
         self._stop_button.setObjectName("stopButton")
         self._stop_button.setToolTip("Stop the reply; the text so far is kept (Esc)")
         self._stop_button.clicked.connect(self._on_stop_clicked)
+        self._attach_button = QPushButton("📎 Attach…")
+        self._attach_button.setObjectName("attachButton")
+        self._attach_button.setToolTip("Attach files to this chat (PDF, Word, text, Markdown, HTML, code, CSV); "
+                                       "you can also drop them on the chat. Replies cite them.")
+        self._attach_button.clicked.connect(self._on_attach_clicked)
+        #: The chat's attached files, above the message box.
+        self.attachments_bar = AttachmentsBar()
         buttons = QVBoxLayout()
         buttons.addWidget(self._send_button)
         buttons.addWidget(self._stop_button)
+        buttons.addWidget(self._attach_button)
         buttons.addStretch(1)
         input_row = QHBoxLayout()
         input_row.addWidget(self._input, 1)
@@ -53,6 +65,7 @@ class Composer(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self._edit_label)
+        layout.addWidget(self.attachments_bar)
         layout.addLayout(input_row)
         self.setFocusProxy(self._input)
 
@@ -60,6 +73,11 @@ class Composer(QWidget):
 
     def text(self) -> str:
         return self._input.toPlainText()
+
+    @property
+    def input_box(self) -> ChatInput:
+        """The message box (the chat pane takes file drops on it)."""
+        return self._input
 
     def set_text(self, text: str) -> None:
         self._input.setPlainText(text)
@@ -112,6 +130,10 @@ class Composer(QWidget):
     @Slot()
     def _on_stop_clicked(self) -> None:
         self.stop_requested.emit()
+
+    @Slot()
+    def _on_attach_clicked(self) -> None:
+        self.attach_requested.emit()
 
     @Slot()
     def _on_input_changed(self) -> None:

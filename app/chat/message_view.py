@@ -1,7 +1,8 @@
-"""The transcript of one conversation, rendered from Markdown, with per-message actions."""
+"""The transcript of one conversation, rendered from Markdown, with per-message actions and Sources lists."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from PySide6.QtCore import QEvent, QTimer, QUrl, Signal, Slot
@@ -27,6 +28,7 @@ from app.chat.code_highlighter import CODE_BLOCK_PROPERTY, CodeHighlighter
 from app.chat.markdown import add_copy_links, close_open_fence, code_blocks, split_reasoning
 from app.chat.safe_markdown import is_web_link, markdown_fragment, shown_address
 from app.data.conversations import STATUS_ERROR, STATUS_STREAMING, Conversation, Message
+from app.docs.citations import ShownSources, snippet
 from app.formatting import reply_stats_line
 
 #: What :meth:`MessageView.loadResource` answers for any image: a transparent pixel.
@@ -37,15 +39,15 @@ _BUBBLE_PADDING = 10
 _BUBBLE_INDENT = 48
 #: Links in the transcript with this scheme are actions, not web pages.
 ACTION_SCHEME = "hearth"
-#: Actions a link can ask for; ``copy-code`` also names the code block.
-ACTIONS = ("copy", "edit", "regenerate", "continue", "prev", "next", "copy-code")
+#: Actions a link can ask for; ``copy-code`` also names the code block, ``source`` the source's number.
+ACTIONS = ("copy", "edit", "regenerate", "continue", "prev", "next", "copy-code", "source")
 #: The link that shows or hides a reply's reasoning; the view handles it itself.
 REASONING_ACTION = "reasoning"
 
 
 def action_href(action: str, index: int, extra: int = 0) -> str:
     """The link for ``action`` on message ``index`` (``extra``: the code block, for copy-code)."""
-    return f"{ACTION_SCHEME}:{action}/{index}" + (f"/{extra}" if action == "copy-code" else "")
+    return f"{ACTION_SCHEME}:{action}/{index}" + (f"/{extra}" if action in ("copy-code", "source") else "")
 
 
 class MessageView(QTextBrowser):
@@ -61,7 +63,8 @@ class MessageView(QTextBrowser):
     wrote it): nothing in it is ever loaded (images show as text, see :mod:`app.chat.safe_markdown`), and
     only a click on an http(s) link opens it in the browser; a click on any other link opens nothing and
     says so (:attr:`link_refused`). A reply's ``<think>``
-    reasoning is folded into a "Reasoning" line that shows or hides it when clicked.
+    reasoning is folded into a "Reasoning" line that shows or hides it when clicked. A reply given documents
+    lists its Sources under it (file, page, score, passage); a click on one asks for it with the "source" action.
 
     Lines wrap at the view's width, long words and code lines included, so one long line never
     makes the whole transcript scroll sideways. The bubbles' colours come from the palette when a
@@ -69,7 +72,7 @@ class MessageView(QTextBrowser):
 
     Signals:
         action_requested(str, int, int): the action (one of :data:`ACTIONS`), the message index,
-            and the code block index for "copy-code" (else 0).
+            and the code block index for "copy-code" or the source's number for "source" (else 0).
         link_refused(str): a link that was clicked and not opened, since it is not an http(s) one.
     """
 
@@ -92,8 +95,13 @@ class MessageView(QTextBrowser):
         #: Indexes of the messages whose reasoning is shown.
         self._expanded: set[int] = set()
         self._is_redraw_pending = False
+        self._sources_for: Callable[[Message], ShownSources | None] = lambda message: None
 
     # -- public API -------------------------------------------------------------------------------
+
+    def set_sources_provider(self, provider: Callable[[Message], ShownSources | None]) -> None:
+        """Where the Sources list of a reply comes from (None: the reply has none)."""
+        self._sources_for = provider
 
     def show_conversation(self, conversation: Conversation | None) -> None:
         """Replace the view with all messages of ``conversation`` (or nothing)."""
@@ -289,6 +297,9 @@ class MessageView(QTextBrowser):
             if cursor.block().length() > 1:  # not an empty body line
                 cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
             self._insert_note(cursor, note, error=message.status == STATUS_ERROR)
+        shown = self._sources_for(message)
+        if shown is not None and shown.entries:
+            self._insert_sources(cursor, shown, index)
         actions = self._actions_for(message)
         if actions:
             if cursor.block().length() > 1:
@@ -341,6 +352,28 @@ class MessageView(QTextBrowser):
             link.setAnchorHref(action_href(action, index))
             link.setForeground(self.palette().color(QPalette.ColorRole.Link))
             cursor.insertText(labels[action], link)
+
+    def _insert_sources(self, cursor: QTextCursor, shown: ShownSources, index: int) -> None:
+        """The Sources list: each source's number, file and page as a link, its score, and its passage."""
+        small = max(self.font().pointSizeF() * 0.85, 7.0)
+        plain = QTextCharFormat()
+        plain.setFontPointSize(small)
+        plain.setForeground(self.palette().color(QPalette.ColorRole.PlaceholderText))
+        title = QTextCharFormat(plain)
+        title.setFontWeight(QFont.Weight.Bold)
+        if cursor.block().length() > 1:
+            cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
+        cursor.insertText(shown.title, title)
+        for number, source in shown.entries:
+            cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
+            link = QTextCharFormat(plain)
+            link.setAnchor(True)
+            link.setAnchorHref(action_href("source", index, number))
+            link.setForeground(self.palette().color(QPalette.ColorRole.Link))
+            link.setToolTip(source.file)
+            cursor.insertText(f"[{number}] {source.label}", link)
+            cursor.insertText(f"  ·  score {source.score:.3f}  ·  {snippet(source)}", plain)
+        cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
 
     def _style_header(self, frame: QTextFrame) -> None:
         header = QTextCharFormat()

@@ -49,6 +49,8 @@ class ReplyController(QObject):
         self._bridge = bridge
         self._store = store
         self._model: tuple[str | None, str | None] = (None, None)
+        #: The loaded model's context length in tokens (0: not known, as for a remote server).
+        self.context_length = 0
         # request id -> (conversation id, the reply it streams into)
         self._requests: dict[str, tuple[int, Message]] = {}
         self._saved_lengths: dict[str, int] = {}
@@ -80,6 +82,7 @@ class ReplyController(QObject):
     def set_model_info(self, info: ModelInfo | None) -> None:
         """The model new replies are recorded as written by."""
         self._model = (info.model_name, info.precision) if info is not None else (None, None)
+        self.context_length = info.context_length if info is not None else 0
 
     def new_reply(self, conversation: Conversation) -> Message:
         """Add an empty assistant reply to ``conversation``, to be streamed into by :meth:`submit`."""

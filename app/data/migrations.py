@@ -121,10 +121,31 @@ def _migrate_3_reply_format(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE conversations ADD COLUMN json_schema TEXT")
 
 
+def _migrate_4_documents(conn: sqlite3.Connection) -> None:
+    """Add the files attached to each conversation (``reason``: why one could not be read, else NULL) and the
+    numbered sources each reply was given (a JSON list, in the prompt's order)."""
+    conn.execute(
+        """CREATE TABLE attachments (
+            conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            path TEXT NOT NULL,
+            added_at REAL NOT NULL,
+            reason TEXT,
+            PRIMARY KEY (conversation_id, path)
+        )"""
+    )
+    conn.execute(
+        """CREATE TABLE reply_sources (
+            message_id INTEGER PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
+            sources TEXT NOT NULL
+        )"""
+    )
+
+
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     _migrate_1_initial_schema,
     _migrate_2_message_search_index,
     _migrate_3_reply_format,
+    _migrate_4_documents,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -1,0 +1,216 @@
+"""A chat's documents: attaching files, indexing them off the GUI thread, and the sources each reply is given.
+
+Not a widget. :class:`DocumentsController` keeps the attachments of every conversation (in the conversation
+database, :mod:`app.data.attachments`) and their index (:mod:`app.docs.index`, ``documents/`` in the data folder).
+Files are indexed by one :class:`~app.docs.attach_job.AttachJob` per conversation at a time (files attached
+meanwhile wait for it), so two runs never write the same collection at once. Before a reply, :meth:`prepare` puts
+the numbered sources into the prompt; the sources a reply was given are kept with it, for its Sources list.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, QUrl, Signal, Slot
+from PySide6.QtGui import QDesktopServices
+from PySide6.QtWidgets import QMessageBox, QWidget
+
+from app import log
+from app.data.attachments import Attachment, AttachmentStore, Source
+from app.data.conversations import Message
+from app.data.storage import Storage
+from app.docs.attach_job import AttachJob, AttachResult
+from app.docs.citations import ShownSources, shown_sources, snippet
+from app.docs.index import MARGIN_TOKENS, DocumentIndex, estimate_tokens, with_sources
+
+#: The context assumed when the model's is not known (a remote server).
+DEFAULT_CONTEXT = 4096
+#: The room kept for a reply whose chat sets no token limit.
+DEFAULT_REPLY_TOKENS = 512
+
+
+class DocumentsController(QObject):
+    """Attachments, their indexing and the replies' sources, for every conversation.
+
+    Signals:
+        attachments_changed(int): a conversation's attached files or their state changed (its id).
+        progress_changed(int): a conversation's indexing progressed, started or ended (its id).
+        notice(str): a short message for the status bar.
+
+    Args:
+        storage: the conversation database; the index lives in ``documents/`` beside it.
+    """
+
+    attachments_changed = Signal(int)
+    progress_changed = Signal(int)
+    notice = Signal(str)
+
+    def __init__(self, storage: Storage, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._attachments = AttachmentStore(storage)
+        in_memory = str(storage.path) == ":memory:"
+        home = Path(tempfile.mkdtemp(prefix="hearth-documents-")) if in_memory else storage.path.parent / "documents"
+        self.index = DocumentIndex(home)
+        self._jobs: dict[int, AttachJob] = {}
+        self._waiting: dict[int, list[str]] = {}
+        self._progress: dict[int, tuple[int, int, str]] = {}
+        self._sources: dict[int, list[Source]] = {}
+
+    # -- attachments ------------------------------------------------------------------------------
+
+    def attachments(self, conversation_id: int) -> list[Attachment]:
+        return self._attachments.attachments(conversation_id)
+
+    def progress(self, conversation_id: int) -> tuple[int, int, str] | None:
+        """(files done, files to do, the file being read) while the conversation's files are read, else None."""
+        if conversation_id not in self._jobs:
+            return None
+        return self._progress.get(conversation_id, (0, 0, ""))
+
+    def is_indexing(self, conversation_id: int) -> bool:
+        return conversation_id in self._jobs
+
+    def attach(self, conversation_id: int, paths: list[str]) -> list[str]:
+        """Attach files (or folders) to a conversation and read them in the background; returns those taken."""
+        taken = [str(Path(p).resolve()) for p in paths if Path(p).exists()]
+        missing = [p for p in paths if not Path(p).exists()]
+        if missing:
+            self.notice.emit(f"Not attached (no such file): {', '.join(Path(p).name for p in missing)}")
+        if not taken:
+            return []
+        self._attachments.attach(conversation_id, taken)
+        self._attachments.set_reasons(conversation_id, dict.fromkeys(taken, ""))
+        self.attachments_changed.emit(conversation_id)
+        if conversation_id in self._jobs:
+            self._waiting.setdefault(conversation_id, []).extend(taken)
+        else:
+            self._start(conversation_id, taken)
+        return taken
+
+    def remove(self, conversation_id: int, path: str) -> None:
+        """Detach a file: the chat stops answering from it."""
+        self._attachments.detach(conversation_id, path)
+        waiting = self._waiting.get(conversation_id, [])
+        if path in waiting:
+            waiting.remove(path)
+        try:
+            self.index.remove(conversation_id, path)
+        except Exception as exc:  # noqa: BLE001 (the index is rebuilt from the attachments; say it, go on)
+            log.ui.warning("could not drop %s from the index: %s", path, exc)
+        self.attachments_changed.emit(conversation_id)
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stop indexing after the file being read (the rest stays queued for the next attachment)."""
+        self._waiting.clear()
+        for job in list(self._jobs.values()):
+            job.cancel()
+        for job in list(self._jobs.values()):
+            job.wait(timeout_s)
+
+    def _start(self, conversation_id: int, paths: list[str]) -> None:
+        job = AttachJob(self.index, conversation_id, paths)
+        job.progress.connect(self._on_progress)
+        job.finished.connect(self._on_finished)
+        self._jobs[conversation_id] = job
+        self._progress[conversation_id] = (0, len(paths), "")
+        self.progress_changed.emit(conversation_id)
+        job.start()
+
+    @Slot(int, int, int, str)
+    def _on_progress(self, conversation_id: int, done: int, total: int, path: str) -> None:
+        if conversation_id in self._jobs:
+            self._progress[conversation_id] = (done, total, path)
+            self.progress_changed.emit(conversation_id)
+
+    @Slot(object)
+    def _on_finished(self, result: AttachResult) -> None:
+        cid = result.conversation_id
+        self._jobs.pop(cid, None)
+        self._progress.pop(cid, None)
+        attached = {a.path for a in self.attachments(cid)}
+        reasons: dict[str, str] = {}
+        for path in result.paths:
+            if path not in attached:
+                continue
+            if result.error:
+                reasons[path] = f"could not be indexed ({result.error})"
+                continue
+            inside = [(p, why) for p, why in result.outcome.skipped if p == path or Path(p).is_relative_to(path)]
+            reasons[path] = "; ".join(why if p == path else f"{Path(p).name}: {why}" for p, why in inside)
+        try:
+            self._attachments.set_reasons(cid, reasons)
+        except Exception as exc:  # noqa: BLE001 (a locked database loses only the reasons' record)
+            log.ui.warning("could not record attachment reasons: %s", exc)
+        read = len(result.outcome.indexed)
+        if not result.error:
+            self.notice.emit(f"Read {read} file{'s' if read != 1 else ''}"
+                             + (f"; {len(result.outcome.skipped)} could not be read." if result.outcome.skipped
+                                else "."))
+        self.attachments_changed.emit(cid)
+        self.progress_changed.emit(cid)
+        waiting = self._waiting.pop(cid, [])
+        if waiting:
+            self._start(cid, waiting)
+
+    # -- sources ----------------------------------------------------------------------------------
+
+    def prepare(self, conversation_id: int, history: list[dict[str, str]], params: dict[str, Any],
+                context_length: int) -> tuple[list[dict[str, str]], list[Source]]:
+        """``history`` with the chat's documents put before its last turn, and the numbered sources given.
+
+        Unchanged (and no sources) when the chat has no readable documents, or the context has no room for them.
+        """
+        if not any(not a.reason for a in self.attachments(conversation_id)) or not history:
+            return history, []
+        context = context_length or DEFAULT_CONTEXT
+        reply_room = int(params.get("max_tokens") or DEFAULT_REPLY_TOKENS)
+        used = sum(estimate_tokens(m.get("content", "")) for m in history)
+        budget = context - min(reply_room, context // 2) - used - MARGIN_TOKENS
+        try:
+            prepared = self.index.prepare(conversation_id, history[-1].get("content", ""), budget)
+        except Exception as exc:  # noqa: BLE001 (the reply goes on without documents, and says so)
+            log.ui.warning("document retrieval failed: %s", exc)
+            self.notice.emit(f"The documents could not be searched ({exc}); replying without them.")
+            return history, []
+        if prepared is None:
+            if budget <= 0:
+                self.notice.emit("The chat is too long to add its documents; replying without them.")
+            return history, []
+        if self.is_indexing(conversation_id):
+            self.notice.emit("Some files are still being read: this reply uses those read so far.")
+        return with_sources(history, prepared.block), prepared.sources
+
+    def remember_sources(self, reply: Message, sources: list[Source]) -> None:
+        """Keep the sources ``reply`` was given, with it in the database."""
+        if reply.id is None or not sources:
+            return
+        self._sources[reply.id] = sources
+        try:
+            self._attachments.set_sources(reply.id, sources)
+        except Exception as exc:  # noqa: BLE001 (shown now; lost after a restart)
+            log.ui.warning("could not save a reply's sources: %s", exc)
+
+    def shown_sources(self, message: Message) -> ShownSources | None:
+        """The Sources list under a finished reply, or None for one given no sources."""
+        if message.role != "assistant" or message.id is None or message.is_streaming:
+            return None
+        if message.id not in self._sources:
+            self._sources[message.id] = self._attachments.sources(message.id)
+        sources = self._sources[message.id]
+        return shown_sources(message.content, sources) if sources else None
+
+    def open_source(self, message: Message, number: int, parent: QWidget | None = None) -> None:
+        """Open source ``number`` of ``message`` in the file's own app; show its passage when the file is gone."""
+        sources = self._sources.get(message.id or -1) or []
+        if not 1 <= number <= len(sources):
+            return
+        source = sources[number - 1]
+        if Path(source.file).is_file() and QDesktopServices.openUrl(QUrl.fromLocalFile(source.file)):
+            return
+        box = QMessageBox(QMessageBox.Icon.Information, f"[{number}] {source.label}",
+                          f"The file could not be opened. The passage the reply was given:\n\n{snippet(source)}",
+                          QMessageBox.StandardButton.Close, parent)
+        box.setDetailedText(source.text)
+        box.open()

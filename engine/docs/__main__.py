@@ -3,6 +3,8 @@
     python -m engine.docs index PATH... --collection NAME [--embedder auto|bm25|wordllama] [--home DIR]
     python -m engine.docs search NAME "query" [--top-k N] [--mode hybrid|bm25|vector] [--json] [--home DIR]
     python -m engine.docs list [--json] [--home DIR]
+    python -m engine.docs eval [--set DIR] [--embedder bm25|wordllama] [--json] [--misses]
+    python -m engine.docs bench [--pages N] [--chunks N] [--embedder wordllama|bm25]
 
 ``index`` with no PATH brings the collection up to date with its roots (and finishes an interrupted run).
 """
@@ -41,10 +43,22 @@ def _parser() -> argparse.ArgumentParser:
     find.add_argument("--json", action="store_true")
     show = sub.add_parser("list", parents=[home], help="list the collections")
     show.add_argument("--json", action="store_true")
+    # Parsed by their own modules (engine/docs/evaluate.py, engine/docs/bench.py): listed here for --help.
+    sub.add_parser("eval", help="retrieval quality on the set in tests/data/retrieval (recall@5, MRR)")
+    sub.add_parser("bench", help="indexing and search speed on generated files")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "eval":
+        from engine.docs import evaluate
+
+        return evaluate.main(argv[1:])
+    if argv and argv[0] == "bench":
+        from engine.docs import bench
+
+        return bench.main(argv[1:])
     args = _parser().parse_args(argv)
     try:
         conn = store.connect(args.home)

@@ -75,10 +75,11 @@ def bm25_ranking(conn: sqlite3.Connection, cid: int, query: str, limit: int) -> 
     expression = fts_query(query)
     if not expression:
         return []
+    # A join on the chunk's primary key, not ``rowid IN (SELECT ...)``: SQLite runs that subquery's scan of the
+    # collection's chunks again for every FTS5 match (docs/BENCHMARKS.md, "Documents: speed").
     rows = conn.execute(
-        "SELECT rowid, bm25(chunks_fts) AS s FROM chunks_fts"
-        " WHERE chunks_fts MATCH ? AND rowid IN (SELECT id FROM chunks WHERE collection_id = ?)"
-        " ORDER BY s LIMIT ?",
+        "SELECT chunks_fts.rowid, bm25(chunks_fts) AS s FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid"
+        " WHERE chunks_fts MATCH ? AND c.collection_id = ? ORDER BY s LIMIT ?",
         (expression, cid, limit),
     ).fetchall()
     return [(int(r[0]), -float(r[1])) for r in rows]

@@ -37,6 +37,7 @@ from app import log
 from app.bridge.engine_bridge import EngineBridge
 from app.bridge.types import REMOTE_DEVICE, LoadSettings, ModelInfo, QuantizationAdvice
 from app.model.device_precision_form import DevicePrecisionForm
+from app.model.discover import show_discover
 from app.model.generation_form import GenerationForm
 from app.model.hardware_box import HardwareBox
 from app.model.load_settings import LoadSettingsForm
@@ -147,6 +148,10 @@ class ModelPane(QWidget):
         hint.setObjectName("defaultModelLabel")
         hint.setWordWrap(True)
         hint.setEnabled(False)
+        discover_button = QPushButton("Find models on Hugging Face…")
+        discover_button.setObjectName("discoverButton")
+        discover_button.setToolTip("Search Hugging Face and download a model (Discover)")
+        discover_button.clicked.connect(self._on_discover_clicked)
 
         self._choices = DevicePrecisionForm()
         self._path_edit.textChanged.connect(lambda _text: self._recommend_timer.start())
@@ -190,6 +195,7 @@ class ModelPane(QWidget):
         local_layout.setContentsMargins(0, 0, 0, 0)
         local_layout.addLayout(path_row)
         local_layout.addWidget(hint)
+        local_layout.addWidget(discover_button, 0, Qt.AlignmentFlag.AlignLeft)
         local_layout.addWidget(self._choices)
         local_layout.addWidget(self._auto_load_check)
 
@@ -332,6 +338,10 @@ class ModelPane(QWidget):
                                               "GGUF models (*.gguf);;All files (*)")
         if path:
             self._path_edit.setText(path)
+
+    @Slot()
+    def _on_discover_clicked(self) -> None:
+        show_discover(self.window())
 
     @Slot(int)
     def _on_source_changed(self, _index: int) -> None:

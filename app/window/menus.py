@@ -14,6 +14,7 @@ from PySide6.QtCore import QObject, Qt, Slot
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QMenu, QMessageBox
 
+from app.model.discover import show_discover
 from app.window.help_menu import HelpMenu
 from app.window.settings_dialog import SettingsDialog
 
@@ -84,6 +85,7 @@ class WindowMenus(QObject):
         view_menu = window.menuBar().addMenu("&View")
         for dock in (window.model_dock, window.models_dock, window.monitor_dock):
             view_menu.addAction(dock.toggleViewAction())
+        self._add_action(view_menu, "&Discover models on Hugging Face…", "discoverAction", self._on_discover_triggered)
         view_menu.addSeparator()
         self._add_action(view_menu, "&Reset layout", "resetLayoutAction", window.reset_layout)
 
@@ -121,6 +123,10 @@ class WindowMenus(QObject):
         chat = self._window.chat_pane
         if chat.current_conversation is not None:
             chat.sidebar.edit_title(chat.current_conversation.id)
+
+    @Slot()
+    def _on_discover_triggered(self) -> None:
+        show_discover(self._window)
 
     @Slot()
     def _on_settings_triggered(self) -> None:

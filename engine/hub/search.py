@@ -63,8 +63,12 @@ def parse_query(query: str, endpoint: str | None = None) -> tuple[str, str]:
     return "keyword", text
 
 
-def search(query: str, limit: int = 20, endpoint: str | None = None, token: str | bool | None = None) -> list[RepoHit]:
+def search(query: str, limit: int = 20, endpoint: str | None = None, token: str | bool | None = None,
+           library: str | None = None) -> list[RepoHit]:
     """The repositories ``query`` finds: the one it names, or up to ``limit`` keyword matches.
+
+    ``library`` ("gguf", "safetensors", ...) keeps keyword matches to repositories with that tag (the hub's
+    ``filter``); a repository named outright is shown whatever it holds.
 
     Raises:
         HubError: The hub cannot be reached, or it refused (the message says why).
@@ -80,8 +84,9 @@ def search(query: str, limit: int = 20, endpoint: str | None = None, token: str 
     with hub_errors(endpoint=endpoint):
         # list_models retries a refused connection for about 20 s; one plain request says "offline" at once
         get_session().get(f"{api.endpoint}/api/models", params={"limit": "1"}, headers=build_hf_headers(token=token))
-        found = api.list_models(search=value, sort="downloads", limit=limit)
-        return [_hit(info) for info in found]
+        found = api.list_models(search=value, sort="downloads", limit=limit, filter=library)
+        hits = [_hit(info) for info in found]
+    return [h for h in hits if library in h.tags] if library else hits
 
 
 def _hit(info: Any) -> RepoHit:

@@ -71,7 +71,20 @@ def speculative_option(value: str) -> str | dict[str, str]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine.serve",
                                      description="Serve a model over an OpenAI-compatible HTTP API.")
-    parser.add_argument("--model", default="default", help="'default', a Hugging Face folder, or a .gguf file")
+    parser.add_argument("--model", default=None,
+                        help="'default', a Hugging Face folder, or a .gguf file (default: 'default'; with "
+                             "--models-dir, the model a request that names none gets)")
+    parser.add_argument("--models-dir", action="append", default=[], type=Path, metavar="DIR",
+                        help="serve every model found here and in the usual apps' folders, each loaded when a "
+                             "request names it (repeatable)")
+    parser.add_argument("--keep-alive", default="5m", metavar="DURATION",
+                        help="with --models-dir: how long a model stays loaded after its last request "
+                             "(seconds or 5m, 1h; negative: for ever; default: 5m)")
+    parser.add_argument("--max-loaded-models", type=int, default=3, metavar="N",
+                        help="with --models-dir: the most models loaded at once (0: no limit; default: 3)")
+    parser.add_argument("--memory-budget-mb", type=int, default=0, metavar="MIB",
+                        help="with --models-dir: the memory the loaded models may take together (default: 80%% "
+                             "of the memory available at start)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this computer)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     parser.add_argument("--api-key", default=None,
@@ -150,6 +163,18 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    pool_settings: dict[str, Any] = {}
+    if args.models_dir:
+        from engine.serving.headless import pool_options
+
+        missing = [str(d) for d in args.models_dir if not d.is_dir()]
+        try:
+            if missing:
+                raise ValueError(f"--models-dir {', '.join(missing)} is not a folder")
+            pool_settings = pool_options(args)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     warning = exposure_warning(args.host, args.port, rules.api_key)
     if warning:
         print(warning, file=sys.stderr, flush=True)
@@ -166,15 +191,18 @@ def main(argv: list[str] | None = None) -> int:
                                "num_speculative_tokens": args.num_speculative_tokens}
     if args.kv_cache_mb:
         options["kv_cache_bytes"] = args.kv_cache_mb * 1024 * 1024
+    if args.models_dir:
+        return _serve_many(args, options, pool_settings, rules, limits, sock)
+    model = args.model or "default"
     try:
-        llm = LLM(args.model, device=args.device, dtype=args.dtype, quantization=args.quantization,
+        llm = LLM(model, device=args.device, dtype=args.dtype, quantization=args.quantization,
                   start_loop=True, **options)
     except (ModelLoadError, ValueError, TypeError) as exc:
         sock.close()
         print(f"error: {exc}", file=sys.stderr)
         return 2
     name = args.served_model_name or llm.model_name
-    app = create_app(AsyncLLMEngine(llm), name, rules, aliases=("default", str(args.model)),
+    app = create_app(AsyncLLMEngine(llm), name, rules, aliases=("default", str(model)),
                      request_timeout_s=args.request_timeout or None)
     print(f"Hearth is serving {name} on {llm.device} at http://{args.host}:{args.port}/v1"
           + (" (API key required)" if rules.api_key else ""), flush=True)
@@ -182,5 +210,32 @@ def main(argv: list[str] | None = None) -> int:
         uvicorn_server(app, limits, args.log_level).run(sockets=[sock])
     finally:
         llm.close()
+        sock.close()
+    return 0
+
+
+def _serve_many(args: argparse.Namespace, options: dict[str, Any], pool_settings: dict[str, Any],
+                rules: GuardRules, limits: ConnectionLimits, sock: Any) -> int:
+    """Serve every model on disk by name (``--models-dir``) until interrupted."""
+    from engine.core.llm import LLM
+    from engine.serving.headless import disk_catalog, log_to_data_folder
+    from engine.serving.multi_app import create_multi_app
+    from engine.serving.pool import Entry, ModelPool
+
+    def load(entry: Entry) -> LLM:
+        return LLM(entry.path, device=args.device, dtype=args.dtype, quantization=args.quantization,
+                   start_loop=True, **options)
+
+    log_path = log_to_data_folder(args.log_level)
+    pool = ModelPool(lambda: disk_catalog(args.models_dir), load, default_name=args.model,
+                     request_timeout_s=args.request_timeout or None, **pool_settings)
+    names = [e.name for e in pool.entries()]
+    print(f"Hearth is serving {len(names)} model(s) at http://{args.host}:{args.port}/v1, each loaded when a "
+          f"request names it: {', '.join(names[:10])}{' ...' if len(names) > 10 else ''}"
+          + (" (API key required)" if rules.api_key else "") + f"; log: {log_path}", flush=True)
+    try:
+        uvicorn_server(create_multi_app(pool, rules), limits, args.log_level).run(sockets=[sock])
+    finally:
+        pool.close_now()
         sock.close()
     return 0

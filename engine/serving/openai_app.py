@@ -364,6 +364,28 @@ class OpenAIServer:
         yield _sse("[DONE]")
 
 
+def error_handlers() -> dict[Any, Any]:
+    """Starlette's exception handlers for both servers: every error answers as an OpenAI-style error object."""
+
+    async def api_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, APIError)
+        return exc.response()
+
+    async def http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return APIError(exc.status_code, exc.detail, headers=exc.headers).response()
+
+    async def client_gone(_: Request, exc: Exception) -> Response:
+        return Response(status_code=400)  # the client hung up while sending; nobody reads this
+
+    async def server_error(_: Request, exc: Exception) -> Response:
+        # uvicorn logs the traceback after this answer is sent
+        return APIError(500, "The server failed on this request; its log has the details.",
+                        "server_error").response()
+
+    return {APIError: api_error, HTTPException: http_error, ClientDisconnect: client_gone, Exception: server_error}
+
+
 def create_app(engine: AsyncLLMEngine, model_name: str, rules: GuardRules | None = None,
                aliases: tuple[str, ...] = ("default",), priority: int = 0,
                request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S) -> Starlette:
@@ -391,22 +413,6 @@ def create_app(engine: AsyncLLMEngine, model_name: str, rules: GuardRules | None
     async def completions(request: Request) -> Response:
         return await server.generate(parse_body(await request.body(), CompletionRequest), request)
 
-    async def api_error(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, APIError)
-        return exc.response()
-
-    async def http_error(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        return APIError(exc.status_code, exc.detail, headers=exc.headers).response()
-
-    async def client_gone(_: Request, exc: Exception) -> Response:
-        return Response(status_code=400)  # the client hung up while sending; nobody reads this
-
-    async def server_error(_: Request, exc: Exception) -> Response:
-        # uvicorn logs the traceback after this answer is sent
-        return APIError(500, "The server failed on this request; its log has the details.",
-                        "server_error").response()
-
     app = Starlette(
         routes=[
             Route("/health", health),
@@ -416,8 +422,7 @@ def create_app(engine: AsyncLLMEngine, model_name: str, rules: GuardRules | None
             Route("/v1/completions", completions, methods=["POST"]),
             *ollama_routes(server),
         ],
-        exception_handlers={APIError: api_error, HTTPException: http_error, ClientDisconnect: client_gone,
-                            Exception: server_error},
+        exception_handlers=error_handlers(),
     )
     app.add_middleware(Guard, rules=rules or GuardRules())
     app.state.server = server

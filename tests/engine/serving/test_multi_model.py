@@ -1,0 +1,227 @@
+"""``python -m engine.serve --models-dir DIR``: every model on disk by name, loaded when a request names it, kept
+within a count limit and a keep-alive, and driven by the real ``ollama`` and ``openai`` clients.
+
+One headless server runs for the module over three tiny random models (llama, qwen2, mistral) with at most two
+loaded at once, so loading, eviction and the 503 of a request that cannot fit all happen for real.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ollama
+import openai
+import pytest
+
+from engine.serving.pool import parse_keep_alive
+from engine.tools.local_server import free_port, stop, wait_until_healthy
+from tests.engine.conftest import build_tiny_model
+
+MODELS = ("tiny-llama", "tiny-qwen2", "tiny-mistral")
+#: Runs the server, then prints which Qt modules its process imported.
+_WRAPPER = ("import sys; from engine.serving.cli import main\ntry: sys.exit(main(sys.argv[1:]))\nfinally: "
+            "print('qt-modules:', sorted(m for m in sys.modules if m.startswith(('PySide6', 'shiboken6'))), "
+            "flush=True)")
+
+
+class Headless:
+    def __init__(self, base_url: str, process: subprocess.Popen[bytes], log_path: Path, data_dir: Path,
+                 models_dir: Path) -> None:
+        self.base_url, self.process, self.log_path, self.data_dir = base_url, process, log_path, data_dir
+        self.models_dir = models_dir
+
+    def ps(self) -> list[str]:
+        return [m["name"] for m in httpx.get(f"{self.base_url}/api/ps", timeout=30).json()["models"]]
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def headless(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Iterator[Headless]:
+    root = tmp_path_factory.mktemp("headless")
+    models = root / "models"
+    for family, name in zip(("llama", "qwen2", "mistral"), MODELS, strict=True):
+        build_tiny_model(family, models / name, default_model_dir)
+    home, data = root / "home", root / "data"
+    home.mkdir()
+    port = free_port()
+    # a home of its own: the server lists the test's models (and the default one), not the machine's
+    env = {**os.environ, "HOME": str(home), "HF_HOME": str(home / "hf"), "HEARTH_DATA_DIR": str(data),
+           "XDG_DATA_HOME": str(home / ".local/share"), "OLLAMA_MODELS": str(home / "ollama")}
+    env.pop("HEARTH_API_KEY", None)
+    args = [sys.executable, "-c", _WRAPPER, "--models-dir", str(models), "--host", "127.0.0.1", "--port", str(port),
+            "--dtype", "float32", "--kv-cache-mb", "8", "--max-loaded-models", "2", "--keep-alive", "10m",
+            "--log-level", "info"]
+    log_path = root / "server.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(args, cwd=Path(__file__).resolve().parents[3], stdout=log_file,
+                                   stderr=subprocess.STDOUT, env=env)
+    server = Headless(f"http://127.0.0.1:{port}", process, log_path, data, models)
+    try:
+        wait_until_healthy(process, port, 120, server.log)
+        yield server
+    finally:
+        stop(process)
+
+
+@pytest.fixture
+def client(headless: Headless) -> Iterator[ollama.Client]:
+    c = ollama.Client(host=headless.base_url, timeout=120)
+    yield c
+    c._client.close()
+
+
+def _unload_all(client: ollama.Client, headless: Headless) -> None:
+    for name in headless.ps():
+        client.chat(model=name, messages=[], keep_alive=0)
+
+
+def test_every_model_on_disk_is_listed_and_none_is_loaded_before_it_is_asked_for(headless: Headless,
+                                                                                   client: ollama.Client) -> None:
+    names = [m.model for m in client.list().models]
+    assert set(MODELS) <= set(names), names
+    listed = openai.OpenAI(base_url=f"{headless.base_url}/v1", api_key="none").models.list()
+    assert set(MODELS) <= {m.id for m in listed.data}
+    assert client.ps().models == []
+
+
+def test_chat_with_an_unloaded_model_loads_it_and_keep_alive_0_unloads_it(headless: Headless,
+                                                                          client: ollama.Client) -> None:
+    _unload_all(client, headless)
+    reply = client.chat(model="tiny-llama", messages=[{"role": "user", "content": "Hello"}],
+                        options={"num_predict": 6, "temperature": 0})
+    assert reply.done and reply.message.role == "assistant" and 1 <= (reply.eval_count or 0) <= 6
+    loaded = client.ps().models
+    assert [m.model for m in loaded] == ["tiny-llama"] and loaded[0].size > 0
+    client.chat(model="tiny-llama", messages=[], keep_alive=0)
+    assert client.ps().models == []
+
+
+def test_a_third_model_evicts_the_least_recently_used_idle_one(headless: Headless, client: ollama.Client) -> None:
+    _unload_all(client, headless)
+    sdk = openai.OpenAI(base_url=f"{headless.base_url}/v1", api_key="none")
+    for name in ("tiny-llama", "tiny-qwen2", "tiny-mistral"):
+        out = sdk.chat.completions.create(model=name, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                          temperature=0, extra_body={"ignore_eos": True})
+        assert out.model == name and out.usage is not None and out.usage.completion_tokens == 4
+    assert sorted(headless.ps()) == ["tiny-mistral", "tiny-qwen2"]  # llama was the least recently used
+
+
+def test_a_short_keep_alive_unloads_the_model_after_its_request(headless: Headless, client: ollama.Client) -> None:
+    _unload_all(client, headless)
+    client.generate(model="tiny-qwen2", prompt="Hi", options={"num_predict": 2}, keep_alive="1s")
+    assert headless.ps() == ["tiny-qwen2"]
+    deadline = time.monotonic() + 30
+    while headless.ps():
+        assert time.monotonic() < deadline, "the model outlived its keep-alive"
+        time.sleep(0.25)
+
+
+def test_an_unknown_model_is_a_404_naming_the_models_there_are(headless: Headless) -> None:
+    r = httpx.post(f"{headless.base_url}/v1/chat/completions", timeout=30,
+                   json={"model": "no-such-model", "messages": [{"role": "user", "content": "Hi"}]})
+    assert r.status_code == 404
+    assert "no-such-model" in r.json()["error"]["message"] and "tiny-llama" in r.json()["error"]["message"]
+
+
+def _stream(base_url: str, model: str, max_tokens: int, out: dict[str, Any]) -> None:
+    """Stream one chat reply; record when its first token came and how many came."""
+    start = time.monotonic()
+    sdk = openai.OpenAI(base_url=f"{base_url}/v1", api_key="none", timeout=120)
+    count, first, finish = 0, None, None
+    with sdk.chat.completions.create(model=model, messages=[{"role": "user", "content": "Count"}], stream=True,
+                                     max_tokens=max_tokens, temperature=0, extra_body={"ignore_eos": True},
+                                     stream_options={"include_usage": True}) as stream:
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content and first is None:
+                first = time.monotonic() - start
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+            if chunk.usage is not None:
+                count = chunk.usage.completion_tokens
+    out.update(first=first, count=count, finish=finish)
+
+
+def test_two_clients_alternating_two_models_get_whole_replies(headless: Headless, client: ollama.Client) -> None:
+    _unload_all(client, headless)
+    results: list[dict[str, Any]] = []
+    for round_ in range(2):
+        threads = []
+        for model in ("tiny-llama", "tiny-mistral") if round_ % 2 == 0 else ("tiny-mistral", "tiny-llama"):
+            results.append({"model": model})
+            threads.append(threading.Thread(target=_stream, args=(headless.base_url, model, 24, results[-1])))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+    for r in results:
+        assert r["finish"] == "length" and r["count"] == 24, r  # no reply cut off
+        assert r["first"] is not None
+    assert sorted(headless.ps()) == ["tiny-llama", "tiny-mistral"]
+
+
+def test_a_model_that_cannot_fit_beside_busy_ones_gets_a_503_saying_what_is_loaded(
+    headless: Headless, tmp_path: Path
+) -> None:
+    """The pool itself, over real engines on the module's models: two leases held, a third model refused."""
+    import asyncio
+
+    from engine import LLM
+    from engine.serving.pool import Entry, ModelPool
+    from engine.serving.protocol import APIError
+
+    models = Path(headless.models_dir)
+    entries = [Entry(name, str(models / name)) for name in MODELS]
+
+    def load(entry: Entry) -> Any:
+        return LLM(entry.path, dtype="float32", kv_cache_bytes=8 << 20)
+
+    async def scenario() -> tuple[APIError, list[str]]:
+        pool = ModelPool(lambda: entries, load, max_loaded=2)
+        held = [await pool.acquire("tiny-llama"), await pool.acquire("tiny-qwen2")]
+        try:
+            with pytest.raises(APIError) as refused:
+                await pool.acquire("tiny-mistral")
+            for model in held:
+                pool.release(model)
+            third = await pool.acquire("tiny-mistral")  # idle now: the least recently used one makes room
+            pool.release(third)
+            return refused.value, [m.name for m in pool.loaded()]
+        finally:
+            await pool.close()
+
+    error, loaded = asyncio.run(scenario())
+    assert error.status == 503 and error.headers.get("Retry-After")
+    assert "tiny-llama" in error.message and "tiny-qwen2" in error.message and "in use" in error.message
+    assert sorted(loaded) == ["tiny-mistral", "tiny-qwen2"]
+
+
+def test_the_server_logs_to_the_data_folder_and_imports_no_qt(headless: Headless, client: ollama.Client) -> None:
+    client.generate(model="tiny-llama", prompt="Hi", options={"num_predict": 1})
+    log = headless.data_dir / "logs" / "server.log"
+    assert log.is_file() and "loaded tiny-llama" in log.read_text()
+    headless.process.send_signal(signal.SIGINT)  # uvicorn stops, then the interrupt unwinds main()
+    headless.process.wait(60)
+    assert "qt-modules: []" in headless.log(), headless.log()[-2000:]
+
+
+@pytest.mark.parametrize(("value", "seconds"), [(300, 300.0), ("5m", 300.0), ("1h30m", 5400.0), ("0", 0.0),
+                                                ("-1", None), (-5, None), ("250ms", 0.25), ("45", 45.0)])
+def test_keep_alive_takes_what_ollama_takes(value: object, seconds: float | None) -> None:
+    assert parse_keep_alive(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["soon", "5 minutes", True, [1], "nan", ""])
+def test_a_bad_keep_alive_is_refused_in_words(value: object) -> None:
+    with pytest.raises(ValueError, match="keep_alive"):
+        parse_keep_alive(value)

@@ -50,7 +50,11 @@ def pdf_bytes(pages: list[str]) -> bytes:
         b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>",
     ]
     for page_id, text in zip(page_ids, pages, strict=True):
-        lines = ["BT /F1 11 Tf 14 TL 50 780 Td", *(f"({escape(line)}) Tj T*" for line in text.split("\n")), "ET"]
+        lines = [
+            "BT /F1 11 Tf 14 TL 50 780 Td",
+            *(f"({escape(line)}) Tj T*" for line in text.split("\n")),
+            "ET",
+        ]
         stream = "\n".join(lines).encode("latin-1", errors="replace")
         objects.append(
             f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >>"
@@ -166,7 +170,9 @@ def bench_search(folder: Path, chunks: int, embedder: str, prose: Prose) -> dict
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.docs bench", description=__doc__.splitlines()[0])
     parser.add_argument("--pages", type=int, default=300, help="pages of the generated PDF (0: skip)")
-    parser.add_argument("--chunks", type=int, default=20_000, help="chunks of the searched collection (0: skip)")
+    parser.add_argument(
+        "--chunks", type=int, default=20_000, help="chunks of the searched collection (0: skip)"
+    )
     parser.add_argument("--embedder", choices=("wordllama", "bm25"), default="wordllama")
     args = parser.parse_args(argv)
     prose = Prose()

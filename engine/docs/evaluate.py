@@ -131,7 +131,9 @@ def evaluate(folder: Path = DEFAULT_SET, embedders: tuple[str, ...] = EMBEDDERS)
                     ]
                     rows.append({"embedder": report.embedder, "mode": mode, **_scores(ranks, questions)})
                     misses[f"{report.embedder}/{mode}"] = [
-                        q.question for q, r in zip(questions, ranks, strict=True) if r is None or r > RECALL_AT
+                        q.question
+                        for q, r in zip(questions, ranks, strict=True)
+                        if r is None or r > RECALL_AT
                     ]
             finally:
                 conn.close()
@@ -156,7 +158,9 @@ def table(result: dict[str, object]) -> str:
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
 
     def line(cells: list[str]) -> str:
-        padded = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
+        padded = [
+            c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
         return "| " + " | ".join(padded) + " |"
 
     rule = "|" + "|".join("-" * (w + 1) + (":" if i >= 2 else "-") for i, w in enumerate(widths)) + "|"
@@ -165,10 +169,14 @@ def table(result: dict[str, object]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.docs eval", description=__doc__.splitlines()[0])
-    parser.add_argument("--set", type=Path, default=DEFAULT_SET, help="the set's folder (default: %(default)s)")
+    parser.add_argument(
+        "--set", type=Path, default=DEFAULT_SET, help="the set's folder (default: %(default)s)"
+    )
     parser.add_argument("--embedder", action="append", choices=EMBEDDERS, help="one embedder (repeatable)")
     parser.add_argument("--json", action="store_true", help="print the JSON report only")
-    parser.add_argument("--misses", action="store_true", help="list the questions each mode misses in its top 5")
+    parser.add_argument(
+        "--misses", action="store_true", help="list the questions each mode misses in its top 5"
+    )
     args = parser.parse_args(argv)
     try:
         result = evaluate(args.set, tuple(args.embedder or EMBEDDERS))
@@ -182,10 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(json.dumps(result, indent=1))
     print()
+    documents = result["documents"]
+    assert isinstance(documents, list)
     print(
-        f"{result['questions']} questions ({result['paraphrased']} paraphrased), {len(result['documents'])}"
+        f"{result['questions']} questions ({result['paraphrased']} paraphrased), {len(documents)}"
         f" documents, {result['chunks']} chunks"
     )
     print(table(result))
     return 0
-

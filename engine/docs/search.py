@@ -70,11 +70,27 @@ def fts_query(text: str) -> str:
     return " OR ".join(f'"{w}"' for w in dict.fromkeys(words))
 
 
-def bm25_ranking(conn: sqlite3.Connection, cid: int, query: str, limit: int) -> list[tuple[int, float]]:
-    """Chunk ids best first, with BM25 scores made positive (higher is better)."""
+def bm25_ranking(
+    conn: sqlite3.Connection, cid: int, query: str, limit: int, members: frozenset[int] | None = None
+) -> list[tuple[int, float]]:
+    """Chunk ids best first, with BM25 scores made positive (higher is better).
+
+    With ``members`` (the collection's chunk ids), FTS5 ranks every collection's chunks and those of others are
+    dropped afterwards, which needs no lookup per match; when too many of the best matches belong to other
+    collections for that to fill ``limit``, the ranking is made again with a join that keeps the collection's own.
+    """
     expression = fts_query(query)
     if not expression:
         return []
+    if members is not None:
+        wide = 4 * limit
+        rows = conn.execute(
+            "SELECT rowid, bm25(chunks_fts) AS s FROM chunks_fts WHERE chunks_fts MATCH ? ORDER BY s LIMIT ?",
+            (expression, wide),
+        ).fetchall()
+        kept = [(int(r[0]), -float(r[1])) for r in rows if int(r[0]) in members]
+        if len(rows) < wide or len(kept) >= limit:
+            return kept[:limit]
     # A join on the chunk's primary key, not ``rowid IN (SELECT ...)``: SQLite runs that subquery's scan of the
     # collection's chunks again for every FTS5 match (docs/BENCHMARKS.md, "Documents: speed").
     rows = conn.execute(
@@ -85,13 +101,29 @@ def bm25_ranking(conn: sqlite3.Connection, cid: int, query: str, limit: int) -> 
     return [(int(r[0]), -float(r[1])) for r in rows]
 
 
+_members: dict[tuple[str, int], tuple[int, frozenset[int]]] = {}
+
+
+def _collection_members(conn: sqlite3.Connection, cid: int, generation: int) -> frozenset[int]:
+    """The ids of the collection's chunks, read once and kept until the collection's generation changes."""
+    database = str(conn.execute("PRAGMA database_list").fetchone()[2])
+    cached = _members.get((database, cid))
+    if cached is not None and cached[0] == generation:
+        return cached[1]
+    ids = frozenset(r[0] for r in conn.execute("SELECT id FROM chunks WHERE collection_id = ?", (cid,)))
+    _members[(database, cid)] = (generation, ids)
+    return ids
+
+
 def vector_ranking(
     ids: np.ndarray, matrix: np.ndarray, query: np.ndarray, limit: int
 ) -> list[tuple[int, float]]:
     """Chunk ids best first by cosine similarity (the vectors are unit length), exact."""
     if len(ids) == 0:
         return []
-    scores = matrix @ query.astype(np.float32).ravel()
+    # einsum runs on the calling thread: BLAS's threads for a matrix-vector product gain nothing on a memory-bound
+    # product and keep spinning afterwards, taking the cores from the BM25 query that runs next.
+    scores = np.einsum("ij,j->i", matrix, query.astype(np.float32).ravel())
     k = min(limit, len(ids))
     top = np.argpartition(-scores, k - 1)[:k]
     top = top[np.argsort(-scores[top], kind="stable")]
@@ -137,7 +169,8 @@ def search(
         raise ValueError(f"collection {collection!r} has no vectors (indexed with BM25 alone)")
     rankings = []
     if mode in ("hybrid", "bm25"):
-        rankings.append(bm25_ranking(conn, cid, query, limit))
+        members = _collection_members(conn, cid, int(row["generation"]))
+        rankings.append(bm25_ranking(conn, cid, query, limit, members))
     if mode in ("hybrid", "vector") and embedder is not None:
         ids, matrix = _collection_vectors(conn, cid, int(row["generation"]))
         rankings.append(vector_ranking(ids, matrix, embedder.embed([query])[0], limit))

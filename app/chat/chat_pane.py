@@ -16,13 +16,12 @@ from typing import Any
 
 from PySide6.QtCore import Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QFileDialog, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
 from app.chat.composer import Composer
 from app.chat.conversation_list import ConversationList
 from app.chat.conversation_settings import ConversationSettings
 from app.chat.documents_controller import DocumentsController
-from app.chat.file_drop import FileDropFilter
 from app.chat.markdown import code_blocks, split_reasoning
 from app.chat.message_view import MessageView
 from app.chat.preset_dialog import PresetDialog
@@ -97,17 +96,9 @@ class ChatPane(QWidget):
         self._composer.send_requested.connect(self._on_send_requested)
         self._composer.stop_requested.connect(self._on_stop_requested)
         self._composer.text_changed.connect(self._on_composer_text_changed)
-        self._composer.attach_requested.connect(self._on_attach_requested)
-        self._composer.attachments_bar.remove_requested.connect(self._on_attachment_remove_requested)
-        self.documents.attachments_changed.connect(self._on_documents_changed)
-        self.documents.progress_changed.connect(self._on_documents_changed)
         self.documents.notice.connect(self.notice)
-        self._view.set_sources_provider(self.documents.shown_sources)
-        self._drops = FileDropFilter(self)
-        self._drops.files_dropped.connect(self.attach_files)
-        for target in (self, self._view.viewport(), self._composer.input_box.viewport()):
-            target.setAcceptDrops(True)
-            target.installEventFilter(self._drops)
+        self.documents.connect_widgets(self, self._composer, self._view, lambda: self._current_id)
+        self.documents.files_dropped.connect(self.attach_files)
         main = QWidget()
         main_layout = QVBoxLayout(main)
         main_layout.setContentsMargins(6, 0, 0, 0)
@@ -185,7 +176,7 @@ class ChatPane(QWidget):
         self._current_id = conversation.id
         self._view.show_conversation(conversation)
         self._settings_bar.show_conversation(conversation)
-        self._on_documents_changed(conversation.id)
+        self.documents.show(conversation.id)
         self._refresh_list()
         self._update_controls()
 
@@ -449,23 +440,6 @@ class ChatPane(QWidget):
     @Slot()
     def _on_presets_edited(self) -> None:
         self.refresh()
-
-    @Slot()
-    def _on_attach_requested(self) -> None:
-        paths, _ = QFileDialog.getOpenFileNames(self, "Attach files to this chat")
-        if paths:
-            self.attach_files(paths)
-
-    @Slot(str)
-    def _on_attachment_remove_requested(self, path: str) -> None:
-        if self._current_id is not None:
-            self.documents.remove(self._current_id, path)
-
-    @Slot(int)
-    def _on_documents_changed(self, conversation_id: int) -> None:
-        if conversation_id == self._current_id:
-            self._composer.attachments_bar.show_attachments(self.documents.attachments(conversation_id))
-            self._composer.attachments_bar.show_progress(self.documents.progress(conversation_id))
 
     @Slot(str, int, int)
     def _on_action_requested(self, action: str, index: int, extra: int) -> None:

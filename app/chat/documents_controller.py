@@ -10,14 +10,18 @@ the numbered sources into the prompt; the sources a reply was given are kept wit
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QObject, QUrl, Signal, Slot
 from PySide6.QtGui import QDesktopServices
-from PySide6.QtWidgets import QMessageBox, QWidget
+from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
 
 from app import log
+from app.chat.composer import Composer
+from app.chat.file_drop import FileDropFilter
+from app.chat.message_view import MessageView
 from app.data.attachments import Attachment, AttachmentStore, Source
 from app.data.conversations import Message
 from app.data.storage import Storage
@@ -38,6 +42,7 @@ class DocumentsController(QObject):
         attachments_changed(int): a conversation's attached files or their state changed (its id).
         progress_changed(int): a conversation's indexing progressed, started or ended (its id).
         notice(str): a short message for the status bar.
+        files_dropped(list): local files were dropped on the chat (their paths).
 
     Args:
         storage: the conversation database; the index lives in ``documents/`` beside it.
@@ -46,6 +51,7 @@ class DocumentsController(QObject):
     attachments_changed = Signal(int)
     progress_changed = Signal(int)
     notice = Signal(str)
+    files_dropped = Signal(list)
 
     def __init__(self, storage: Storage, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -57,6 +63,43 @@ class DocumentsController(QObject):
         self._waiting: dict[int, list[str]] = {}
         self._progress: dict[int, tuple[int, int, str]] = {}
         self._sources: dict[int, list[Source]] = {}
+        self._composer: Composer | None = None
+        self._current_id: Callable[[], int | None] = lambda: None
+        #: Takes drops of files on the chat pane, its transcript and its message box.
+        self.drops = FileDropFilter(self)
+        self.drops.files_dropped.connect(self.files_dropped)
+        self.attachments_changed.connect(self.show)
+        self.progress_changed.connect(self.show)
+
+    def connect_widgets(self, pane: QWidget, composer: Composer, view: MessageView,
+                        current_id: Callable[[], int | None]) -> None:
+        """Wire the chat pane's widgets: Attach, the chips, drops, and the replies' Sources lists."""
+        self._composer, self._current_id = composer, current_id
+        composer.attach_requested.connect(self._on_attach_requested)
+        composer.attachments_bar.remove_requested.connect(self._on_remove_requested)
+        view.set_sources_provider(self.shown_sources)
+        for target in (pane, view.viewport(), composer.input_box.viewport()):
+            target.setAcceptDrops(True)
+            target.installEventFilter(self.drops)
+
+    @Slot(int)
+    def show(self, conversation_id: int) -> None:
+        """Show a conversation's attachments and progress above the message box (when it is the one shown)."""
+        if self._composer is not None and conversation_id == self._current_id():
+            self._composer.attachments_bar.show_attachments(self.attachments(conversation_id))
+            self._composer.attachments_bar.show_progress(self.progress(conversation_id))
+
+    @Slot()
+    def _on_attach_requested(self) -> None:
+        cid = self._current_id()
+        paths, _ = QFileDialog.getOpenFileNames(self._composer, "Attach files to this chat")
+        if paths and cid is not None:
+            self.attach(cid, paths)
+
+    @Slot(str)
+    def _on_remove_requested(self, path: str) -> None:
+        if (cid := self._current_id()) is not None:
+            self.remove(cid, path)
 
     # -- attachments ------------------------------------------------------------------------------
 

@@ -100,7 +100,7 @@ def test_files_dropped_on_the_chat_are_attached(qtbot: Any, window: MainWindow, 
     mime.setUrls([QUrl.fromLocalFile(str(note))])
     drop = QDropEvent(QPointF(5, 5), Qt.DropAction.CopyAction, mime, Qt.MouseButton.NoButton,
                       Qt.KeyboardModifier.NoModifier)
-    window.chat_pane._drops.eventFilter(window.chat_pane, drop)
+    window.chat_pane.documents.drops.eventFilter(window.chat_pane, drop)
     _wait_read(qtbot, window)
     assert _bar(window).chip_paths == [str(note.resolve())]
 

@@ -160,10 +160,9 @@ class HubClient(QObject):
                            lambda serial, files: self.files_listed.emit(serial, files))
 
     def download(self, repo_id: str, entry: FileEntry) -> DownloadJob:
-        """A started download of ``entry``; it resumes whatever an earlier, stopped download left."""
-        job = DownloadJob(self, repo_id, entry, self)
-        job.start()
-        return job
+        """A download of ``entry``, not started: connect to its signals, then call its ``start`` (a quick failure
+        would otherwise end before anyone listens). It resumes whatever an earlier, stopped download left."""
+        return DownloadJob(self, repo_id, entry, self)
 
     def _start(self, name: str, work: Callable[[], object], deliver: Callable[[int, object], object]) -> int:
         with self._lock:

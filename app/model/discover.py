@@ -191,7 +191,9 @@ class DiscoverView(QWidget):
             self._say(f"No {kind} found for “{self.search_edit.text().strip()}”.")
             return
         self._say(f"{len(hits)} repositor{'ies' if len(hits) != 1 else 'y'} found. Choose one to see its files.")
-        self.results.setCurrentItem(self.results.topLevelItem(0))
+        first = self.results.topLevelItem(0)
+        if first is not None:
+            self.results.setCurrentItem(first)
 
     @Slot(int, object)
     def _on_files_listed(self, serial: int, repo: RepoFiles) -> None:
@@ -223,7 +225,9 @@ class DiscoverView(QWidget):
         gib = repo.available_bytes / 2**30
         self._say(f"{repo.repo_id}: {len(repo.entries)} file choice{'s' if len(repo.entries) != 1 else ''}, "
                   f"judged at {repo.context} tokens of context with {gib:.1f} GiB of memory available now.")
-        self.files.setCurrentItem(recommended or self.files.topLevelItem(0))
+        chosen = recommended or self.files.topLevelItem(0)
+        if chosen is not None:
+            self.files.setCurrentItem(chosen)
 
     @Slot(int, str)
     def _on_failed(self, serial: int, message: str) -> None:

@@ -106,6 +106,7 @@ class DownloadBox(QWidget):
         job = self._job = self._client.download(repo_id, entry)
         job.progress.connect(self._on_progress)
         job.finished.connect(self._on_finished)
+        job.start()
         log.ui.info("downloading %s from %s", entry.name, repo_id)
         self._update_buttons()
         return True

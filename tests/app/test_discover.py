@@ -22,6 +22,7 @@ from huggingface_hub import constants
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from engine.hub import FileEntry
 from engine.loading.gguf_reader import gguf_config, read_gguf_header
 from engine.tools.make_gguf import write_gguf
 from tests.app.fake_engine import FakeLLM, fake_hardware, make_fake_api
@@ -276,6 +277,10 @@ def test_offline_the_view_says_so(qtbot: Any, window: Any, hub: HubThread, monke
         view.search_button.click()
     assert "Hugging Face cannot be reached" in view.status.text()
     assert "everything else works offline" in view.status.text()
+    # a download that fails at once (before any request) still ends, with the reason
+    view.download_box.set_choice(GGUF_REPO, FileEntry(GGUF_FILE, "gguf", "Q8_0", (GGUF_FILE,), 1))
+    result = download(qtbot, view, timeout_ms=5_000)
+    assert "cannot be reached" in result.error and "cannot be reached" in view.download_box.error.text()
 
 
 def test_the_model_pane_opens_discover(qtbot: Any, window: Any) -> None:

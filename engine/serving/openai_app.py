@@ -37,6 +37,7 @@ from engine.api import CapacityError, SamplingParams, StepOutput, TokenLogprob
 from engine.serving import tools as tools_mod
 from engine.serving.async_engine import AsyncLLMEngine, AsyncRequest
 from engine.serving.choices import Choice, Plan
+from engine.serving.embeddings import embedding_routes
 from engine.serving.guards import Guard, GuardRules, is_loopback
 from engine.serving.limits import check_sampling_limits
 from engine.serving.metrics import METRICS_CONTENT_TYPE, ServerMetrics
@@ -421,6 +422,7 @@ def create_app(engine: AsyncLLMEngine, model_name: str, rules: GuardRules | None
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             *ollama_routes(server),
+            *embedding_routes(),
         ],
         exception_handlers=error_handlers(),
     )

@@ -30,11 +30,12 @@ from engine.hub import (
     list_files,
     search,
 )
+from engine.hub.download import partial_path
 from engine.hub.fit import FITS, SHORTER, TOO_LARGE
 
 __all__ = [
     "FITS", "SHORTER", "TOO_LARGE", "DownloadJob", "DownloadResult", "FileEntry", "HubClient", "Progress",
-    "RepoFiles", "RepoHit", "download_folder",
+    "RepoFiles", "RepoHit", "download_folder", "partial_bytes",
 ]
 
 #: Keyword results asked of the hub per search.
@@ -45,6 +46,20 @@ def download_folder() -> Path:
     """Where downloads go: the Hugging Face cache as ``huggingface_hub`` finds it (``HF_HUB_CACHE``, ``HF_HOME``,
     then ``~/.cache``), which is where the Models list looks for Hugging Face models."""
     return Path(constants.HF_HUB_CACHE)
+
+
+def partial_bytes(repo_id: str, entry: FileEntry, cache_dir: Path | None = None) -> int:
+    """The bytes of ``entry`` that an earlier, stopped download left in the cache (0 when none): Download
+    resumes from there."""
+    total = 0
+    for name in entry.files:
+        sha = entry.sha256.get(name)
+        if sha:
+            try:
+                total += partial_path(repo_id, sha, name, None, cache_dir).stat().st_size
+            except OSError:
+                continue
+    return total
 
 
 def _error_text(exc: BaseException) -> str:

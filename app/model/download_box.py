@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
 from app import log
-from app.bridge.hub_jobs import DownloadJob, DownloadResult, FileEntry, HubClient, Progress
+from app.bridge.hub_jobs import DownloadJob, DownloadResult, FileEntry, HubClient, Progress, partial_bytes
 from app.formatting import format_bytes
 
 _ERROR_STYLE = ("QLabel { color: #b71c1c; background: #fdecea; border: 1px solid #f5c2c0;"
@@ -51,7 +51,7 @@ class DownloadBox(QWidget):
         self.download_button.clicked.connect(self._on_download_clicked)
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.setObjectName("discoverCancelButton")
-        self.cancel_button.setToolTip("Stop the download; the part already downloaded is kept, so Download resumes it")
+        self.cancel_button.setToolTip("Stop the download; the part already downloaded is kept for Resume")
         self.cancel_button.setEnabled(False)
         self.cancel_button.clicked.connect(self.cancel)
         self.progress = QProgressBar()
@@ -92,6 +92,12 @@ class DownloadBox(QWidget):
         """The file the Download button would fetch (None: nothing chosen)."""
         self._choice = (repo_id, entry) if repo_id and entry is not None else None
         self._update_buttons()
+        if self._choice is not None and not self.is_running():
+            self.error.hide()
+            self.progress.hide()
+            kept = self._kept_bytes()
+            self.status.setText(f"{format_bytes(kept)} of {format_bytes(self._choice[1].size_bytes)} downloaded "
+                                "earlier: Resume continues from there." if kept else "")
 
     def start(self) -> bool:
         """Download the chosen file (resuming what an earlier download left); False when none is chosen or one
@@ -145,7 +151,7 @@ class DownloadBox(QWidget):
             job.deleteLater()
         if result.cancelled:
             self.status.setText(f"Download of {result.entry_name} cancelled. The part downloaded is kept: "
-                                "Download resumes it.")
+                                "Resume continues from there, now or after a restart.")
         elif result.error:
             self.status.setText("")
             self.error.setText(f"Could not download {result.entry_name}. {result.error}")
@@ -158,8 +164,11 @@ class DownloadBox(QWidget):
         self._update_buttons()
         self.finished.emit(result)
 
+    def _kept_bytes(self) -> int:
+        return partial_bytes(*self._choice, self._client.cache_dir) if self._choice is not None else 0
+
     def _update_buttons(self) -> None:
         running = self._job is not None
         self.download_button.setEnabled(self._choice is not None and not running)
-        self.download_button.setText("Downloading…" if running else "Download")
+        self.download_button.setText("Downloading…" if running else "Resume" if self._kept_bytes() else "Download")
         self.cancel_button.setEnabled(running)

@@ -234,11 +234,16 @@ def test_cancel_keeps_the_part_and_download_resumes_it(qtbot: Any, window: Any, 
         box.download_button.click()
         qtbot.waitUntil(lambda: box.progress.value() > 0, timeout=10_000)
         box.cancel_button.click()
-    assert done.args[0].cancelled and "resumes" in box.status.text()
+    assert done.args[0].cancelled and "continues from there" in box.status.text()
     data = hub.hub.repos[GGUF_REPO].files[GGUF_FILE]
     partial = _cached(online, GGUF_FILE).parent.parent.parent / "blobs" / f"{data.sha256}.incomplete"
     kept = partial.stat().st_size
     assert 0 < kept < len(data.data) and not _cached(online, GGUF_FILE).exists()
+    assert box.download_button.text() == "Resume"
+    choose_file(qtbot, view, MISSING_FILE)
+    assert box.download_button.text() == "Download"
+    choose_file(qtbot, view, GGUF_FILE)  # chosen again, as after a restart: the part kept is found
+    assert box.download_button.text() == "Resume" and "downloaded earlier" in box.status.text()
     hub.hub.delay_s = 0.0  # type: ignore[attr-defined]
     hub.hub.requests.clear()
     result = download(qtbot, view)

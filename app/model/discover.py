@@ -17,7 +17,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtCore import QCoreApplication, Qt, Signal, Slot
 from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
@@ -163,6 +163,7 @@ class DiscoverView(QWidget):
         entry = item.data(0, _DATA) if item is not None else None
         return entry if isinstance(entry, FileEntry) else None
 
+    @Slot()
     def shutdown(self) -> None:
         """Cancel a running download (its part is kept) and wait for its thread."""
         self.download_box.shutdown()
@@ -278,11 +279,15 @@ class DiscoverView(QWidget):
 def show_discover(window: QWidget) -> DiscoverView:
     """Open ``window``'s Discover view (made the first time), raised and with the search box focused.
 
-    Finished downloads refresh the window's Models list (its ``models_view``), when it has one.
+    Finished downloads refresh the window's Models list (its ``models_view``), when it has one. Quitting Hearth
+    stops a running download (its part is kept for Resume).
     """
     view = window.findChild(DiscoverView, "discoverView")
     if view is None:
         view = DiscoverView(parent=window)
+        app = QCoreApplication.instance()
+        if app is not None:
+            app.aboutToQuit.connect(view.shutdown)
         models_view: Any = getattr(window, "models_view", None)
         if models_view is not None:
             view.downloaded.connect(lambda _paths: models_view.refresh())

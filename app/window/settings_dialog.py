@@ -1,4 +1,5 @@
-"""The settings dialog: theme, font size, default model and default preset."""
+"""The settings dialog: theme, font size, default model and default preset; the MCP servers on a page of their own
+(:mod:`app.tools.mcp_page`)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QLineEdit,
     QSpinBox,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
 from app.data.records import Preset
 from app.data.settings import MAX_FONT_SIZE, MIN_FONT_SIZE, THEMES, Settings
+from app.tools.mcp_page import McpPage
 
 _THEME_LABELS = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
 
@@ -55,8 +58,16 @@ class SettingsDialog(QDialog):
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
+        general = QWidget()
+        general.setLayout(form)
+        self.mcp_page = McpPage(settings.path.parent)  # mcp.json sits beside settings.ini
+        self.finished.connect(self.mcp_page.close_servers)
+        tabs = QTabWidget()
+        tabs.setObjectName("settingsTabs")
+        tabs.addTab(general, "General")
+        tabs.addTab(self.mcp_page, "Tools (MCP)")
         layout = QVBoxLayout(self)
-        layout.addLayout(form)
+        layout.addWidget(tabs)
         layout.addWidget(buttons)
 
     def apply_to(self, settings: Settings) -> None:

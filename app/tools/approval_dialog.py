@@ -1,13 +1,14 @@
 """Asking the user before a tool runs: the server, the tool and the arguments the model gave, as formatted JSON
 (plain text: nothing the model wrote is rendered as HTML or followed as a link), with Allow once, Always allow
 this tool (remembered per server through :class:`engine.mcp.approvals.ApprovalStore`) and Deny. Closing the
-dialog denies."""
+dialog denies. :class:`GuiApprover` is the tool loop's ``approve`` callback for a loop run off the GUI thread."""
 
 from __future__ import annotations
 
 import json
+import threading
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (
     QDialog,
@@ -91,3 +92,70 @@ def ask(request: ApprovalRequest, store: ApprovalStore, parent: QWidget | None =
     dialog = ApprovalDialog(request, store, parent)
     dialog.exec()
     return dialog.decision
+
+
+class _Pending:
+    def __init__(self, request: ApprovalRequest) -> None:
+        self.request = request
+        self.decision = Decision.DENY
+        self.answered = threading.Event()
+
+
+class GuiApprover(QObject):
+    """``approve`` for :func:`engine.mcp.loop.run_tool_loop` on a worker thread: each call shows an
+    :class:`ApprovalDialog` on the GUI thread (through a queued signal) and blocks the worker until it is answered.
+    :meth:`deny_all` answers every open question with Deny (the chat stopped, the window closes).
+
+    Signals:
+        asked(ApprovalDialog): a dialog was opened (for tests and the chat's status line).
+    """
+
+    asked = Signal(object)
+    _ask = Signal(object)  # _Pending, from a worker thread
+
+    def __init__(self, store: ApprovalStore, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.store = store
+        self._parent = parent
+        self._pending: list[_Pending] = []
+        self._dialogs: list[ApprovalDialog] = []
+        self._ask.connect(self._on_ask)
+
+    def __call__(self, request: ApprovalRequest) -> Decision:
+        if self.store.is_always(request.server, request.tool):
+            return Decision.ALLOW_ALWAYS
+        if QThread.currentThread() is self.thread():
+            return ask(request, self.store, self._parent)
+        pending = _Pending(request)
+        self._pending.append(pending)
+        self._ask.emit(pending)
+        pending.answered.wait()
+        return pending.decision
+
+    @Slot(object)
+    def _on_ask(self, pending: _Pending) -> None:
+        if pending.answered.is_set():  # denied before it could be shown
+            return
+        dialog = ApprovalDialog(pending.request, self.store, self._parent)
+        self._dialogs.append(dialog)
+
+        def done() -> None:
+            self._answer(pending, dialog.decision)
+            self._dialogs.remove(dialog)
+            dialog.deleteLater()
+
+        dialog.finished.connect(done)
+        dialog.open()
+        self.asked.emit(dialog)
+
+    def _answer(self, pending: _Pending, decision: Decision) -> None:
+        pending.decision = decision
+        pending.answered.set()
+        if pending in self._pending:
+            self._pending.remove(pending)
+
+    def deny_all(self) -> None:
+        for pending in list(self._pending):
+            self._answer(pending, Decision.DENY)
+        for dialog in list(self._dialogs):
+            dialog.reject()

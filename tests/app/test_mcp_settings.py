@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import stat
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 from PySide6.QtWidgets import QLabel, QLineEdit, QPlainTextEdit, QPushButton
 
 from app.data.settings import Settings
-from app.tools.approval_dialog import ApprovalDialog, ask
+from app.tools.approval_dialog import ApprovalDialog, GuiApprover, ask
 from app.tools.mcp_page import McpPage
 from app.tools.server_dialog import ServerDialog
 from app.window.settings_dialog import SettingsDialog
@@ -161,3 +162,33 @@ def test_closing_the_approval_dialog_denies(qtbot: Any, tmp_path: Path) -> None:
     qtbot.add_widget(dialog)
     dialog.reject()
     assert dialog.decision is Decision.DENY
+
+
+def test_gui_approver_asks_from_a_worker_thread(qtbot: Any, tmp_path: Path) -> None:
+    store = ApprovalStore(tmp_path / "mcp_approvals.json")
+    approver = GuiApprover(store)
+    answers: list[Decision] = []
+
+    def worker(request: ApprovalRequest) -> None:
+        answers.append(approver(request))
+
+    for button, expected in (("allowOnceButton", Decision.ALLOW_ONCE), ("alwaysAllowButton", Decision.ALLOW_ALWAYS)):
+        with qtbot.wait_signal(approver.asked, timeout=5000) as asked:
+            thread = threading.Thread(target=worker, args=(ApprovalRequest("s", "t", {"a": 1}),))
+            thread.start()
+        dialog = asked.args[0]
+        assert dialog.isVisible() and json.loads(dialog.arguments.toPlainText()) == {"a": 1}
+        dialog.findChild(QPushButton, button).click()
+        thread.join(5)
+        assert answers[-1] is expected
+    thread = threading.Thread(target=worker, args=(ApprovalRequest("s", "t", {}),))
+    thread.start()  # "always" now: not asked
+    thread.join(5)
+    assert answers[-1] is Decision.ALLOW_ALWAYS
+
+    with qtbot.wait_signal(approver.asked, timeout=5000):
+        thread = threading.Thread(target=worker, args=(ApprovalRequest("s", "other", {}),))
+        thread.start()
+    approver.deny_all()  # the chat stopped: the worker is not left waiting
+    thread.join(5)
+    assert not thread.is_alive() and answers[-1] is Decision.DENY

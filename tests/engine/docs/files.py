@@ -7,43 +7,7 @@ import io
 import zipfile
 from pathlib import Path
 
-
-def _escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
-
-
-def pdf_bytes(pages: list[str]) -> bytes:
-    """A minimal valid PDF: one page per string, each line of it drawn in Helvetica."""
-    objects: list[bytes] = []
-    n = len(pages)
-    page_ids = [4 + 2 * i for i in range(n)]
-    objects.append(b"<< /Type /Catalog /Pages 2 0 R >>")
-    kids = " ".join(f"{i} 0 R" for i in page_ids)
-    objects.append(f"<< /Type /Pages /Kids [{kids}] /Count {n} >>".encode())
-    objects.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>")
-    for i, text in enumerate(pages):
-        lines = ["BT /F1 11 Tf 14 TL 50 780 Td"]
-        for line in text.split("\n"):
-            lines.append(f"({_escape(line)}) Tj T*")
-        lines.append("ET")
-        stream = "\n".join(lines).encode("latin-1")
-        objects.append(
-            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >>"
-            f" /Contents {page_ids[i] + 1} 0 R >>".encode()
-        )
-        objects.append(b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream")
-    out = io.BytesIO()
-    out.write(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(out.tell())
-        out.write(b"%d 0 obj\n" % number + body + b"\nendobj\n")
-    xref = out.tell()
-    out.write(b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1))
-    for offset in offsets:
-        out.write(b"%010d 00000 n \n" % offset)
-    out.write(b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref))
-    return out.getvalue()
+from engine.docs.bench import pdf_bytes  # the one minimal PDF writer: the bench makes its 300 pages with it
 
 
 def write_pdf(path: Path, pages: list[str]) -> Path:

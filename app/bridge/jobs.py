@@ -134,7 +134,8 @@ def start_local_server(llm: BridgedLLM, name: str, host: str, port: int,
     from engine.serving.openai_app import ServerThread
 
     try:
-        server = ServerThread(llm.engine, name, host, port, api_key or None, priority=SERVER_PRIORITY)
+        server = ServerThread(llm.engine, name, host, port, api_key or None, priority=SERVER_PRIORITY,
+                              sampling_defaults=dict(llm.sampling_defaults))
         server.start()
     except OSError as exc:
         return None, ServerState(False, message=f"Could not listen on {host}:{port}: {exc.strerror or exc}.")

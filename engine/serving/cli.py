@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     name = args.served_model_name or llm.model_name
     app = create_app(AsyncLLMEngine(llm), name, rules, aliases=("default", str(model)),
-                     request_timeout_s=args.request_timeout or None)
+                     request_timeout_s=args.request_timeout or None, sampling_defaults=llm.sampling_defaults)
     print(f"Hearth is serving {name} on {llm.device} at http://{args.host}:{args.port}/v1"
           + (" (API key required)" if rules.api_key else ""), flush=True)
     try:

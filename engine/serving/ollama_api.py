@@ -195,6 +195,8 @@ class OllamaAPI:
             raise APIError(400, "options must be an object")
         fields: dict[str, Any] = {ours: options[theirs] for theirs, ours in _SAMPLING_OPTIONS.items()
                                   if options.get(theirs) is not None}
+        for key, value in getattr(self.server, "sampling_defaults", {}).items():
+            fields.setdefault(key, value)  # what the request leaves out, the model's own settings fill in
         num_predict = options.get("num_predict")
         max_len = self._engine.max_model_len
         fields["max_tokens"] = num_predict if isinstance(num_predict, int) and num_predict > 0 else max_len

@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import uvicorn
@@ -85,8 +85,11 @@ class OpenAIServer:
     """
 
     def __init__(self, engine: AsyncLLMEngine, model_name: str, aliases: tuple[str, ...] = ("default",),
-                 priority: int = 0, request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S) -> None:
+                 priority: int = 0, request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,
+                 sampling_defaults: Mapping[str, float] | None = None) -> None:
         self.engine = engine
+        #: the model's own sampling settings, for the fields a request leaves out
+        self.sampling_defaults = dict(sampling_defaults or {})
         self.model_name = model_name
         self.priority = priority
         self.request_timeout_s = request_timeout_s
@@ -270,7 +273,8 @@ class OpenAIServer:
                 plan.echo = prompt if isinstance(prompt, str) else self.engine.engine.tokenizer.decode(prompt)
         try:
             timeout_s = body.timeout_s or self.request_timeout_s
-            params = body.sampling_params(max_tokens, self.engine.engine.max_model_len, timeout_s=timeout_s, **extra)
+            params = body.sampling_params(max_tokens, self.engine.engine.max_model_len, self.sampling_defaults,
+                                          timeout_s=timeout_s, **extra)
         except ValueError as exc:
             raise APIError(400, str(exc), param=str(exc).split(" ", 1)[0]) from exc
         check_sampling_limits(params)
@@ -389,12 +393,13 @@ def error_handlers() -> dict[Any, Any]:
 
 def create_app(engine: AsyncLLMEngine, model_name: str, rules: GuardRules | None = None,
                aliases: tuple[str, ...] = ("default",), priority: int = 0,
-               request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S) -> Starlette:
+               request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,
+               sampling_defaults: Mapping[str, float] | None = None) -> Starlette:
     """The ASGI app serving ``engine`` under the OpenAI API, behind a :class:`Guard` with ``rules``.
 
     ``request_timeout_s`` is the deadline of a request that names none (``timeout_s``); None: no deadline.
     """
-    server = OpenAIServer(engine, model_name, aliases, priority, request_timeout_s)
+    server = OpenAIServer(engine, model_name, aliases, priority, request_timeout_s, sampling_defaults)
 
     async def health(_: Request) -> Response:
         if not engine.is_alive():
@@ -443,11 +448,12 @@ class ServerThread:
     def __init__(self, engine: Any, model_name: str, host: str = "127.0.0.1", port: int = 8000,
                  api_key: str | None = None, *, rules: GuardRules | None = None,
                  limits: ConnectionLimits | None = None, priority: int = 0,
-                 request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S) -> None:
+                 request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,
+                 sampling_defaults: Mapping[str, float] | None = None) -> None:
         self.host, self.port = host, port
         rules = rules or GuardRules(api_key=api_key or None, check_host=is_loopback(host))
         app = create_app(AsyncLLMEngine(engine), model_name, rules, priority=priority,
-                         request_timeout_s=request_timeout_s)
+                         request_timeout_s=request_timeout_s, sampling_defaults=sampling_defaults)
         self._server = uvicorn_server(app, limits)
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None

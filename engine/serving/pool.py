@@ -299,7 +299,8 @@ class ModelPool:
                            code="model_load_failed") from exc
         memory = max(self._measure() - before, 0) or self._estimate(entry)
         server = OpenAIServer(AsyncLLMEngine(llm), entry.name, entry.aliases,
-                              request_timeout_s=self.request_timeout_s)
+                              request_timeout_s=self.request_timeout_s,
+                              sampling_defaults=getattr(llm, "sampling_defaults", None))
         now = self._clock()
         self.loads += 1
         logger.info("loaded %s in %.1f s (%s)", entry.name, now - start, _gib(memory))

@@ -205,15 +205,23 @@ class GenerationRequest(_Body):
             raise ValueError(f"a stop string is {longest} characters long; at most {MAX_STOP_CHARS} are accepted")
         return value
 
-    def sampling_params(self, max_tokens: int | None, default_max_tokens: int, **extra: Any) -> SamplingParams:
-        """The engine's parameters; ``ValueError`` names a bad field."""
+    def sampling_params(self, max_tokens: int | None, default_max_tokens: int,
+                        model_defaults: Mapping[str, float] | None = None, **extra: Any) -> SamplingParams:
+        """The engine's parameters; ``ValueError`` names a bad field.
+
+        A sampling field the request leaves out takes the model's own default (``model_defaults``: its
+        ``generation_config.json`` or Hearth's preset for it), as LM Studio and Ollama do, else the API's.
+        """
+        own = with_model_defaults({"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                                   "min_p": self.min_p, "repetition_penalty": self.repetition_penalty},
+                                  model_defaults)
         return SamplingParams(
             max_tokens=max_tokens or default_max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=self.top_k or 0,
-            min_p=self.min_p or 0.0,
-            repetition_penalty=self.repetition_penalty or 1.0,
+            temperature=1.0 if own["temperature"] is None else own["temperature"],
+            top_p=1.0 if own["top_p"] is None else own["top_p"],
+            top_k=own["top_k"] or 0,
+            min_p=own["min_p"] or 0.0,
+            repetition_penalty=own["repetition_penalty"] or 1.0,
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             logit_bias={int(k): v for k, v in (self.logit_bias or {}).items()},
@@ -223,6 +231,13 @@ class GenerationRequest(_Body):
             n=self.n or 1,
             **extra,
         )
+
+
+def with_model_defaults(fields: Mapping[str, Any], model_defaults: Mapping[str, float] | None) -> dict[str, Any]:
+    """``fields`` with each one that is None (left out of the request) set from ``model_defaults`` where it has
+    one."""
+    defaults = model_defaults or {}
+    return {k: defaults.get(k) if v is None else v for k, v in fields.items()}
 
 
 def _refuse(what: str, allowed: tuple[Any, ...] = (None, False)) -> Callable[[Any], Any]:

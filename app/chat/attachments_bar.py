@@ -1,5 +1,5 @@
-"""The files attached to the chat, above the message box: one removable chip per file, indexing progress (a count
-and a bar), and the files that could not be read, each with its reason."""
+"""The files attached to the chat, above the message box: one removable chip per file and per folder collection the
+chat uses, indexing progress (a count and a bar), and the files that could not be read, each with its reason."""
 
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ class AttachmentsBar(QWidget):
 
     Signals:
         remove_requested(str): the chip of this file (its path) was clicked.
+        collection_remove_requested(str): the chip of this collection (its name) was clicked.
     """
 
     remove_requested = Signal(str)
+    collection_remove_requested = Signal(str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -46,6 +48,7 @@ class AttachmentsBar(QWidget):
         layout.addLayout(progress_row)
         layout.addWidget(self._problems)
         self._chips: list[QToolButton] = []
+        self._collection_chips: list[QToolButton] = []
         self._is_busy = False
         self.show_progress(None)
         self.show_attachments([])
@@ -74,6 +77,28 @@ class AttachmentsBar(QWidget):
         self._problems.setText("\n".join(problems))
         self._problems.setVisible(bool(problems))
         self._update_visibility()
+
+    def show_collections(self, names: list[str]) -> None:
+        """One chip per folder collection the chat uses, after the files' chips."""
+        for chip in self._collection_chips:
+            self._chips_row.removeWidget(chip)
+            chip.deleteLater()
+        self._collection_chips = []
+        for name in names:
+            chip = QToolButton()
+            chip.setObjectName("collectionChip")
+            chip.setText(f"🗂 {name}  ✕")
+            chip.setProperty("collection", name)
+            chip.setToolTip(f"The folder collection “{name}”: the chat answers from it too.\n"
+                            "Click to stop using it in this chat.")
+            chip.clicked.connect(self._on_collection_chip_clicked)
+            self._chips_row.insertWidget(self._chips_row.count() - 1, chip)
+            self._collection_chips.append(chip)
+        self._update_visibility()
+
+    @property
+    def collection_names(self) -> list[str]:
+        return [str(chip.property("collection")) for chip in self._collection_chips]
 
     def show_progress(self, progress: tuple[int, int, str] | None) -> None:
         """``(done, total, file)`` while files are read (a count and a bar); None when nothing is."""
@@ -115,5 +140,11 @@ class AttachmentsBar(QWidget):
         if isinstance(chip, QToolButton):
             self.remove_requested.emit(str(chip.property("path")))
 
+    @Slot()
+    def _on_collection_chip_clicked(self) -> None:
+        chip = self.sender()
+        if isinstance(chip, QToolButton):
+            self.collection_remove_requested.emit(str(chip.property("collection")))
+
     def _update_visibility(self) -> None:
-        self.setVisible(bool(self._chips) or self._is_busy)
+        self.setVisible(bool(self._chips) or bool(self._collection_chips) or self._is_busy)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Signal, Slot
 from PySide6.QtGui import QFont
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QMenu, QPushButton, QVBoxLayout, QWidget
 
 from app.chat.attachments_bar import AttachmentsBar
 from app.chat.chat_input import ChatInput
@@ -20,13 +20,15 @@ class Composer(QWidget):
     Signals:
         send_requested(): Enter in the box, or Send.
         stop_requested(): Stop.
-        attach_requested(): Attach (the chat pane asks which files).
+        attach_requested(): Attach → Files… (the chat pane asks which files).
+        collections_requested(): Attach → Folder collections… (watched folders this chat may use).
         text_changed(): the box's text changed.
     """
 
     send_requested = Signal()
     stop_requested = Signal()
     attach_requested = Signal()
+    collections_requested = Signal()
     text_changed = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -50,8 +52,14 @@ class Composer(QWidget):
         self._attach_button = QPushButton("📎 Attach…")
         self._attach_button.setObjectName("attachButton")
         self._attach_button.setToolTip("Attach files to this chat (PDF, Word, text, Markdown, HTML, code, CSV); "
-                                       "you can also drop them on the chat. Replies cite them.")
-        self._attach_button.clicked.connect(self._on_attach_clicked)
+                                       "you can also drop them on the chat; or choose watched folders for it. "
+                                       "Replies cite them.")
+        attach_menu = QMenu(self._attach_button)
+        attach_menu.setObjectName("attachMenu")
+        attach_menu.addAction("Files…", self._on_attach_clicked).setObjectName("attachFilesAction")
+        attach_menu.addAction("Folder collections…", self._on_collections_clicked).setObjectName(
+            "attachCollectionsAction")
+        self._attach_button.setMenu(attach_menu)
         #: The chat's attached files, above the message box.
         self.attachments_bar = AttachmentsBar()
         buttons = QVBoxLayout()
@@ -134,6 +142,10 @@ class Composer(QWidget):
     @Slot()
     def _on_attach_clicked(self) -> None:
         self.attach_requested.emit()
+
+    @Slot()
+    def _on_collections_clicked(self) -> None:
+        self.collections_requested.emit()
 
     @Slot()
     def _on_input_changed(self) -> None:

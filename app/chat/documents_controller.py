@@ -5,6 +5,8 @@ database, :mod:`app.data.attachments`) and their index (:mod:`app.docs.index`, `
 Files are indexed by one :class:`~app.docs.attach_job.AttachJob` per conversation at a time (files attached
 meanwhile wait for it), so two runs never write the same collection at once. Before a reply, :meth:`prepare` puts
 the numbered sources into the prompt; the sources a reply was given are kept with it, for its Sources list.
+A chat may also use folder collections (:attr:`DocumentsController.collections`, watched and re-indexed while the
+app runs; chosen per chat in :mod:`app.data.chat_collections`): its sources then come from both.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from app.chat.composer import Composer
 from app.chat.file_drop import FileDropFilter
 from app.chat.message_view import MessageView
 from app.data.attachments import Attachment, AttachmentStore, Source
+from app.data.chat_collections import ChatCollectionStore
 from app.data.conversations import Message
 from app.data.storage import Storage
 from app.docs.attach_job import AttachJob, AttachResult
 from app.docs.citations import ShownSources, shown_sources, snippet
+from app.docs.collection_watcher import CollectionWatcher
 from app.docs.index import MARGIN_TOKENS, DocumentIndex, estimate_tokens, with_sources
 
 #: The context assumed when the model's is not known (a remote server).
@@ -59,6 +63,12 @@ class DocumentsController(QObject):
         in_memory = str(storage.path) == ":memory:"
         home = Path(tempfile.mkdtemp(prefix="hearth-documents-")) if in_memory else storage.path.parent / "documents"
         self.index = DocumentIndex(home)
+        self._chosen = ChatCollectionStore(storage)
+        #: The folder collections: made, watched and re-indexed in the background.
+        self.collections = CollectionWatcher(self.index, self)
+        self.collections.notice.connect(self.notice)
+        self.collections.progress_changed.connect(self._on_collections_progress)
+        self.collections.collections_changed.connect(self._on_collections_progress)
         self._jobs: dict[int, AttachJob] = {}
         self._waiting: dict[int, list[str]] = {}
         self._progress: dict[int, tuple[int, int, str]] = {}
@@ -70,13 +80,16 @@ class DocumentsController(QObject):
         self.drops.files_dropped.connect(self.files_dropped)
         self.attachments_changed.connect(self.show)
         self.progress_changed.connect(self.show)
+        self.collections.start()
 
     def connect_widgets(self, pane: QWidget, composer: Composer, view: MessageView,
                         current_id: Callable[[], int | None]) -> None:
         """Wire the chat pane's widgets: Attach, the chips, drops, and the replies' Sources lists."""
         self._composer, self._current_id = composer, current_id
         composer.attach_requested.connect(self._on_attach_requested)
+        composer.collections_requested.connect(self.open_collections_dialog)
         composer.attachments_bar.remove_requested.connect(self._on_remove_requested)
+        composer.attachments_bar.collection_remove_requested.connect(self._on_collection_remove_requested)
         view.set_sources_provider(self.shown_sources)
         for target in (pane, view.viewport(), composer.input_box.viewport()):
             target.setAcceptDrops(True)
@@ -87,6 +100,7 @@ class DocumentsController(QObject):
         """Show a conversation's attachments and progress above the message box (when it is the one shown)."""
         if self._composer is not None and conversation_id == self._current_id():
             self._composer.attachments_bar.show_attachments(self.attachments(conversation_id))
+            self._composer.attachments_bar.show_collections(self.chat_collections(conversation_id))
             self._composer.attachments_bar.show_progress(self.progress(conversation_id))
 
     @Slot()
@@ -101,14 +115,54 @@ class DocumentsController(QObject):
         if (cid := self._current_id()) is not None:
             self.remove(cid, path)
 
+    @Slot(str)
+    def _on_collection_remove_requested(self, name: str) -> None:
+        if (cid := self._current_id()) is not None:
+            self.set_chat_collections(cid, [n for n in self.chat_collections(cid) if n != name])
+
+    @Slot()
+    def _on_collections_progress(self) -> None:
+        if (cid := self._current_id()) is not None:
+            self.show(cid)
+
+    @Slot()
+    def open_collections_dialog(self) -> None:
+        """The folder collections, and which of them the current chat uses."""
+        from app.chat.collections_dialog import CollectionsDialog  # the dialog's widgets only when asked for
+
+        dialog = CollectionsDialog(self, self._current_id(), self._composer)
+        dialog.open()
+
+    # -- folder collections -----------------------------------------------------------------------
+
+    def chat_collections(self, conversation_id: int) -> list[str]:
+        """The folder collections a conversation answers from besides its own files."""
+        return self._chosen.chosen(conversation_id)
+
+    def set_chat_collections(self, conversation_id: int, names: list[str]) -> None:
+        """Make ``names`` the collections the conversation answers from (kept in the conversation database)."""
+        self._chosen.set_chosen(conversation_id, names)
+        self.attachments_changed.emit(conversation_id)
+
+    def remove_collection(self, name: str) -> None:
+        """Drop a collection from the index; no chat uses it any more (the files on disk stay)."""
+        self._chosen.forget(name)
+        self.collections.remove(name)
+        if (cid := self._current_id()) is not None:
+            self.attachments_changed.emit(cid)
+
     # -- attachments ------------------------------------------------------------------------------
 
     def attachments(self, conversation_id: int) -> list[Attachment]:
         return self._attachments.attachments(conversation_id)
 
     def progress(self, conversation_id: int) -> tuple[int, int, str] | None:
-        """(files done, files to do, the file being read) while the conversation's files are read, else None."""
+        """(files done, files to do, the file being read) while the conversation's files, or a collection it
+        uses, are read, else None."""
         if conversation_id not in self._jobs:
+            busy = self.collections.progress()
+            if busy is not None and busy[0] in self.chat_collections(conversation_id):
+                return busy[1:]
             return None
         return self._progress.get(conversation_id, (0, 0, ""))
 
@@ -147,6 +201,7 @@ class DocumentsController(QObject):
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop indexing after the file being read (the rest stays queued for the next attachment)."""
         self._waiting.clear()
+        self.collections.shutdown(timeout_s)
         for job in list(self._jobs.values()):
             job.cancel()
         for job in list(self._jobs.values()):
@@ -205,14 +260,15 @@ class DocumentsController(QObject):
 
         Unchanged (and no sources) when the chat has no readable documents, or the context has no room for them.
         """
-        if not any(not a.reason for a in self.attachments(conversation_id)) or not history:
+        collections = self.chat_collections(conversation_id)
+        if not (collections or any(not a.reason for a in self.attachments(conversation_id))) or not history:
             return history, []
         context = context_length or DEFAULT_CONTEXT
         reply_room = int(params.get("max_tokens") or DEFAULT_REPLY_TOKENS)
         used = sum(estimate_tokens(m.get("content", "")) for m in history)
         budget = context - min(reply_room, context // 2) - used - MARGIN_TOKENS
         try:
-            prepared = self.index.prepare(conversation_id, history[-1].get("content", ""), budget)
+            prepared = self.index.prepare(conversation_id, history[-1].get("content", ""), budget, collections)
         except Exception as exc:  # noqa: BLE001 (the reply goes on without documents, and says so)
             log.ui.warning("document retrieval failed: %s", exc)
             self.notice.emit(f"The documents could not be searched ({exc}); replying without them.")
@@ -221,7 +277,7 @@ class DocumentsController(QObject):
             if budget <= 0:
                 self.notice.emit("The chat is too long to add its documents; replying without them.")
             return history, []
-        if self.is_indexing(conversation_id):
+        if self.progress(conversation_id) is not None:
             self.notice.emit("Some files are still being read: this reply uses those read so far.")
         return with_sources(history, prepared.block), prepared.sources
 

@@ -141,11 +141,25 @@ def _migrate_4_documents(conn: sqlite3.Connection) -> None:
     )
 
 
+def _migrate_5_chat_collections(conn: sqlite3.Connection) -> None:
+    """Add the document collections (watched folders, by their name in the document index) each conversation
+    answers from besides its own attached files."""
+    conn.execute(
+        """CREATE TABLE conversation_collections (
+            conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            name TEXT NOT NULL,
+            added_at REAL NOT NULL,
+            PRIMARY KEY (conversation_id, name)
+        )"""
+    )
+
+
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     _migrate_1_initial_schema,
     _migrate_2_message_search_index,
     _migrate_3_reply_format,
     _migrate_4_documents,
+    _migrate_5_chat_collections,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -7,12 +7,14 @@ retrieval on the GUI thread never share one (SQLite's WAL lets the reader go on 
 How a reply gets its sources (:meth:`DocumentIndex.prepare`), as LM Studio does it: when the whole text of the
 chat's documents fits the context budget it goes into the prompt whole, one numbered source per page; otherwise the
 best chunks for the question are retrieved by hybrid search (BM25 and vectors fused by RRF) and numbered instead.
+A chat may also use document collections (watched folders, :mod:`app.docs.collections`): its documents are then
+its own files and those collections together, whole when they all fit, else each searched and the rankings fused.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from app.data.attachments import Source
 from engine.docs import store
 from engine.docs.context import build_context, collection_pages
 from engine.docs.indexer import index_collection
-from engine.docs.search import Hit, search
+from engine.docs.search import Hit, reciprocal_rank_fusion, search
 
 #: Chunks retrieved for a question when the documents do not fit whole (GPT4All gives 3, AnythingLLM 4 to 6).
 TOP_K = 4
@@ -92,20 +94,27 @@ class DocumentIndex:
         finally:
             conn.close()
 
-    def prepare(self, conversation_id: int, question: str, budget_tokens: int) -> Prepared | None:
-        """The numbered sources for ``question``: the documents whole when they fit ``budget_tokens``, else the
-        :data:`TOP_K` best chunks (fewer when even those do not fit). None when the collection holds no text."""
-        name = collection_name(conversation_id)
+    def prepare(self, conversation_id: int, question: str, budget_tokens: int,
+                collections: Sequence[str] = ()) -> Prepared | None:
+        """The numbered sources for ``question`` from the conversation's own files and its ``collections``: the
+        documents whole when they all fit ``budget_tokens``, else the :data:`TOP_K` best chunks of them all
+        (fewer when even those do not fit). None when none of them holds any text."""
+        names = list(dict.fromkeys([collection_name(conversation_id), *collections]))
         conn = self._connect()
         try:
-            pages = collection_pages(conn, name)
-            if not pages:
+            names = [n for n in names if store.collection_row(conn, n) is not None]
+            size = sum(_text_size(conn, n) for n in names)
+            if not size:
                 return None
-            hits = search(conn, name, question, top_k=max(TOP_K, 50)) if question.strip() else []
+            # A large watched folder is not rebuilt page by page for each prompt when it cannot fit anyway.
+            pages = _unique([p for n in names for p in collection_pages(conn, n)]) \
+                if size // CHARS_PER_TOKEN <= 2 * budget_tokens else []
+            hits = _fused([search(conn, n, question, top_k=max(TOP_K, 50)) for n in names]) \
+                if question.strip() else []
         finally:
             conn.close()
         whole = build_context(pages)
-        if estimate_tokens(whole) <= budget_tokens:
+        if pages and estimate_tokens(whole) <= budget_tokens:
             best: dict[tuple[str, int | None], Hit] = {}
             for hit in hits:  # best first: each page keeps its best chunk's score and text as its snippet
                 best.setdefault((hit.file, hit.page), hit)
@@ -117,6 +126,41 @@ class DocumentIndex:
         if not chosen:
             return None
         return Prepared(build_context(chosen), [_source(hit, hit) for hit in chosen], is_whole=False)
+
+
+def _text_size(conn: sqlite3.Connection, name: str) -> int:
+    """The characters of a collection's pages (their chunks' spans, overlaps counted once per page)."""
+    row = conn.execute(
+        'SELECT SUM(span) FROM (SELECT MAX(c."end") - MIN(c.start) AS span FROM chunks c'
+        " JOIN collections k ON k.id = c.collection_id WHERE k.name = ? GROUP BY c.file_id, c.page)",
+        (name,),
+    ).fetchone()
+    return int(row[0] or 0)
+
+
+def _unique(hits: list[Hit]) -> list[Hit]:
+    """Each passage once: a file both attached and in a chosen collection is not given twice."""
+    seen: set[tuple[str, int | None, int, int]] = set()
+    out = []
+    for hit in hits:
+        key = (hit.file, hit.page, hit.start, hit.end)
+        if key not in seen:
+            seen.add(key)
+            out.append(hit)
+    return out
+
+
+def _fused(rankings: list[list[Hit]]) -> list[Hit]:
+    """Several collections' hits (each best first) as one ranking, by reciprocal rank fusion: BM25-only and
+    hybrid scores live on unrelated scales, ranks do not. Each hit keeps its own score for the Sources list."""
+    if len(rankings) == 1:
+        return _unique(rankings[0])
+    flat = [hit for ranking in rankings for hit in ranking]
+    ids, start = [], 0
+    for ranking in rankings:
+        ids.append([(start + i, hit.score) for i, hit in enumerate(ranking)])
+        start += len(ranking)
+    return _unique([flat[i] for i, _ in reciprocal_rank_fusion(ids)])
 
 
 def _source(hit: Hit, best: Hit | None) -> Source:

@@ -429,6 +429,7 @@ class MainWindow(QMainWindow):
             self._is_closed = True
             self.save_settings()
             self.replies.shutdown()
+            self.chat_pane.documents.shutdown()
             self.bridge.shutdown()
             if self._import is not None:
                 self._import.wait()  # an import writes in one transaction: let it land before closing

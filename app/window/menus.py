@@ -81,6 +81,8 @@ class WindowMenus(QObject):
         chat_menu.addSeparator()
         self._add_action(chat_menu, "&Rename conversation", "renameAction", self._on_rename_triggered, "F2")
         self._add_action(chat_menu, "System prompt &presets…", "presetsAction", chat.open_presets_dialog)
+        self._add_action(chat_menu, "Folder &collections…", "collectionsAction",
+                         chat.documents.open_collections_dialog)
 
         view_menu = window.menuBar().addMenu("&View")
         for dock in (window.model_dock, window.models_dock, window.monitor_dock):

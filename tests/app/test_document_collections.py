@@ -1,0 +1,158 @@
+"""Folder collections in the real window, on the fake engine: made in the dialog from the Attach menu, chosen per
+chat, answered from, kept up to date while the app runs (a new file read, a deleted one dropped), the choice kept
+after a restart; and, without Qt, a chat's own files and its collections searched together."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtGui import QAction
+
+from app.chat.attachments_bar import AttachmentsBar
+from app.chat.collections_dialog import CollectionsDialog
+from app.data.conversations import STATUS_STREAMING
+from app.docs.collections import index_folders, list_collections, remove_collection
+from app.docs.index import DocumentIndex
+from app.window.main_window import MainWindow
+from tests.app import fake_engine, ui_flows
+from tests.engine.docs.files import write_pdf
+
+PAGES = [
+    "Harbour guide. The harbour opens at dawn and closes at dusk.",
+    "The lighthouse keeper is named Ottoline Brask and she has kept the light since 1987.",
+]
+FERRY = "Ferry notes.\n\nThe night ferry to Skellig leaves from pier seven at eleven.\n"
+PUFFINS = "# Puffins\n\nThe puffin colony on Skellig counts 4812 breeding pairs this year.\n"
+
+
+def _open_dialog(qtbot: Any, win: MainWindow) -> CollectionsDialog:
+    ui_flows.child(win, QAction, "attachCollectionsAction").trigger()  # Attach → Folder collections…
+    dialog = win.findChild(CollectionsDialog, "collectionsDialog")
+    assert dialog is not None
+    qtbot.wait_until(dialog.isVisible, timeout=2_000)
+    return dialog
+
+
+def _wait_idle(qtbot: Any, win: MainWindow) -> None:
+    qtbot.wait_until(lambda: not win.chat_pane.documents.collections.is_busy, timeout=30_000)
+
+
+def _ask(qtbot: Any, win: MainWindow, question: str) -> str:
+    reply = ui_flows.send(qtbot, win, question)
+    qtbot.wait_until(lambda: reply.status != STATUS_STREAMING, timeout=10_000)
+    submitted: Any = fake_engine.FakeLLM.instances[-1].engine.submitted
+    return str(submitted[-1][-1]["content"])
+
+
+def test_a_collection_is_chosen_answered_from_watched_and_kept(qtbot: Any, open_window: Any,
+                                                              tmp_path: Path) -> None:
+    folder = tmp_path / "harbour docs"
+    folder.mkdir()
+    (folder / "ferry.txt").write_text(FERRY)
+    write_pdf(folder / "harbour.pdf", PAGES)
+    data = tmp_path / "data"
+    win = open_window(data)
+    ui_flows.load_model(qtbot, win)
+    docs = win.chat_pane.documents
+    chat_id = win.chat_pane.current_conversation.id
+    seen: list[tuple[str, int, int, str]] = []
+    docs.collections.progress_changed.connect(
+        lambda: seen.append(p) if (p := docs.collections.progress()) is not None else None)
+
+    dialog = _open_dialog(qtbot, win)
+    assert dialog.create_collection("Harbour", [str(folder)], use=False) == "Harbour"
+    assert dialog.status_text  # the count and the bar show while it is read
+    _wait_idle(qtbot, win)
+    assert ("Harbour", 2, 2, "") in seen  # counted to the end
+    name, folders, files, state = dialog.row("Harbour")
+    assert (name, folders, files, state) == ("Harbour", str(folder.resolve()), "2", "Up to date")
+    assert docs.chat_collections(chat_id) == []
+    dialog.set_used("Harbour", True)  # ticked for this chat
+    assert docs.chat_collections(chat_id) == ["Harbour"]
+    bar = ui_flows.child(win, AttachmentsBar, "attachmentsBar")
+    assert bar.isVisible() and bar.collection_names == ["Harbour"]
+
+    prompt = _ask(qtbot, win, "Who is the lighthouse keeper?")
+    assert "harbour.pdf, page 2\nThe lighthouse keeper is named Ottoline Brask" in prompt
+    assert "] ferry.txt\n" in prompt and "pier seven" in prompt  # numbered sources: "[n] file, page"
+
+    (folder / "ferry.txt").unlink()  # while the app runs: one file goes, another comes
+    (folder / "puffins.md").write_text(PUFFINS)
+    docs.collections.rescan()  # what the folder watcher and the periodic scan call
+    _wait_idle(qtbot, win)
+    assert dialog.row("Harbour")[2] == "2"
+    prompt = _ask(qtbot, win, "How many puffin pairs are there?")
+    assert "4812 breeding pairs" in prompt and "puffins.md" in prompt
+    assert "pier seven" not in prompt and "ferry.txt" not in prompt
+    win.close()
+
+    again = open_window(data)  # the choice is kept with the chat
+    again.chat_pane.select_conversation(chat_id)
+    assert again.chat_pane.documents.chat_collections(chat_id) == ["Harbour"]
+    assert ui_flows.child(again, AttachmentsBar, "attachmentsBar").collection_names == ["Harbour"]
+
+
+def test_the_folder_watcher_rescans_on_its_own(qtbot: Any, window: MainWindow, tmp_path: Path) -> None:
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "a.txt").write_text("Apples grow in the orchard.\n")
+    docs = window.chat_pane.documents
+    docs.collections.create("Notes", [str(folder)])
+    _wait_idle(qtbot, window)
+    with qtbot.wait_signal(docs.collections.scan_finished, timeout=15_000) as finished:
+        (folder / "b.txt").write_text("Pears grow by the wall.\n")
+    assert [Path(p).name for p in finished.args[0].outcome.indexed] == ["b.txt"]
+    _wait_idle(qtbot, window)
+    [info] = docs.collections.collections()
+    assert info.files == 2
+
+
+def test_bad_collections_are_refused_in_words_and_removal_unchooses(qtbot: Any, window: MainWindow,
+                                                                     tmp_path: Path) -> None:
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "a.md").write_text("# A\n\nSome text.\n")
+    dialog = _open_dialog(qtbot, window)
+    assert dialog.create_collection("  ", [str(folder)]) is None and "needs a name" in dialog.error_text
+    assert dialog.create_collection("chat-3", [str(folder)]) is None and "attached files" in dialog.error_text
+    assert dialog.create_collection("Docs", [str(tmp_path / "missing")]) is None and "Not a folder" in dialog.error_text
+    assert dialog.create_collection("Docs", [str(folder)]) == "Docs" and not dialog.error_text
+    _wait_idle(qtbot, window)
+    assert dialog.create_collection("Docs", [str(folder)]) is None and "already" in dialog.error_text
+    docs = window.chat_pane.documents
+    conversation = window.chat_pane.current_conversation
+    assert conversation is not None
+    chat_id = conversation.id
+    assert docs.chat_collections(chat_id) == ["Docs"]  # made from the chat: used by it
+    docs.remove_collection("Docs")
+    _wait_idle(qtbot, window)
+    assert docs.chat_collections(chat_id) == [] and dialog.row("Docs") == []
+    assert ui_flows.child(window, AttachmentsBar, "attachmentsBar").collection_names == []
+
+
+def test_a_chats_files_and_its_collections_are_searched_together(tmp_path: Path) -> None:
+    index = DocumentIndex(tmp_path / "documents")
+    own = tmp_path / "own.txt"
+    own.write_text("The harbour master is Ines Varga.\n")
+    index.index(5, [str(own)])
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    filler = "\n\n".join(f"Paragraph {i} is about the weather and the sea and nothing else." for i in range(400))
+    (folder / "long.txt").write_text(filler + "\n\nThe secret harbour code is PELICAN-42.\n\n" + filler)
+    index_folders(index, "Sea", [str(folder)])
+    assert [c.name for c in list_collections(index)] == ["Sea"]  # the chat's own collection is not listed
+
+    whole = index.prepare(5, "Who is the harbour master?", budget_tokens=10**6, collections=["Sea"])
+    assert whole is not None and whole.is_whole and {Path(s.file).name for s in whole.sources} == {"own.txt",
+                                                                                                  "long.txt"}
+    retrieved = index.prepare(5, "What is the harbour code? Who is the harbour master?", budget_tokens=1500,
+                              collections=["Sea", "gone"])
+    assert retrieved is not None and not retrieved.is_whole
+    names = [Path(s.file).name for s in retrieved.sources]
+    assert "own.txt" in names and any("PELICAN-42" in s.text for s in retrieved.sources)
+    assert index.prepare(5, "x", budget_tokens=1500) is not None  # without the collection: its own file alone
+    remove_collection(index, "Sea")
+    assert list_collections(index) == []
+    only_own = index.prepare(5, "What is the harbour code?", budget_tokens=1500, collections=["Sea"])
+    assert only_own is not None and {Path(s.file).name for s in only_own.sources} == {"own.txt"}

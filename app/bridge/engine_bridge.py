@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import itertools
 import queue
+import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, QThreadPool, QTimer, SignalInstance, Slot
 
@@ -50,6 +51,9 @@ from app.bridge.types import DEFAULT_MODEL_SPEC, LoadSettings, ModelInfo, Reques
 from engine.api import EngineMetrics, SamplingParams
 from engine.core.context import ContextOverflowError, approximate_tokens, fit_messages
 from engine.core.loop import METRICS_INTERVAL_S
+
+if TYPE_CHECKING:  # the MCP SDK loads with the first chat that uses tools
+    from app.bridge.tool_runs import ToolRun, ToolRunSpec
 
 #: The pool's threads. A loaded model's loop holds one (its load job's) for the model's lifetime; the other two serve
 #: the jobs. No job needs a running loop's thread: the loop runs outside the lifecycle's load lock and ends on its
@@ -100,6 +104,8 @@ class EngineBridge(QObject):
         self._overflow = LoadSettings().overflow
         self._context_length = LoadSettings().max_model_len
         self._last_metrics: EngineMetrics | None = None
+        #: Replies running through the MCP tool loop (``app.bridge.tool_runs``), each on a thread of its own.
+        self._tool_runs: dict[str, ToolRun] = {}
         self._connect_engine()
 
     def _connect_engine(self) -> None:
@@ -174,6 +180,7 @@ class EngineBridge(QObject):
         self._context_length = load_settings.max_model_len
         generation = self._models.next_generation()
         self._is_loading = True
+        self._abandon_tool_runs("The model was unloaded before the reply finished.")
         log.bridge.info("loading %s (device=%s, dtype=%s, %s)", spec, device, dtype, load_settings)
         self._start_job("load", lambda: self._models.load_worker(generation, spec, device, dtype, load_settings))
 
@@ -184,6 +191,7 @@ class EngineBridge(QObject):
         generation = self._models.retire_current_model()
         self._model_info = None
         self._is_loading = False
+        self._abandon_tool_runs("The model was unloaded before the reply finished.")
         log.bridge.info("unloading the model")
         self._start_job("unload", lambda: self._models.unload_worker(generation))
 
@@ -249,8 +257,63 @@ class EngineBridge(QObject):
             self._send_remote(remote, command)
         return request_id
 
+    def submit_tools(self, conversation_id: str, messages: list[dict[str, str]],
+                     params: Mapping[str, Any] | SamplingParams | None, spec: ToolRunSpec) -> str:
+        """Answer ``messages`` through the MCP tool loop with ``spec``'s tools, on a thread of its own; returns the
+        request id. It reports as :meth:`submit` does, with ``tool_step`` for each call (``app.bridge.tool_runs``).
+        Tools need the local engine: without a loaded local model the request fails at once, in words."""
+        from app.bridge.tool_runs import ToolRun
+
+        request_id = f"r{next(self._ids)}"
+        llm = None if self._shutdown.is_set() else self._models.local_llm()
+        if llm is None:
+            self._fail_soon(request_id, "Tools run with a model loaded in Hearth, not a remote server: load one "
+                            "first (or turn Tools off for this chat)." if not self._is_loading
+                            else "Wait for the model to finish loading, then send again.")
+            return request_id
+        try:
+            sampling = params if isinstance(params, SamplingParams) else SamplingParams(**dict(params or {}))
+        except (TypeError, ValueError) as exc:
+            self._fail_soon(request_id, str(exc))
+            return request_id
+        self._tool_runs = {rid: run for rid, run in self._tool_runs.items() if run.thread.is_alive()}
+        run = ToolRun(request_id, conversation_id, llm, list(messages), sampling, spec, self.signals)
+        self._tool_runs[request_id] = run
+        run.start()
+        return request_id
+
+    def measure_tools(self, key: object, spec: ToolRunSpec) -> None:
+        """Start ``spec``'s servers and count their tools' prompt tokens, on a thread of its own; emits
+        ``tools_measured(key, ToolsMeasure)``."""
+        from app.bridge.tool_runs import measure
+
+        llm = self._models.local_llm()
+
+        def work() -> None:
+            try:
+                result = measure(spec.host, spec.servers, llm)
+            except Exception:  # noqa: BLE001 (a worker thread must report, not die)
+                log.bridge.exception("measuring the tools failed")
+                return
+            if not self._shutdown.is_set():
+                self.signals.tools_measured.emit(key, result)
+
+        threading.Thread(target=work, name="hearth-tools-measure", daemon=True).start()
+
+    def _abandon_tool_runs(self, message: str) -> None:
+        """End every tools reply now (its model is going away): failed with ``message``."""
+        runs, self._tool_runs = list(self._tool_runs.values()), {}
+        for run in runs:
+            run.spec.deny_all()
+            run.abandon(message)
+
     def cancel(self, request_id: str) -> None:
         """Ask the engine to stop a request; it finishes with finish_reason "abort"."""
+        run = self._tool_runs.get(request_id)
+        if run is not None:
+            run.cancel()
+            run.spec.deny_all()
+            return
         with self._lock:
             remote, loop = self._models.remote, self._models.loop
             if remote is None:
@@ -316,6 +379,7 @@ class EngineBridge(QObject):
         if self._shutdown.is_set():
             return
         log.bridge.info("shutting down")
+        self._abandon_tool_runs("Hearth is closing.")
         self._threads.stop()  # the resource monitor
         self._models.retire_current_model()
         self._pool.waitForDone()

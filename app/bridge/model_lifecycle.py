@@ -99,6 +99,11 @@ class ModelLifecycle:
             self._retire_locked()
             return self._generation
 
+    def local_llm(self) -> BridgedLLM | None:
+        """The loaded local model (None while a remote server serves the chats, or none is loaded)."""
+        with self.lock:
+            return self._llm if self.remote is None else None
+
     def has_model(self) -> bool:
         """Whether a local model or a remote server is in use."""
         with self.lock:

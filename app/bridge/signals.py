@@ -34,6 +34,9 @@ class EngineSignals(QObject):
             ``engine.loading.describe.FoundModel.to_json()``.
         model_folders_unreadable(list[str]): the places ``discover_models`` could not read ("folder: why"),
             emitted just before ``models_discovered``; empty when every one was read.
+        tool_step(request_id, ToolStepRecord): a tools reply's call ran, failed or was denied
+            (``app.bridge.tool_runs``).
+        tools_measured(key, ToolsMeasure): result of ``measure_tools``: a chat's tools and their prompt tokens.
     """
 
     token_delta = Signal(str, str)
@@ -51,3 +54,5 @@ class EngineSignals(QObject):
     recommendation_ready = Signal(object)
     models_discovered = Signal(object)
     model_folders_unreadable = Signal(object)
+    tool_step = Signal(str, object)
+    tools_measured = Signal(object, object)

@@ -44,6 +44,7 @@ class ChatPane(QWidget):
         notice(str): a short message for the status bar.
         storage_failed(str): the database refused a write (another Hearth holds it, the disk is full); what
             happened and what to do, in words. What the user typed stays in the message box.
+        conversation_shown(int): a conversation is shown (its id).
 
     Args:
         store: the conversations.
@@ -52,6 +53,7 @@ class ChatPane(QWidget):
 
     notice = Signal(str)
     storage_failed = Signal(str)
+    conversation_shown = Signal(int)
 
     def __init__(self, store: ConversationStore, replies: ReplyController,
                  parent: QWidget | None = None) -> None:
@@ -139,6 +141,10 @@ class ChatPane(QWidget):
         return self._view
 
     @property
+    def composer(self) -> Composer:
+        return self._composer
+
+    @property
     def sidebar(self) -> ConversationList:
         return self._sidebar
 
@@ -179,6 +185,7 @@ class ChatPane(QWidget):
         self.documents.show(conversation.id)
         self._refresh_list()
         self._update_controls()
+        self.conversation_shown.emit(conversation.id)
 
     @Slot(list)
     def attach_files(self, paths: list[str]) -> list[str]:

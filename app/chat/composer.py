@@ -62,7 +62,7 @@ class Composer(QWidget):
         self._attach_button.setMenu(attach_menu)
         #: The chat's attached files, above the message box.
         self.attachments_bar = AttachmentsBar()
-        buttons = QVBoxLayout()
+        self._buttons = buttons = QVBoxLayout()
         buttons.addWidget(self._send_button)
         buttons.addWidget(self._stop_button)
         buttons.addWidget(self._attach_button)
@@ -118,6 +118,10 @@ class Composer(QWidget):
         if placeholder != self._input.placeholderText():
             self._input.setPlaceholderText(placeholder)
             self._input.viewport().update()  # Qt does not repaint a placeholder whose text alone changed
+
+    def add_button(self, widget: QWidget) -> None:
+        """Put ``widget`` under the buttons beside the box (the chat's Tools button)."""
+        self._buttons.insertWidget(self._buttons.count() - 1, widget)  # above the stretch
 
     def set_font_size(self, points: int) -> None:
         """Use ``points`` for the message box (0: the system's size)."""

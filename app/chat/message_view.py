@@ -1,4 +1,4 @@
-"""The transcript of one conversation, rendered from Markdown, with per-message actions and Sources lists."""
+"""The transcript of one conversation, rendered from Markdown, with actions, tool steps and Sources lists."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ from PySide6.QtWidgets import QTextBrowser, QToolTip, QWidget
 from app.chat.code_highlighter import CODE_BLOCK_PROPERTY, CodeHighlighter
 from app.chat.markdown import add_copy_links, close_open_fence, code_blocks, split_reasoning
 from app.chat.safe_markdown import is_web_link, markdown_fragment, shown_address
+from app.chat.tool_steps_view import STEP_ACTION, insert_steps
 from app.data.conversations import STATUS_ERROR, STATUS_STREAMING, Conversation, Message
+from app.data.tool_steps import ToolStepRecord
 from app.docs.citations import ShownSources, snippet
 from app.formatting import reply_stats_line
 
@@ -96,6 +98,8 @@ class MessageView(QTextBrowser):
         self._expanded: set[int] = set()
         self._is_redraw_pending = False
         self._sources_for: Callable[[Message], ShownSources | None] = lambda message: None
+        self._steps_for: Callable[[Message], list[ToolStepRecord]] = lambda message: []
+        self._open_steps: set[tuple[int, int]] = set()  # (message index, step) shown opened
 
     # -- public API -------------------------------------------------------------------------------
 
@@ -103,13 +107,23 @@ class MessageView(QTextBrowser):
         """Where the Sources list of a reply comes from (None: the reply has none)."""
         self._sources_for = provider
 
+    def set_steps_provider(self, provider: Callable[[Message], list[ToolStepRecord]]) -> None:
+        """Where a reply's tool steps come from (each a line under it that a click opens)."""
+        self._steps_for = provider
+
+    def toggle_step(self, index: int, step: int) -> None:
+        """Show or hide the arguments and result of tool step ``step`` of message ``index``."""
+        if 0 <= index < len(self._frames):
+            self._open_steps ^= {(index, step)}
+            self._render(self._frames[index], self._messages[index], index)
+
     def show_conversation(self, conversation: Conversation | None) -> None:
         """Replace the view with all messages of ``conversation`` (or nothing)."""
         self.clear()
         self._frames = []
         self._messages = []
         if conversation is not self._conversation:
-            self._expanded = set()
+            self._expanded, self._open_steps = set(), set()
         self._conversation = conversation
         if conversation is not None:
             for message in conversation.messages:
@@ -227,6 +241,8 @@ class MessageView(QTextBrowser):
         numbers = [int(part) for part in rest.split("/") if part.isdigit()]
         if action == REASONING_ACTION and numbers:
             self.toggle_reasoning(numbers[0])
+        elif action == STEP_ACTION and len(numbers) == 2:
+            self.toggle_step(*numbers)
         elif action in ACTIONS and numbers:
             self.action_requested.emit(action, numbers[0], numbers[1] if len(numbers) > 1 else 0)
 
@@ -291,7 +307,12 @@ class MessageView(QTextBrowser):
             elif message.is_streaming:
                 self._insert_note(cursor, "Thinking…", italic=True)
         self._style_header(frame)
-
+        steps = self._steps_for(message) if message.role == "assistant" else []
+        if steps:
+            insert_steps(cursor, steps, lambda k: f"{ACTION_SCHEME}:{STEP_ACTION}/{index}/{k}",
+                         lambda k: (index, k) in self._open_steps, max(self.font().pointSizeF() * 0.85, 7.0),
+                         self.palette().color(QPalette.ColorRole.PlaceholderText),
+                         self.palette().color(QPalette.ColorRole.Link))
         note = self._note_for(message)
         if note:
             if cursor.block().length() > 1:  # not an empty body line

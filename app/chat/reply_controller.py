@@ -2,7 +2,10 @@
 
 Not a widget. :class:`ReplyController` stands between the engine bridge and the chat pane: the pane asks
 it to start, continue or stop replies, and ``MainWindow._connect_engine`` connects the bridge's
-``token_delta``, ``request_finished`` and ``request_failed`` to its ``_on_*`` slots. Deltas are
+``token_delta``, ``request_finished``, ``request_failed`` and ``tool_step`` to its ``_on_*`` slots. A reply in a
+chat that uses tools runs through the bridge's MCP tool loop (``EngineBridge.submit_tools``) when
+:attr:`ReplyController.tool_spec` gives it a spec; it streams the same way, and each tool step is saved with it
+(:mod:`app.data.tool_steps`). Deltas are
 appended to the reply (a live :class:`~app.data.conversations.Message`) at once, announced through
 ``reply_changed`` at most every ``FLUSH_INTERVAL_MS``, and saved every ``SAVE_INTERVAL_MS`` (and when
 the reply ends), so a crash loses at most the last seconds of a reply.
@@ -10,7 +13,8 @@ the reply ends), so a crash loses at most the last seconds of a reply.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
@@ -19,6 +23,10 @@ from app.bridge.engine_bridge import EngineBridge
 from app.bridge.types import ModelInfo, RequestInfo
 from app.data.conversations import CONTINUE_PROMPT, Conversation, ConversationStore, Message
 from app.data.storage_errors import storage_error_text
+from app.data.tool_steps import ToolStepRecord, ToolStepStore
+
+if TYPE_CHECKING:
+    from app.bridge.tool_runs import ToolRunSpec
 
 #: Token deltas are coalesced and announced (so painted) at most this often.
 FLUSH_INTERVAL_MS = 40
@@ -48,6 +56,9 @@ class ReplyController(QObject):
         super().__init__(parent)
         self._bridge = bridge
         self._store = store
+        self._tool_steps = ToolStepStore(store.storage)
+        #: A chat's tools for its next reply (None: a plain reply); set by the window's ``ChatTools``.
+        self.tool_spec: Callable[[int], ToolRunSpec | None] | None = None
         self._model: tuple[str | None, str | None] = (None, None)
         #: The loaded model's context length in tokens (0: not known, as for a remote server).
         self.context_length = 0
@@ -89,9 +100,16 @@ class ReplyController(QObject):
         return self._store.start_reply(conversation, *self._model)
 
     def submit(self, conversation: Conversation, reply: Message, history: list[dict[str, str]],
-               params: dict[str, Any]) -> str:
-        """Ask the engine to answer ``history`` into ``reply``; returns the request id."""
-        rid = self._bridge.submit(str(conversation.id), history, params)
+               params: dict[str, Any], *, tools: bool = True) -> str:
+        """Ask the engine to answer ``history`` into ``reply`` (through the tool loop when the chat uses tools and
+        ``tools``; never for a JSON reply); returns the request id."""
+        spec = None
+        if tools and self.tool_spec is not None and not conversation.is_json_reply:
+            spec = self.tool_spec(conversation.id)
+        if spec is not None:
+            rid = self._bridge.submit_tools(str(conversation.id), history, params, spec)
+        else:
+            rid = self._bridge.submit(str(conversation.id), history, params)
         reply.request_id = rid
         self._requests[rid] = (conversation.id, reply)
         self._saved_lengths[rid] = len(reply.content)
@@ -110,7 +128,7 @@ class ReplyController(QObject):
             history.append({"role": "user", "content": CONTINUE_PROMPT})
         self._store.resume_reply(reply)
         self.reply_changed.emit(conversation.id, reply)
-        return self.submit(conversation, reply, history, params)
+        return self.submit(conversation, reply, history, params, tools=False)
 
     def stop(self, conversation_id: int | None) -> None:
         """Stop the replies streaming in a conversation; they keep their text and end as usual."""
@@ -157,6 +175,14 @@ class ReplyController(QObject):
             return
         self._finish(entry[1], info.finish_reason, dict(info.metrics))
         self._end(request_id)
+
+    @Slot(str, object)
+    def _on_tool_step(self, request_id: str, step: ToolStepRecord) -> None:
+        entry = self._requests.get(request_id)
+        if entry is None or entry[1].id is None:
+            return
+        self._saved(self._tool_steps.add, entry[1].id, step)
+        self._announce(request_id)
 
     @Slot(str, str)
     def _on_request_failed(self, request_id: str, text: str) -> None:

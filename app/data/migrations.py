@@ -154,12 +154,38 @@ def _migrate_5_chat_collections(conn: sqlite3.Connection) -> None:
     )
 
 
+def _migrate_6_tool_steps(conn: sqlite3.Connection) -> None:
+    """Add each reply's tool steps (the call, its arguments as JSON text, the outcome: "ok", "error" or
+    "denied", and the result's text, in the order they ran) and each chat's tools choice (on or off, and the
+    MCP servers turned off for it, a JSON list)."""
+    conn.execute(
+        """CREATE TABLE tool_steps (
+            message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+            position INTEGER NOT NULL,
+            server TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            arguments TEXT NOT NULL,
+            outcome TEXT NOT NULL,
+            result TEXT NOT NULL,
+            PRIMARY KEY (message_id, position)
+        )"""
+    )
+    conn.execute(
+        """CREATE TABLE conversation_tools (
+            conversation_id INTEGER PRIMARY KEY REFERENCES conversations(id) ON DELETE CASCADE,
+            enabled INTEGER NOT NULL,
+            servers_off TEXT NOT NULL
+        )"""
+    )
+
+
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     _migrate_1_initial_schema,
     _migrate_2_message_search_index,
     _migrate_3_reply_format,
     _migrate_4_documents,
     _migrate_5_chat_collections,
+    _migrate_6_tool_steps,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -34,6 +34,7 @@ from app.icon import app_icon
 from app.model.model_pane import ModelPane
 from app.model.models_view import ModelsView
 from app.monitor.monitor_pane import MonitorPane
+from app.tools.chat_tools import ChatTools
 from app.window.importer import ConversationImport, ImportResult, import_error_text
 from app.window.menus import WindowMenus
 from app.window.theme import apply_theme
@@ -107,6 +108,8 @@ class MainWindow(QMainWindow):
         self.replies = ReplyController(self.bridge, self.store, self)
         self.chat_pane = ChatPane(self.store, self.replies)
         self.chat_pane.default_preset_id = self.settings.default_preset_id
+        self.tools = ChatTools(self.data_dir, self.bridge, self.storage, self)  # MCP tools in the chats
+        self.tools.attach(self.chat_pane, self.replies)
         self.model_pane = ModelPane(self.bridge)
         self.monitor_pane = MonitorPane()
         self.models_view = ModelsView()
@@ -431,6 +434,7 @@ class MainWindow(QMainWindow):
             self.replies.shutdown()
             self.chat_pane.documents.shutdown()
             self.bridge.shutdown()
+            self.tools.close()  # after the bridge ended the tools replies
             if self._import is not None:
                 self._import.wait()  # an import writes in one transaction: let it land before closing
             self.storage.close()

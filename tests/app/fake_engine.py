@@ -6,18 +6,22 @@ same Protocols as the real ``LLM``. Every type comes from ``engine.api``, the co
 none is copied here. The fake streams a canned reply one word per ``step()``, batches every running request in
 each step, honours ``handle.cancel()``, and reports ``metrics()`` as an ``engine.api.EngineMetrics``.
 ``FakeEngine`` implements ``engine.core.loop.Steppable``, so the bridge drives it with the engine's own
-``run_loop``. It imports neither torch nor Qt.
+``run_loop``; its handles stream and give a ``result()`` as the real ones do, and it ``tokenize``s, so the MCP tool
+loop runs over it. ``FakeEngine.replies`` scripts the next answers (a Hermes ``<tool_call>`` block makes the tool
+loop call a tool). It imports neither torch nor Qt.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import psutil
@@ -34,6 +38,7 @@ from engine.api import (
     check_level,
 )
 from engine.core.context import fit_messages
+from tests.app.fake_requests import FakeHandle, Request
 
 FRANCE_REPLY = "The capital of France is **Paris**. It is also the largest city in France."
 LONG_REPLY = (
@@ -74,30 +79,8 @@ def reply_for(messages: list[dict[str, str]] | str) -> str:
             if reply.startswith(partial):
                 return reply[len(partial):]
         return " and so on."
-    text = messages if isinstance(messages, str) else messages[-1]["content"]
+    text = messages if isinstance(messages, str) else messages[-1].get("content") or ""
     return FRANCE_REPLY if "France" in text else LONG_REPLY
-
-
-class _Request:
-    def __init__(self, request_id: str, words: list[str], params: SamplingParams) -> None:
-        self.request_id = request_id
-        self.words = deque(words)
-        self.params = params
-        self.num_generated = 0
-        self.is_cancelled = False
-        self.submitted_at = time.monotonic()
-        self.first_token_at: float | None = None
-
-
-class FakeHandle:
-    def __init__(self, engine: FakeEngine, request: _Request) -> None:
-        self._engine = engine
-        self._request = request
-        self.request_id = request.request_id
-
-    def cancel(self) -> None:
-        with self._engine._lock:
-            self._request.is_cancelled = True
 
 
 class _FakeKVCache:
@@ -121,8 +104,8 @@ class FakeEngine:
         self.runner = _FakeRunner(kv_bytes)
         self._lock = threading.Condition()
         self._ids = itertools.count(1)
-        self._waiting: deque[_Request] = deque()
-        self._running: list[_Request] = []
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
         self._max_batch_size = max_batch_size
         self._step_delay_s = step_delay_s
         self._is_woken = False
@@ -139,20 +122,32 @@ class FakeEngine:
         self.step_thread_ids: set[int] = set()
         #: The messages of every submit, in order.
         self.submitted: list[list[dict[str, str]] | str] = []
+        #: The next answers, in order, before the canned ones of :func:`reply_for`.
+        self.replies: deque[str] = deque()
+        self.tokenizer = SimpleNamespace(chat_template="{{ messages }}")  # a template that renders no tools
+        self.prompts: list[Any] = []
 
-    def submit(self, messages: list[dict[str, str]] | str, params: SamplingParams,
+    def tokenize(self, prompt: Any, tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """About one token per 4 characters of the prompt (and tools), each the prompt's number (for submit)."""
+        with self._lock:
+            self.prompts.append(prompt)
+            return [len(self.prompts) - 1] * max(1, len(json.dumps([prompt, tools or []])) // 4)
+
+    def submit(self, messages: Any, params: SamplingParams,
                priority: int = 0, overflow: str | None = None) -> FakeHandle:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, not {type(params).__name__}")
-        words = _WORDS.findall(reply_for(messages))
+        if messages and not isinstance(messages, str) and isinstance(messages[0], int):
+            messages = self.prompts[messages[0]]  # token ids from tokenize()
+        words = _WORDS.findall(self.replies.popleft() if self.replies else reply_for(messages))
         if overflow is not None and not isinstance(messages, str):  # the fake's context: 200 words
             messages = fit_messages(messages, 200, lambda ms: sum(len(m["content"].split()) for m in ms), overflow)
         with self._lock:
             self.submitted.append(messages if isinstance(messages, str) else [dict(m) for m in messages])
-            request = _Request(f"eng-{next(self._ids)}", words, params)
+            request = Request(f"eng-{next(self._ids)}", words, params)
             self._waiting.append(request)
             self._lock.notify_all()
-        return FakeHandle(self, request)
+        return FakeHandle(self._lock, request)
 
     def has_work(self) -> bool:
         with self._lock:
@@ -189,11 +184,12 @@ class FakeEngine:
             self.max_batch_seen = max(self.max_batch_seen, sum(not r.is_cancelled for r in batch))
             for request in batch:
                 outputs.append(self._advance(request))
+                request.deliver(outputs[-1])
                 if outputs[-1].finished:
                     self._running.remove(request)
         return outputs
 
-    def _advance(self, request: _Request) -> StepOutput:
+    def _advance(self, request: Request) -> StepOutput:
         if request.is_cancelled:
             return self._finish(request, "", "abort")
         word = request.words.popleft()
@@ -208,7 +204,7 @@ class FakeEngine:
         return StepOutput(request.request_id, word, [request.num_generated], False)
 
     @staticmethod
-    def _finish(request: _Request, text: str, reason: str) -> StepOutput:
+    def _finish(request: Request, text: str, reason: str) -> StepOutput:
         now = time.monotonic()
         e2e = now - request.submitted_at
         ttft = (request.first_token_at or now) - request.submitted_at
@@ -224,7 +220,10 @@ class FakeEngine:
             requests = [*self._running, *self._waiting]
             self._running.clear()
             self._waiting.clear()
-        return [StepOutput(r.request_id, "", [], True, "error", {}, message) for r in requests]
+        outputs = [StepOutput(r.request_id, "", [], True, "error", {}, message) for r in requests]
+        for request, out in zip(requests, outputs, strict=True):
+            request.deliver(out)
+        return outputs
 
     def metrics(self) -> EngineMetrics:
         with self._lock:

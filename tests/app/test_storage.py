@@ -312,7 +312,7 @@ def test_schema_1_database_is_migrated_with_rows_intact(tmp_path: Path) -> None:
     finally:
         conn.close()
     with Storage(path) as storage:
-        assert storage.schema_version == SCHEMA_VERSION == 5
+        assert storage.schema_version == SCHEMA_VERSION == 6
         [old] = storage.list_conversations()
         assert (old.title, old.created_at, old.active_leaf_id) == ("Old chat", 1.0, 1)
         assert [m.content for m in storage.active_path(old.id)] == ["an ancient quasar question"]

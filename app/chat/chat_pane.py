@@ -26,6 +26,7 @@ from app.chat.markdown import code_blocks, split_reasoning
 from app.chat.message_view import MessageView
 from app.chat.preset_dialog import PresetDialog
 from app.chat.reply_controller import ReplyController
+from app.chat.search_highlight import highlight_matches
 from app.chat.settings_controller import ConversationSettingsController
 from app.data.conversations import Conversation, ConversationStore, Message
 from app.data.storage_errors import storage_error_text
@@ -112,8 +113,8 @@ class ChatPane(QWidget):
         splitter.setObjectName("chatSplitter")
         splitter.addWidget(self._sidebar)
         splitter.addWidget(main)
-        splitter.setStretchFactor(0, 0)
-        splitter.setStretchFactor(1, 1)
+        splitter.setStretchFactor(0, 1)  # a wide window gives the titles some room too
+        splitter.setStretchFactor(1, 5)
         splitter.setSizes([200, 600])
         splitter.setChildrenCollapsible(False)
         layout = QVBoxLayout(self)
@@ -181,6 +182,7 @@ class ChatPane(QWidget):
         self._composer.set_editing(None)
         self._current_id = conversation.id
         self._view.show_conversation(conversation)
+        highlight_matches(self._view, self._sidebar.search_text)  # a search result opens at its match
         self._settings_bar.show_conversation(conversation)
         self.documents.show(conversation.id)
         self._refresh_list()
@@ -443,6 +445,7 @@ class ChatPane(QWidget):
     @Slot(str)
     def _on_search_changed(self, text: str) -> None:
         self._refresh_list()
+        highlight_matches(self._view, text, scroll=False)
 
     @Slot()
     def _on_presets_edited(self) -> None:

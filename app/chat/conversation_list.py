@@ -84,6 +84,7 @@ class ConversationList(QWidget):
         self._list.setObjectName("conversationList")
         self._list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self._list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self._list.setWordWrap(True)  # a long title takes a second line rather than being cut off
         self._list.setEditTriggers(QAbstractItemView.EditTrigger.DoubleClicked
                                    | QAbstractItemView.EditTrigger.EditKeyPressed)
         self._list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)

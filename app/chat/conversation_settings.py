@@ -10,6 +10,7 @@ from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QDoubleSpinBox,
+    QGridLayout,
     QHBoxLayout,
     QLabel,
     QPushButton,
@@ -105,16 +106,17 @@ class ConversationSettings(QWidget):
         self._max_tokens_spin = QSpinBox()
         self._max_tokens_spin.setObjectName("chatMaxTokensSpin")
         self._max_tokens_spin.setRange(1, 32768)
-        self._sampling_row = QWidget()
-        row = QHBoxLayout(self._sampling_row)
-        row.setContentsMargins(0, 0, 0, 0)
-        row.addWidget(self._custom_check)
-        for label, spin in (("Temperature", self._temperature_spin), ("Top-p", self._top_p_spin),
-                            ("Max tokens", self._max_tokens_spin)):
-            row.addWidget(QLabel(label))
-            row.addWidget(spin)
+        self._sampling_row = QWidget()  # the check above the values: one line of both widened the window
+        grid = QGridLayout(self._sampling_row)
+        grid.setContentsMargins(0, 0, 0, 0)
+        grid.addWidget(self._custom_check, 0, 0, 1, 7)
+        spins: tuple[tuple[str, QDoubleSpinBox | QSpinBox], ...] = (
+            ("Temperature", self._temperature_spin), ("Top-p", self._top_p_spin), ("Max tokens", self._max_tokens_spin))
+        for n, (label, spin) in enumerate(spins):
+            grid.addWidget(QLabel(label), 1, 2 * n)
+            grid.addWidget(spin, 1, 2 * n + 1)
             spin.valueChanged.connect(self._on_value_changed)
-        row.addStretch(1)
+        grid.setColumnStretch(6, 1)
         self._sampling_row.hide()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 4)

@@ -13,6 +13,7 @@ from PySide6.QtCore import Signal, Slot
 from PySide6.QtWidgets import QComboBox, QFormLayout, QLabel, QVBoxLayout, QWidget
 
 from app.bridge.types import DEVICES, QuantizationAdvice
+from app.fitting import narrow_combo
 from app.model.quantization_view import QuantizationView
 from engine.api import LEVEL_LABELS, QUANTIZATION_LEVELS
 
@@ -49,6 +50,7 @@ class DevicePrecisionForm(QWidget):
             "in quality. Automatic picks the most exact one that fits; the reason is shown below.")
         for level in QUANTIZATION_LEVELS:
             self._quantization_combo.addItem(PRECISION_LABELS[level], level)
+        narrow_combo(self._quantization_combo)
         self._quantization_combo.currentIndexChanged.connect(self._on_quantization_changed)
         self._quantization_combo.activated.connect(self._on_quantization_activated)
         self._quantization_view = QuantizationView()

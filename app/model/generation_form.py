@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from PySide6.QtCore import Signal, Slot
-from PySide6.QtWidgets import QDoubleSpinBox, QFormLayout, QGroupBox, QLabel, QSpinBox, QWidget
+from PySide6.QtWidgets import QDoubleSpinBox, QGridLayout, QGroupBox, QLabel, QSpinBox, QWidget
 
 
 class GenerationForm(QGroupBox):
@@ -53,12 +53,16 @@ class GenerationForm(QGroupBox):
             "repetition_penalty": self._penalty_spin}
         for spin in self._spins.values():
             spin.valueChanged.connect(self._on_value_changed)
-        form = QFormLayout(self)
-        form.addRow("Temperature", self._temperature_spin)
-        form.addRow("Top-p", self._top_p_spin)
-        form.addRow("Repetition penalty", self._penalty_spin)
-        form.addRow("Max reply tokens", self._max_tokens_spin)
-        form.addRow(self._source_label)
+        grid = QGridLayout(self)  # two settings a line, so the model pane fits a laptop screen
+        rows: tuple[tuple[str, QDoubleSpinBox | QSpinBox], ...] = (
+            ("Temperature", self._temperature_spin), ("Top-p", self._top_p_spin),
+            ("Repetition penalty", self._penalty_spin), ("Max reply tokens", self._max_tokens_spin))
+        for n, (label, spin) in enumerate(rows):
+            grid.addWidget(QLabel(label), n // 2, 2 * (n % 2))
+            grid.addWidget(spin, n // 2, 2 * (n % 2) + 1)
+        grid.setColumnStretch(1, 1)
+        grid.setColumnStretch(3, 1)
+        grid.addWidget(self._source_label, 2, 0, 1, 4)
 
     def sampling_params(self) -> dict[str, Any]:
         """``SamplingParams`` keyword arguments from the box."""

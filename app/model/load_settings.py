@@ -11,6 +11,7 @@ from PySide6.QtCore import Signal, Slot
 from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QSpinBox, QWidget
 
 from app.bridge.types import DEFAULT_CONTEXT, MIN_CONTEXT, OVERFLOW_POLICIES, LoadSettings
+from app.fitting import narrow_combo
 
 #: ``LoadSettings.speculative`` choices, in words.
 SPECULATIVE_CHOICES = {"off": "Off", "ngram": "From the chat's own text (no second model)",
@@ -37,13 +38,15 @@ class LoadSettingsForm(QGroupBox):
         self._context_spin.setRange(MIN_CONTEXT - 1, 1 << 20)
         self._context_spin.setSingleStep(1024)
         self._context_spin.setSuffix(" tokens")
-        self._context_spin.setSpecialValueText(f"Automatic ({DEFAULT_CONTEXT} tokens or the model's limit)")
+        self._context_spin.setSpecialValueText("Automatic")
         self._context_spin.setValue(MIN_CONTEXT - 1)
-        self._context_spin.setToolTip("The longest chat (prompt plus reply) the model reads; kept per model")
+        self._context_spin.setToolTip("The longest chat (prompt plus reply) the model reads; kept per model. "
+                                      f"Automatic: {DEFAULT_CONTEXT} tokens or the model's limit")
         self._overflow_combo = QComboBox()
         self._overflow_combo.setObjectName("overflowCombo")
         for key, label in OVERFLOW_POLICIES.items():
             self._overflow_combo.addItem(label, key)
+        narrow_combo(self._overflow_combo)
         self._overflow_combo.setToolTip("What happens when a chat grows longer than the context; Regenerate "
                                         "follows it too")
         self._batch_spin = QSpinBox()
@@ -77,17 +80,19 @@ class LoadSettingsForm(QGroupBox):
         for key, label in SPECULATIVE_CHOICES.items():
             self._speculative_combo.addItem(label, key)
         self._speculative_combo.setCurrentIndex(self._speculative_combo.findData(defaults.speculative))
+        narrow_combo(self._speculative_combo)
         self._speculative_combo.setToolTip(
             "Guess a few tokens ahead and let the model check them in one step. Replies stay the same; it pays when "
             "the reply repeats text from the chat (quoting, editing code), and pauses itself when guesses miss")
         form = QFormLayout(self)
+        form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)  # a narrow side pane puts fields under
         form.addRow("Context length", self._context_spin)
         form.addRow("When a chat is longer", self._overflow_combo)
         form.addRow("Concurrent chats", self._batch_spin)
         form.addRow("Batch timeout", self._wait_spin)
         form.addRow("KV-cache budget", self._kv_spin)
         form.addRow("Speculative decoding", self._speculative_combo)
-        form.addRow("", self._repeatable_check)
+        form.addRow(self._repeatable_check)
         self._context_spin.valueChanged.connect(lambda _value: self.sizing_changed.emit())
         self._batch_spin.valueChanged.connect(lambda _value: self.sizing_changed.emit())
         self._overflow_combo.currentIndexChanged.connect(self._on_overflow_changed)

@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
 from app import log
 from app.bridge.engine_bridge import EngineBridge
 from app.bridge.types import REMOTE_DEVICE, LoadSettings, ModelInfo, QuantizationAdvice
+from app.fitting import FoldingSection, narrow_combo
 from app.model.device_precision_form import DevicePrecisionForm
 from app.model.discover import show_discover
 from app.model.generation_form import GenerationForm
@@ -45,8 +46,11 @@ from app.model.model_card import model_card
 from app.model.server_box import ServerBox
 from engine.api import LEVEL_DTYPES
 
-DEFAULT_MODEL_TEXT = ("Leave the path empty to use the default model, a small demo model that comes with "
-                      "Hearth; the Models tab lists the models already on this computer.")
+#: The empty path box's text: the default model needs no path.
+DEFAULT_MODEL_TEXT = "Empty: the default demo model"
+#: The path box's tooltip: what it takes, and where else models come from.
+PATH_TOOLTIP = ("A Hugging Face model folder or a .gguf file. Leave it empty to use the default model, a small demo "
+                "model that comes with Hearth; the Models tab lists the models already on this computer.")
 SOURCES = (("local", "This computer"), ("remote", "Remote server (OpenAI API)"))
 DEFAULT_REMOTE_URL = "http://localhost:8000/v1"
 #: How long the path box must stay unchanged before a recommendation is asked for.
@@ -102,11 +106,14 @@ class ModelPane(QWidget):
         self._load_settings_form.overflow_changed.connect(self._bridge.set_overflow_policy)
         self._generation_form = GenerationForm()
         self._generation_form.sampling_params_changed.connect(self.sampling_params_changed)
-        layout.addWidget(self._server_box)
-        layout.addWidget(self._load_settings_form)
-        layout.addWidget(self._generation_form)
         self._hardware_box = HardwareBox()
-        layout.addWidget(self._hardware_box)
+        # Read less often, these fold to a line, so the pane fits a 768-pixel-high screen without scrolling.
+        self.engine_section = FoldingSection(self._load_settings_form, "engineSection", is_folded=True)
+        self.hardware_section = FoldingSection(self._hardware_box, "hardwareSection", is_folded=True)
+        layout.addWidget(self._generation_form)
+        layout.addWidget(self._server_box)
+        layout.addWidget(self.engine_section)
+        layout.addWidget(self.hardware_section)
         layout.addStretch(1)
         scroll = self._scroll = QScrollArea()
         scroll.setWidgetResizable(True)
@@ -122,14 +129,15 @@ class ModelPane(QWidget):
         self._source_combo.setObjectName("sourceCombo")
         for key, label in SOURCES:
             self._source_combo.addItem(label, key)
+        narrow_combo(self._source_combo)
         self._source_combo.currentIndexChanged.connect(self._on_source_changed)
         source_form = QFormLayout()
         source_form.addRow("Run on", self._source_combo)
         self._path_edit = QLineEdit()
         self._path_edit.setObjectName("modelPathEdit")
-        self._path_edit.setPlaceholderText("Default model")
+        self._path_edit.setPlaceholderText(DEFAULT_MODEL_TEXT)
         self._path_edit.setClearButtonEnabled(True)
-        self._path_edit.setToolTip("A Hugging Face model folder or a .gguf file")
+        self._path_edit.setToolTip(PATH_TOOLTIP)
         self._path_edit.returnPressed.connect(self._on_load_clicked)
         folder_button = QPushButton("Folder…")
         folder_button.setObjectName("browseFolderButton")
@@ -144,10 +152,6 @@ class ModelPane(QWidget):
         path_row.addWidget(folder_button)
         path_row.addWidget(file_button)
 
-        hint = QLabel(DEFAULT_MODEL_TEXT)
-        hint.setObjectName("defaultModelLabel")
-        hint.setWordWrap(True)
-        hint.setEnabled(False)
         discover_button = QPushButton("Find models on Hugging Face…")
         discover_button.setObjectName("discoverButton")
         discover_button.setToolTip("Search Hugging Face and download a model (Discover)")
@@ -194,7 +198,6 @@ class ModelPane(QWidget):
         local_layout = QVBoxLayout(self._local_box)
         local_layout.setContentsMargins(0, 0, 0, 0)
         local_layout.addLayout(path_row)
-        local_layout.addWidget(hint)
         local_layout.addWidget(discover_button, 0, Qt.AlignmentFlag.AlignLeft)
         local_layout.addWidget(self._choices)
         local_layout.addWidget(self._auto_load_check)

@@ -5,7 +5,16 @@ from __future__ import annotations
 import html
 
 from PySide6.QtCore import Qt, Slot
-from PySide6.QtWidgets import QCheckBox, QFormLayout, QGroupBox, QLabel, QLineEdit, QSpinBox, QWidget
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QSpinBox,
+    QWidget,
+)
 
 from app.bridge.engine_bridge import EngineBridge
 from app.bridge.types import REMOTE_DEVICE, ServerState
@@ -21,8 +30,9 @@ class ServerBox(QGroupBox):
     def __init__(self, bridge: EngineBridge, parent: QWidget | None = None) -> None:
         super().__init__("Serve on localhost", parent)
         self._bridge = bridge
-        self._serve_check = QCheckBox("Serve the loaded model to other programs (OpenAI API)")
+        self._serve_check = QCheckBox("Serve to other programs (OpenAI API)")
         self._serve_check.setObjectName("serveCheck")
+        self._serve_check.setToolTip("Serve the loaded model to other programs on this computer (OpenAI API)")
         self._serve_check.toggled.connect(self._on_serve_toggled)
         self._port_spin = QSpinBox()
         self._port_spin.setObjectName("servePortSpin")
@@ -31,15 +41,19 @@ class ServerBox(QGroupBox):
         self._key_edit = QLineEdit()
         self._key_edit.setObjectName("serveKeyEdit")
         self._key_edit.setEchoMode(QLineEdit.EchoMode.Password)
-        self._key_edit.setPlaceholderText("Optional: clients must send it as a Bearer token")
+        self._key_edit.setToolTip("Optional: clients must send it as a Bearer token")
+        self._key_edit.setPlaceholderText("Optional")
         self._status_label = QLabel("Off. Only programs on this computer can connect (127.0.0.1).")
         self._status_label.setObjectName("serveStatusLabel")
         self._status_label.setWordWrap(True)
         self._status_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        address = QHBoxLayout()  # port and key on one line: the pane fits a laptop screen without scrolling
+        address.addWidget(self._port_spin)
+        address.addWidget(QLabel("API key"))
+        address.addWidget(self._key_edit, 1)
         form = QFormLayout(self)
         form.addRow(self._serve_check)
-        form.addRow("Port", self._port_spin)
-        form.addRow("API key", self._key_edit)
+        form.addRow("Port", address)
         form.addRow(self._status_label)
         self._bridge.signals.server_state_changed.connect(self._on_server_state_changed)
 

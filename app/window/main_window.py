@@ -30,6 +30,7 @@ from app.data.conversations import ConversationStore
 from app.data.settings import Settings
 from app.data.storage import Storage
 from app.data.storage_errors import storage_error_text
+from app.fitting import ReadableWidth
 from app.icon import app_icon
 from app.model.model_pane import ModelPane
 from app.model.models_view import ModelsView
@@ -110,6 +111,7 @@ class MainWindow(QMainWindow):
         self.chat_pane.default_preset_id = self.settings.default_preset_id
         self.tools = ChatTools(self.data_dir, self.bridge, self.storage, self)  # MCP tools in the chats
         self.tools.attach(self.chat_pane, self.replies)
+        self.readable_width = ReadableWidth(self.chat_pane.view)  # lines a wide screen does not stretch
         self.model_pane = ModelPane(self.bridge)
         self.monitor_pane = MonitorPane()
         self.models_view = ModelsView()

@@ -213,6 +213,43 @@ def test_conversations_with_one_title_are_told_apart_by_their_dates(qtbot: Any) 
     assert len(set(texts)) == 3
 
 
+def test_a_search_result_opens_at_its_match_and_marks_it(qtbot: Any, window: Any) -> None:
+    from PySide6.QtWidgets import QLineEdit, QListWidget
+
+    from app.chat.search_highlight import MATCH_BACKGROUND
+
+    pane = window.chat_pane
+    store = pane.store
+    long_chat = pane.current_conversation
+    for n in range(30):
+        store.add_user(long_chat, "Which birds live at the South Pole? I read about penguins." if n == 1
+                       else f"Question {n}: tell me something about bread, at some length please.")
+        reply = store.start_reply(long_chat)
+        reply.content = f"Answer {n}. " + "Bread is flour, water, salt and time. " * 8
+        store.finish_reply(reply, "stop", {})
+    pane.new_conversation()
+    store.add_user(pane.current_conversation, "Something else entirely")
+    pane.refresh()
+    assert pane.current_conversation.id != long_chat.id
+    search = window.findChild(QLineEdit, "conversationSearch")
+    listing = window.findChild(QListWidget, "conversationList")
+    qtbot.keyClicks(search, "PENGUIN")
+    qtbot.wait_until(lambda: listing.count() == 1, timeout=3000)
+    row = listing.visualItemRect(listing.item(0)).center()
+    qtbot.mouseClick(listing.viewport(), Qt.MouseButton.LeftButton, pos=row)
+    qtbot.wait_until(lambda: pane.current_conversation.id == long_chat.id, timeout=3000)
+    view = pane.view
+    bar = view.verticalScrollBar()
+    assert bar.maximum() > 0 and bar.value() < bar.maximum() // 2  # not left at the end of the chat
+    marks = view.extraSelections()
+    assert [mark.cursor.selectedText() for mark in marks] == ["penguin"]
+    assert marks[0].format.background().color().name() == MATCH_BACKGROUND
+    assert view.viewport().rect().contains(view.cursorRect(marks[0].cursor))  # the match is in sight
+    assert "penguin" in view.message_text(2)  # the early message that has it (the third of sixty)
+    search.clear()
+    qtbot.wait_until(lambda: not view.extraSelections(), timeout=3000)  # clearing the search clears the marks
+
+
 def _help_actions(window: Any) -> dict[str, Any]:
     from PySide6.QtGui import QAction
 

@@ -10,7 +10,20 @@ from typing import Any
 import pytest
 from PySide6.QtCore import QPoint, QRect, QUrl
 from PySide6.QtGui import QColor, QGuiApplication, QPalette, QTextFrame
-from PySide6.QtWidgets import QComboBox, QMessageBox, QPushButton, QWidget
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QListWidget,
+    QMessageBox,
+    QPushButton,
+    QRadioButton,
+    QScrollArea,
+    QStyle,
+    QStyleOptionButton,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.chat.chat_input import ChatInput
 from app.chat.markdown import split_reasoning
@@ -68,6 +81,66 @@ def test_window_fits_a_laptop_screen(qtbot: Any, window: MainWindow) -> None:
     assert _on_screen(window, ui_flows.child(window, QPushButton, "exportCsvButton"))
 
 
+def _settle(qtbot: Any, window: MainWindow, size: tuple[int, int]) -> None:
+    window.resize(*size)
+    qtbot.wait_until(lambda: window.size().toTuple() == size, timeout=2000)
+    qtbot.wait(50)  # the docks and the splitter settle after the resize
+
+
+def _assert_within(window: MainWindow, size: tuple[int, int]) -> None:
+    """The window, its minimum size and its panes stay inside a screen of ``size``."""
+    assert window.width() <= size[0] and window.height() <= size[1]
+    assert window.minimumSizeHint().width() <= size[0] - 200  # room to spare, even with every section open
+    for widget in (window.chat_pane, window.model_dock, window.statusBar(), window.chat_pane.view):
+        assert _on_screen(window, widget), widget.objectName()
+
+
+def test_opening_the_sampling_and_folded_sections_keeps_the_window_on_a_laptop_screen(
+        qtbot: Any, window: MainWindow) -> None:
+    _settle(qtbot, window, LAPTOP)
+    scroll = window.model_pane.findChild(QScrollArea)
+    assert scroll is not None
+    qtbot.wait_until(lambda: scroll.verticalScrollBar().maximum() == 0, timeout=2000)  # no scrolling, folded
+    assert window.chat_pane.view.viewport().width() >= 600  # the chat column gets the room the pane gave up
+    toggle = ui_flows.child(window, QToolButton, "samplingToggle")
+    toggle.setChecked(True)
+    qtbot.wait_until(lambda: ui_flows.child(window, QCheckBox, "customSamplingCheck").isVisible(), timeout=2000)
+    qtbot.wait(50)
+    _assert_within(window, LAPTOP)
+    for section in (window.model_pane.engine_section, window.model_pane.hardware_section):
+        assert section.is_folded
+        section.set_folded(False)
+        assert section.box.isVisible()
+        qtbot.wait(50)
+        _assert_within(window, LAPTOP)
+    assert window.model_dock.width() <= 450
+
+
+def test_a_wide_screen_keeps_the_transcript_lines_readable_and_the_titles_whole(
+        qtbot: Any, window: MainWindow) -> None:
+    pane = window.chat_pane
+    title = "Planning a week of vegetarian dinners for four people"
+    pane.store.rename(pane.current_conversation.id, title)
+    pane.refresh()
+    pane.store.add_user(pane.current_conversation, "word " * 600)
+    pane.select_conversation(pane.current_conversation.id)
+    _settle(qtbot, window, (1920, 1080))
+    view = pane.view
+    assert 500 <= view.viewport().width() <= window.readable_width.max_width() + 20
+    assert view.document().idealWidth() <= view.viewport().width()
+    centre = view.viewport().mapTo(window, view.viewport().rect().center()).x()
+    middle = view.mapTo(window, view.rect().center()).x()
+    assert abs(centre - middle) <= view.verticalScrollBar().sizeHint().width()  # centred, not pushed left
+    listing = pane.findChild(QListWidget, "conversationList")
+    row = listing.visualItemRect(listing.item(0))
+    assert listing.fontMetrics().horizontalAdvance(title) <= row.width()  # the title fits on its line
+    _settle(qtbot, window, LAPTOP)
+    row = listing.visualItemRect(listing.item(0))
+    lines = row.height() // listing.fontMetrics().lineSpacing()
+    assert listing.wordWrap() and lines >= 2  # narrower, the title wraps rather than being cut off
+    _assert_within(window, LAPTOP)
+
+
 def test_a_long_code_line_does_not_scroll_the_chat_sideways(qtbot: Any) -> None:
     view = MessageView()
     qtbot.add_widget(view)
@@ -101,6 +174,37 @@ def test_dark_mode_chat_text_contrasts_with_its_bubbles(qtbot: Any, window: Main
     qtbot.wait_until(lambda: _frame_background(view, 1).lightness() < 100, timeout=2000)  # ... on dark bubbles
     for index in (0, 1):
         assert contrast(text, _frame_background(view, index)) >= 4.5, index
+
+
+def _indicator_contrast(button: QCheckBox | QRadioButton) -> float:
+    """The largest luminance step between the button's indicator and the background beside it (0 to 1)."""
+    image = button.grab().toImage()
+    option = QStyleOptionButton()
+    button.initStyleOption(option)
+    element = (QStyle.SubElement.SE_CheckBoxIndicator if isinstance(button, QCheckBox)
+               else QStyle.SubElement.SE_RadioButtonIndicator)
+    rect = button.style().subElementRect(element, option, button)
+    background = _luminance(QColor(image.pixel(rect.left(), image.height() - 1)))
+    return max(abs(_luminance(QColor(image.pixel(x, y))) - background)
+               for x in range(rect.left(), rect.right() + 1) for y in range(rect.top(), rect.bottom() + 1))
+
+
+def test_unticked_boxes_show_in_dark_mode(qtbot: Any, dark: None) -> None:
+    holder = QWidget()
+    qtbot.add_widget(holder)
+    layout = QVBoxLayout(holder)
+    boxes = [QCheckBox("Reply as JSON"), QRadioButton("One"), QCheckBox("Ticked")]
+    boxes[2].setChecked(True)
+    for box in boxes:
+        layout.addWidget(box)
+    holder.show()
+    qtbot.wait_exposed(holder)
+    assert holder.palette().color(QPalette.ColorRole.Window).lightness() < 100
+    for box in boxes:
+        assert _indicator_contrast(box) > 0.2, box.text()  # light mode's unticked box reaches about 0.2
+    apply_theme("light")
+    qtbot.wait_until(lambda: holder.palette().color(QPalette.ColorRole.Window).lightness() > 150, timeout=2000)
+    assert all(_indicator_contrast(box) > 0.15 for box in boxes)  # and light mode keeps its own
 
 
 def test_theme_set_before_start_draws_the_open_chat_dark(qtbot: Any, open_window: Any, tmp_path: Path) -> None:

@@ -69,7 +69,9 @@ install-desktop-entry: ## add dist/Hearth to the app menu (~/.local/share/applic
 
 .PHONY: screenshots
 screenshots: install ## retake resources/screenshots/ with the real model (needs xvfb-run)
-	PYTHONPATH=. xvfb-run -a -s "-screen 0 1600x1100x24" $(PY) packaging/screenshots.py main
+	for size in 1366x768 1920x1080; do for theme in light dark; do \
+	  PYTHONPATH=. xvfb-run -a -s "-screen 0 $${size}x24" $(PY) packaging/screenshots.py window --size $$size \
+	    --theme $$theme || exit 1; done; done
 	PYTHONPATH=. xvfb-run -a -s "-screen 0 1600x1300x24" $(PY) packaging/screenshots.py monitor
 
 .PHONY: clean

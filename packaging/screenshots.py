@@ -4,11 +4,13 @@ Run from the repository root under a virtual X server (``packaging`` is not impo
 package: pip's ``packaging`` owns the name)::
 
     PYTHONPATH=. xvfb-run -a -s "-screen 0 1600x1200x24" .venv/bin/python packaging/screenshots.py monitor
+    PYTHONPATH=. xvfb-run -a -s "-screen 0 1366x768x24" .venv/bin/python packaging/screenshots.py window \
+        --size 1366x768 --theme dark
 
 ``monitor``: the monitor pane while four replies stream at once (monitor.png).
-``main``: the whole window after a real answer to a question, plus a code question (main-window.png).
-``laptop``: the same at 1366×768, a small laptop's screen (main-1366x768.png; run it on a screen that size).
-``dark``: the same in the dark theme (dark.png).
+``window``: the whole window after a real answer to a question, plus a code question, at ``--size`` (run it on a
+screen that size, as ``make screenshots`` does) in the ``--theme``: main-WxH.png for light, dark-WxH.png for dark.
+The PNGs are written at zlib's highest compression.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from app.monitor.monitor_pane import MonitorPane
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "resources" / "screenshots"
+#: ``QImage.save``'s quality for PNG: 0 asks for zlib's highest compression.
+PNG_QUALITY = 0
 PROMPTS = (
     "Write a short story about a lighthouse keeper.",
     "Explain how a paged KV cache works.",
@@ -115,8 +119,8 @@ def main_window(out: Path, size: tuple[int, int] = (1500, 950), theme: str = "sy
 
     def grab() -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        win.grab().save(str(out))
-        print(f"saved {out}")
+        win.grab().save(str(out), "PNG", PNG_QUALITY)
+        print(f"saved {out} ({out.stat().st_size // 1024} KiB)")
         win.close()
         qapp.exit(0)
 
@@ -130,17 +134,19 @@ def main_window(out: Path, size: tuple[int, int] = (1500, 950), theme: str = "sy
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="packaging/screenshots.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("shot", choices=["monitor", "main", "laptop", "dark"])
+    parser.add_argument("shot", choices=["monitor", "window"])
+    parser.add_argument("--size", default="1366x768", help="the window's size, WIDTHxHEIGHT (window)")
+    parser.add_argument("--theme", choices=["light", "dark"], default="light", help="the theme (window)")
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
     parser.add_argument("--idle", type=float, default=6.0, help="seconds of idle graph before the replies")
     parser.add_argument("--stream", type=float, default=14.0, help="seconds of streaming before the grab")
     args = parser.parse_args(argv)
-    if args.shot == "main":
-        main_window(args.out_dir / "main-window.png")
-    elif args.shot == "laptop":
-        main_window(args.out_dir / "main-1366x768.png", size=(1366, 768))
-    elif args.shot == "dark":
-        main_window(args.out_dir / "dark.png", theme="dark")
+    if args.shot == "window":
+        width, _, height = args.size.partition("x")
+        if not (width.isdigit() and height.isdigit()):
+            parser.error(f"--size takes WIDTHxHEIGHT, such as 1366x768, not {args.size!r}")
+        name = "main" if args.theme == "light" else "dark"
+        main_window(args.out_dir / f"{name}-{args.size}.png", size=(int(width), int(height)), theme=args.theme)
     else:
         monitor(args.out_dir / "monitor.png", args.idle, args.stream)
     return 0

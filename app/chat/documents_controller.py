@@ -296,6 +296,8 @@ class DocumentsController(QObject):
         if message.role != "assistant" or message.id is None or message.is_streaming:
             return None
         if message.id not in self._sources:
+            if self._attachments.storage.is_closed:  # a closed window's transcript redrawn by a theme change
+                return None
             self._sources[message.id] = self._attachments.sources(message.id)
         sources = self._sources[message.id]
         return shown_sources(message.content, sources) if sources else None

@@ -106,6 +106,8 @@ class Storage:
         self.path = Path(path)
         self._clock = clock
         self._lock = threading.RLock()
+        #: True once :meth:`close` ran: widgets that outlive their window (a theme change redraws them) read nothing
+        self.is_closed = False
         self._depth = 0  # nesting of batch(); writes commit when it returns to 0
         self.has_fts = False  # whether the message search index exists (schema 2, FTS5 trigram)
         if str(path) != ":memory:":
@@ -126,9 +128,10 @@ class Storage:
     # --- lifecycle ---
 
     def close(self) -> None:
-        """Close the connection. The object is unusable afterwards."""
+        """Close the connection. The object is unusable afterwards (:attr:`is_closed` says so)."""
         with self._lock:
             self._conn.close()
+            self.is_closed = True
 
     def __enter__(self) -> Self:
         return self

@@ -173,8 +173,11 @@ class ChatTools(QObject):
         return ToolRunSpec(self.host(), servers, approver, self.approvals, approver.deny_all)
 
     def steps_for(self, message: Message) -> list[ToolStepRecord]:
-        """A reply's stored tool steps ([] for a message never stored)."""
-        return self._store.steps(message.id) if message.id is not None else []
+        """A reply's stored tool steps ([] for a message never stored, or once the window closed the database: a
+        theme change still redraws the transcript of a closed window)."""
+        if message.id is None or self._store.storage.is_closed:
+            return []
+        return self._store.steps(message.id)
 
     def host(self) -> McpHost:
         """The shared host over ``mcp.json`` as it is now (a new one when the file changed)."""

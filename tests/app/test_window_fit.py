@@ -222,6 +222,28 @@ def test_theme_set_before_start_draws_the_open_chat_dark(qtbot: Any, open_window
         apply_theme("system")
 
 
+def test_a_theme_change_after_a_window_closed_leaves_its_closed_database_alone(qtbot: Any, open_window: Any,
+                                                                             tmp_path: Path) -> None:
+    """A closed window's transcript (alive until deleted) redraws on a theme change: its replies' tool steps and
+    sources must not be read from the database the window closed (pytest-qt fails the test on the error)."""
+    first = open_window(tmp_path)
+    store, conversation = first.chat_pane.store, first.chat_pane.current_conversation
+    store.add_user(conversation, "hello")
+    reply = store.start_reply(conversation)
+    reply.content = "hi"
+    store.finish_reply(reply, "stop", {})
+    first.close()
+    again = open_window(tmp_path)  # opens the chat: its reply drawn from the database
+    qtbot.wait_until(lambda: again.chat_pane.view.message_count == 2, timeout=2000)
+    again.close()
+    try:
+        apply_theme("dark")
+        qtbot.wait(50)
+    finally:
+        apply_theme("system")
+    qtbot.wait(50)
+
+
 def test_graphs_follow_the_theme(qtbot: Any) -> None:
     pane = MonitorPane(sample_interval_ms=3_600_000, stagger_ms=0)
     qtbot.add_widget(pane)

@@ -12,7 +12,7 @@ no messages (or no prompt) only loads the model, or unloads it when ``keep_alive
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -31,6 +31,21 @@ from engine.serving.protocol import APIError, ChatCompletionRequest, CompletionR
 
 def _iso(ts: datetime) -> str:
     return ts.isoformat().replace("+00:00", "Z")
+
+
+class _Leased:
+    """A streamed answer that gives its model's lease back when it has been sent, or when sending it ended any
+    other way (the client gone before the first byte, a cancelled task): Starlette runs the returned ASGI app, and
+    its ``finally`` always runs, where a generator never started would not run its own."""
+
+    def __init__(self, response: StreamingResponse, release: Callable[[], None]) -> None:
+        self.response, self._release = response, release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await self.response(scope, receive, send)
+        finally:
+            self._release()
 
 
 class MultiModelRoutes:
@@ -53,17 +68,7 @@ class MultiModelRoutes:
         if not isinstance(response, StreamingResponse):
             self.pool.release(model, keep_alive)
             return response
-        inner = response.body_iterator
-
-        async def held() -> AsyncIterator[Any]:
-            try:
-                async for chunk in inner:
-                    yield chunk
-            finally:
-                self.pool.release(model, keep_alive)
-
-        response.body_iterator = held()
-        return response
+        return _Leased(response, lambda: self.pool.release(model, keep_alive))  # type: ignore[return-value]
 
     @staticmethod
     def _keep_alive(body: dict[str, Any]) -> object:

@@ -170,6 +170,25 @@ def test_two_clients_alternating_two_models_get_whole_replies(headless: Headless
     assert sorted(headless.ps()) == ["tiny-llama", "tiny-mistral"]
 
 
+def test_a_stream_whose_client_leaves_gives_its_lease_back(headless: Headless, client: ollama.Client) -> None:
+    _unload_all(client, headless)
+    with httpx.Client(timeout=60) as c, c.stream(
+        "POST", f"{headless.base_url}/v1/chat/completions",
+        json={"model": "tiny-qwen2", "stream": True, "max_tokens": 400, "ignore_eos": True,
+              "messages": [{"role": "user", "content": "Go on"}]},
+    ) as response:
+        next(response.iter_lines())  # the model is loaded and streaming; then the client hangs up
+    deadline = time.monotonic() + 60
+    while True:
+        loaded = httpx.get(f"{headless.base_url}/api/ps", timeout=30).json()["models"]
+        if loaded and loaded[0]["active_requests"] == 0:
+            break
+        assert time.monotonic() < deadline, f"the stream's lease was never given back: {loaded}"
+        time.sleep(0.2)
+    client.chat(model="tiny-qwen2", messages=[], keep_alive=0)  # idle, so it unloads at once
+    assert headless.ps() == []
+
+
 def test_a_model_that_cannot_fit_beside_busy_ones_gets_a_503_saying_what_is_loaded(
     headless: Headless, tmp_path: Path
 ) -> None:

@@ -291,7 +291,7 @@ class EngineBridge(QObject):
 
         def work() -> None:
             try:
-                result = measure(spec.host, spec.servers, llm)
+                result = measure(spec, llm)
             except Exception:  # noqa: BLE001 (a worker thread must report, not die)
                 log.bridge.exception("measuring the tools failed")
                 return

@@ -12,6 +12,9 @@ thread-safe); the app's engine loop steps them along with every other chat's.
 Stopping (:meth:`ToolRun.cancel`) cancels the reply being generated, answers Deny to a call waiting for the user
 (``ToolRunSpec.deny_all``, on the GUI thread) and any later one, and ends the run with "abort". A tool already
 running is not interrupted: the run ends when it returns or times out.
+
+The MCP SDK (``engine.mcp.host``, and the loop over it) is imported by the worker threads here, never at this
+module's import: the GUI thread, which makes the specs and starts the runs, would otherwise stop while it loads.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app import log
 from app.bridge.protocols import BridgedLLM
@@ -29,8 +32,10 @@ from app.bridge.types import RequestInfo
 from app.data.tool_steps import ToolStepRecord
 from engine.api import SamplingParams
 from engine.mcp.approvals import ApprovalRequest, ApprovalStore, Decision
-from engine.mcp.host import McpHost, ToolInfo
-from engine.mcp.loop import Approve, ToolStep, run_tool_loop, tool_prompt_tokens
+
+if TYPE_CHECKING:
+    from engine.mcp.host import McpHost, ToolInfo
+    from engine.mcp.loop import ToolStep
 
 #: How long a reply waits for a chat's servers to start before it goes on without the ones still starting.
 START_TIMEOUT_S = 60.0
@@ -40,29 +45,37 @@ _PROBE = [{"role": "user", "content": "Hello"}]
 
 @dataclass
 class ToolRunSpec:
-    """What a chat's tools reply needs: the host, the chat's servers (started here if need be), how to ask the
-    user, and the "always" answers; ``deny_all`` answers Deny to the questions open (called on the GUI thread)."""
+    """What a chat's tools reply needs: the host (``host()`` gives it, on the worker thread: making the first one
+    loads the MCP SDK), the chat's servers (started here if need be), how to ask the user, and the "always"
+    answers; ``deny_all`` answers Deny to the questions open (called on the GUI thread). ``max_steps`` caps the
+    replies with tool calls, ``call_timeout_s`` each call; ``tools_off`` holds the (server, tool) pairs the chat
+    turned off, which neither the model nor the count of prompt tokens sees."""
 
-    host: McpHost
+    host: Callable[[], McpHost]
     servers: list[str]
-    approve: Approve
+    approve: Callable[[ApprovalRequest], Decision]
     approvals: ApprovalStore
     deny_all: Callable[[], None]
     max_steps: int = 8
+    call_timeout_s: float = 30.0
+    tools_off: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclass(frozen=True)
 class ToolsMeasure:
     """A chat's tools: each one's (server, name), their definitions' prompt tokens (None without a local model
-    to count them with), and the servers that could not start, in words."""
+    to count them with), and the servers that could not start, in words. ``offered`` holds every tool of the
+    chat's servers, the ones it turned off too (the Tools menu lists them all)."""
 
     tools: tuple[tuple[str, str], ...]
     prompt_tokens: int | None
     problems: tuple[str, ...] = ()
+    offered: tuple[tuple[str, str], ...] = ()
 
 
 def gather_tools(host: McpHost, servers: list[str]) -> tuple[list[ToolInfo], list[str]]:
-    """Start each of ``servers`` if need be; the ready ones' tools, and why the others have none."""
+    """Start each of ``servers`` if need be; the ready ones' tools, and why the others have none (any thread
+    but the GUI's: it waits for the servers)."""
     tools: list[ToolInfo] = []
     problems: list[str] = []
     futures = [(name, host.start(name)) for name in servers]  # they start side by side
@@ -79,16 +92,21 @@ def gather_tools(host: McpHost, servers: list[str]) -> tuple[list[ToolInfo], lis
     return tools, problems
 
 
-def measure(host: McpHost, servers: list[str], llm: BridgedLLM | None) -> ToolsMeasure:
-    """Start ``servers`` and count their tools' prompt tokens with ``llm``'s template (any thread; it blocks)."""
-    tools, problems = gather_tools(host, servers)
+def measure(spec: ToolRunSpec, llm: BridgedLLM | None) -> ToolsMeasure:
+    """Start ``spec``'s servers and count the prompt tokens of the tools the chat uses with ``llm``'s template
+    (a worker thread: it blocks, and may load the MCP SDK)."""
+    from engine.mcp.loop import tool_prompt_tokens
+
+    offered, problems = gather_tools(spec.host(), spec.servers)
+    tools = [t for t in offered if (t.server, t.name) not in spec.tools_off]
     tokens = None
     if llm is not None:
         try:
             tokens = tool_prompt_tokens(llm, _PROBE, tools)
         except Exception:  # noqa: BLE001 -- a template that cannot render tools: not counted
             log.bridge.exception("could not count the tools' prompt tokens")
-    return ToolsMeasure(tuple((t.server, t.name) for t in tools), tokens, tuple(problems))
+    return ToolsMeasure(tuple((t.server, t.name) for t in tools), tokens, tuple(problems),
+                        tuple((t.server, t.name) for t in offered))
 
 
 def step_record(step: ToolStep) -> ToolStepRecord:
@@ -185,12 +203,17 @@ class ToolRun:
     def _run(self) -> None:
         rid = self.request_id
         try:
-            tools, problems = gather_tools(self.spec.host, self.spec.servers)
+            from engine.mcp.loop import run_tool_loop
+
+            host = self.spec.host()
+            tools, problems = gather_tools(host, self.spec.servers)
             for problem in problems:
                 log.bridge.warning("tools reply %s goes on without a server: %s", rid, problem)
-            result = run_tool_loop(self._llm, self._messages, self.spec.host, self._approve, self.spec.approvals,
+            tools = [t for t in tools if (t.server, t.name) not in self.spec.tools_off]
+            result = run_tool_loop(self._llm, self._messages, host, self._approve, self.spec.approvals,
                                    tools=tools, params=self._params, max_steps=self.spec.max_steps,
-                                   on_text=self._on_text, on_step=self._on_step)
+                                   call_timeout_s=self.spec.call_timeout_s, on_text=self._on_text,
+                                   on_step=self._on_step)
         except Exception as exc:  # noqa: BLE001 -- a worker thread must report, not die
             log.bridge.exception("tools reply %s failed", rid)
             why = str(exc) or type(exc).__name__

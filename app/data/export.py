@@ -2,7 +2,8 @@
 
 The JSON is OpenAI's chat format (``{"messages": [{"role", "content"}, ...]}``, the shown branch)
 plus a ``"hearth"`` section with what that format lacks: title, sampling parameters, per-message
-metrics and the whole branch tree, so that :func:`from_json` restores every branch. A file with
+metrics and the whole branch tree, with each reply's tool steps (``"tool_steps"``, in
+:mod:`app.data.tool_steps`' form), so that :func:`from_json` restores every branch. A file with
 only ``"messages"`` imports as a single-branch conversation.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 
 from app.data.records import DEFAULT_TITLE, ROLES, Conversation, Message, MessageNode
 from app.data.storage import Storage
+from app.data.tool_steps import ToolStepRecord, ToolStepStore, steps_from_json, steps_to_json
 
 FORMAT_VERSION = 1
 #: The largest file :func:`read_import_file` reads: far above any conversation typed and answered by hand,
@@ -68,8 +70,15 @@ def to_markdown(storage: Storage, conversation_id: int) -> str:
     lines = [f"# {conversation.title}", "", f"*Exported from Hearth; started {started}*", ""]
     if conversation.system_prompt:
         lines += ["## System prompt", "", conversation.system_prompt, ""]
+    steps = ToolStepStore(storage).conversation_steps(conversation_id)
     for message in storage.active_path(conversation_id):
-        lines += [f"## {message.role.capitalize()}", "", message.content, ""]
+        lines += [f"## {message.role.capitalize()}", ""]
+        for step in steps.get(message.id or 0, []):
+            server = f" (server {step.server})" if step.server else ""
+            lines += [f"- *Tool {step.tool}{server}: {step.outcome}*"]
+        if message.id in steps:
+            lines += [""]
+        lines += [message.content, ""]
         if meta := _metadata_line(message):
             lines += [f"*{meta}*", ""]
     return "\n".join(lines).rstrip("\n") + "\n"
@@ -90,6 +99,7 @@ def to_json(storage: Storage, conversation_id: int) -> dict[str, Any]:
     if conversation.system_prompt:
         messages.append({"role": "system", "content": conversation.system_prompt})
     messages += [{"role": m.role, "content": m.content} for m in storage.active_path(conversation_id)]
+    steps = ToolStepStore(storage).conversation_steps(conversation_id)
     tree = [
         {
             "id": m.id,
@@ -99,6 +109,7 @@ def to_json(storage: Storage, conversation_id: int) -> dict[str, Any]:
             "created_at": m.created_at,
             "is_complete": m.is_complete,
             "metadata": _message_meta(m),
+            **({"tool_steps": steps_to_json(steps[m.id])} if m.id in steps else {}),
         }
         for m in storage.messages(conversation_id)
     ]
@@ -241,6 +252,16 @@ def _nodes_from_openai(messages: list[Any]) -> tuple[str | None, list[MessageNod
     return ("\n\n".join(system_parts) or None), nodes
 
 
+def _tool_steps(tree: object) -> dict[object, list[ToolStepRecord]]:
+    """The tool steps of ``hearth.tree``'s messages, by message id (the tree itself is checked by
+    :func:`_nodes_from_tree`)."""
+    steps = {}
+    for index, entry in enumerate(tree if isinstance(tree, list) else []):
+        if isinstance(entry, dict) and entry.get("tool_steps") is not None:
+            steps[entry.get("id")] = steps_from_json(entry["tool_steps"], f"hearth.tree[{index}].tool_steps")
+    return steps
+
+
 def _nodes_from_tree(tree: object) -> list[MessageNode]:
     """Read the ``hearth.tree`` list and order it so that every parent precedes its children.
 
@@ -312,6 +333,7 @@ def from_json(storage: Storage, data: object) -> Conversation:
     hearth = _expect(root.get("hearth"), dict, "hearth", optional=True)
     if hearth is None:
         system_prompt, nodes = _nodes_from_openai(messages)
+        steps: dict[object, list[ToolStepRecord]] = {}
         title, created_at, sampling, active_key = DEFAULT_TITLE, None, {}, (nodes[-1].key if nodes else None)
         reply_format, schema = None, None
     else:
@@ -334,6 +356,7 @@ def from_json(storage: Storage, data: object) -> Conversation:
                                optional=True)
         schema = _expect(raw_format.get("json_schema"), dict, "hearth.reply_format.json_schema", optional=True)
         nodes = _nodes_from_tree(hearth.get("tree", []))
+        steps = _tool_steps(hearth.get("tree", []))
         active_key = _expect(hearth.get("active_leaf_id"), (int, str), "hearth.active_leaf_id", optional=True)
         if active_key is not None and active_key not in {n.key for n in nodes}:
             raise ValueError(f"hearth.active_leaf_id {_short(active_key)} is not in hearth.tree")
@@ -346,7 +369,13 @@ def from_json(storage: Storage, data: object) -> Conversation:
             storage.set_model(conversation.id, sampling["model"])
         if reply_format is not None or schema is not None:
             storage.set_reply_format(conversation.id, reply_format, None if schema is None else json.dumps(schema))
-        return storage.add_message_tree(conversation.id, nodes, active_key)
+        conversation = storage.add_message_tree(conversation.id, nodes, active_key)
+        if steps:  # the tree's messages were given ids in the order of nodes
+            store = ToolStepStore(storage)
+            for node, message in zip(nodes, storage.messages(conversation.id), strict=True):
+                if node.key in steps:
+                    store.add_all(message.id or 0, steps[node.key])
+        return conversation
 
 
 def import_file(storage: Storage, path: Path) -> Conversation:

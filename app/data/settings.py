@@ -24,6 +24,9 @@ DEFAULT_GENERATION: dict[str, Any] = {"temperature": 0.7, "top_p": 0.95, "max_to
                                       "repetition_penalty": 1.0}
 #: The "Serve on localhost" port until the user picks another.
 DEFAULT_SERVER_PORT = 8000
+#: How many replies with tool calls one answer may take, and how long one tool call may run (Settings → Tools).
+DEFAULT_TOOL_STEPS, MIN_TOOL_STEPS, MAX_TOOL_STEPS = 8, 1, 50
+DEFAULT_TOOL_TIMEOUT_S, MIN_TOOL_TIMEOUT_S, MAX_TOOL_TIMEOUT_S = 30, 1, 3600
 
 
 class Settings:
@@ -181,6 +184,33 @@ class Settings:
     @server_port.setter
     def server_port(self, value: int) -> None:
         self._qsettings.setValue("server/port", int(value))
+
+    # -- tools ------------------------------------------------------------------------------------
+
+    @property
+    def tool_max_steps(self) -> int:
+        """How many replies with tool calls one answer may take before the tool loop stops."""
+        value = self._int("tools/max_steps", DEFAULT_TOOL_STEPS)
+        return value if MIN_TOOL_STEPS <= value <= MAX_TOOL_STEPS else DEFAULT_TOOL_STEPS
+
+    @tool_max_steps.setter
+    def tool_max_steps(self, value: int) -> None:
+        if not MIN_TOOL_STEPS <= value <= MAX_TOOL_STEPS:
+            raise ValueError(f"the step limit must be in {MIN_TOOL_STEPS}..{MAX_TOOL_STEPS}, got {value}")
+        self._qsettings.setValue("tools/max_steps", int(value))
+
+    @property
+    def tool_call_timeout_s(self) -> int:
+        """How many seconds one tool call may run before it is abandoned (and the model told so)."""
+        value = self._int("tools/call_timeout_s", DEFAULT_TOOL_TIMEOUT_S)
+        return value if MIN_TOOL_TIMEOUT_S <= value <= MAX_TOOL_TIMEOUT_S else DEFAULT_TOOL_TIMEOUT_S
+
+    @tool_call_timeout_s.setter
+    def tool_call_timeout_s(self, value: int) -> None:
+        if not MIN_TOOL_TIMEOUT_S <= value <= MAX_TOOL_TIMEOUT_S:
+            raise ValueError(f"the tool call timeout must be in {MIN_TOOL_TIMEOUT_S}..{MAX_TOOL_TIMEOUT_S} s, "
+                             f"got {value}")
+        self._qsettings.setValue("tools/call_timeout_s", int(value))
 
     # -- window -----------------------------------------------------------------------------------
 

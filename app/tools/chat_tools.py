@@ -6,20 +6,28 @@ No widgets but the Tools button it fills (:class:`~app.tools.tools_button.ToolsB
   a chat first needs it and made again when the file changed (Settings → Tools (MCP) edits it); a server starts
   when the first chat that uses it is shown or sends (``EngineBridge.measure_tools`` and the tools reply's thread
   start it, never the GUI thread);
-* each chat's choice (:mod:`app.data.tool_steps`): tools on or off, and the servers turned off for it;
+* each chat's choice (:mod:`app.data.tool_steps`): tools on or off, and the servers and single tools turned off
+  for it (the button's menu lists each server's tools, checkable);
 * what the chat's tools cost: their count and their definitions' prompt tokens, measured with the loaded model's
-  chat template (``tools_measured``), shown on the button;
+  chat template (``tools_measured``), shown on the button; a tool turned off is neither counted nor offered;
+* the step limit and the tool-call timeout of Settings → Tools (MCP) (``settings.ini``), read as each reply
+  starts;
 * one :class:`~app.tools.approval_dialog.GuiApprover` per chat, so that stopping one chat's reply denies only its
   own open question.
 
 :meth:`spec_for` is the :class:`~app.chat.reply_controller.ReplyController`'s ``tool_spec``: it gives a chat that
 uses tools the spec its reply runs with (``EngineBridge.submit_tools``); :meth:`steps_for` gives the transcript a
 reply's stored steps.
+
+The MCP SDK is never imported on the GUI thread: the spec carries :meth:`ChatTools.host`, which the measuring and
+reply threads call, and the first call makes the host (and loads the SDK).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +36,7 @@ from PySide6.QtWidgets import QWidget
 
 from app import log
 from app.data.conversations import Message
+from app.data.settings import Settings
 from app.data.storage import Storage
 from app.data.tool_steps import ToolsChoice, ToolStepRecord, ToolStepStore
 from app.tools.approval_dialog import GuiApprover
@@ -66,17 +75,22 @@ class ChatTools(QObject):
         super().__init__(window)
         self.path = Path(data_dir) / FILE_NAME
         self.approvals = ApprovalStore(Path(data_dir) / APPROVALS_FILE)
+        self.settings = Settings(Path(data_dir))  # the same file as the window's: changes show at once
         self._bridge = bridge  # the window is parent(): a reference of our own would keep a deleted one's wrapper
         self._store = ToolStepStore(storage)
         self._host: McpHost | None = None
         self._host_key: tuple[int, int] | None = None
+        self._host_lock = threading.Lock()  # host() runs on worker threads
+        self._closed = False
         self._approvers: dict[int, GuiApprover] = {}
         self._measures: dict[int, ToolsMeasure] = {}
+        self._offered: dict[int, tuple[tuple[str, str], ...]] = {}  # kept while a chat's tools are measured again
         self._closing: list[threading.Thread] = []
         self._current: int | None = None
         self.button = ToolsButton()
         self.button.enabled_toggled.connect(self._on_enabled_toggled)
         self.button.server_toggled.connect(self._on_server_toggled)
+        self.button.tool_toggled.connect(self._on_tool_toggled)
         self.button.menu_opening.connect(self._refresh)
         bridge.signals.tools_measured.connect(self._on_measured)
         bridge.signals.model_loaded.connect(self._on_model_loaded)
@@ -147,8 +161,8 @@ class ChatTools(QObject):
         measure = self._measures.get(conversation_id)
         if measure is None:
             return "Tools: starting…", "Starting this chat's MCP servers…"
-        count = len(measure.tools)
-        tools = f"{count} tool{'' if count == 1 else 's'}"
+        count, offered = len(measure.tools), len(measure.offered)
+        tools = f"{count} tool{'' if count == 1 else 's'}" if count == offered else f"{count} of {offered} tools"
         problems = "".join(f"\nNot available: {p}" for p in measure.problems)
         if measure.prompt_tokens is None:
             return tools, f"{tools} in this chat (load a model to count their prompt tokens).{problems}"
@@ -170,7 +184,11 @@ class ChatTools(QObject):
             approver = GuiApprover(self.approvals, window if isinstance(window, QWidget) else None)
             self._approvers[conversation_id] = approver
             approver.asked.connect(self.asked)
-        return ToolRunSpec(self.host(), servers, approver, self.approvals, approver.deny_all)
+        choice = self.choice(conversation_id)
+        return ToolRunSpec(self.host, servers, approver, self.approvals, approver.deny_all,
+                           max_steps=self.settings.tool_max_steps,
+                           call_timeout_s=float(self.settings.tool_call_timeout_s),
+                           tools_off=frozenset(p for p in choice.tools_off if p[0] in servers))
 
     def steps_for(self, message: Message) -> list[ToolStepRecord]:
         """A reply's stored tool steps ([] for a message never stored, or once the window closed the database: a
@@ -180,7 +198,8 @@ class ChatTools(QObject):
         return self._store.steps(message.id)
 
     def host(self) -> McpHost:
-        """The shared host over ``mcp.json`` as it is now (a new one when the file changed)."""
+        """The shared host over ``mcp.json`` as it is now (a new one when the file changed). Called on worker
+        threads (the first call loads the MCP SDK); raises RuntimeError once :meth:`close` ran."""
         from engine.mcp.host import McpHost  # the MCP SDK loads with the first chat that uses tools
 
         try:
@@ -188,17 +207,22 @@ class ChatTools(QObject):
             key: tuple[int, int] | None = (stat.st_mtime_ns, stat.st_size)
         except OSError:
             key = None
-        if self._host is None or key != self._host_key:
-            self._close_host()
-            self._host, self._host_key = McpHost(self.config()), key
-        return self._host
+        with self._host_lock:
+            if self._closed:
+                raise RuntimeError("the window closed")
+            if self._host is None or key != self._host_key:
+                self._close_host()
+                self._host, self._host_key = McpHost(self.config()), key
+            return self._host
 
     def close(self, timeout_s: float = 10.0) -> bool:
         """Deny every open question and stop the host's servers; whether they stopped within ``timeout_s``."""
         for approver in self._approvers.values():
             approver.deny_all()
         self._approvers.clear()
-        self._close_host()
+        with self._host_lock:
+            self._closed = True
+            self._close_host()
         for thread in self._closing:
             thread.join(timeout_s)
         return not any(t.is_alive() for t in self._closing)
@@ -218,25 +242,38 @@ class ChatTools(QObject):
             return
         choice = self.choice(self._current)
         servers = [(n, n not in choice.servers_off) for n in self.server_names()]
-        self.button.show_state(choice.enabled, servers, *self.summary(self._current))
+        tools: dict[str, list[tuple[str, bool]]] = {}
+        for server, tool in self._offered.get(self._current, ()):
+            tools.setdefault(server, []).append((tool, (server, tool) not in choice.tools_off))
+        self.button.show_state(choice.enabled, servers, *self.summary(self._current), tools=tools)
+
+    def _change_later(self, change: Callable[[ToolsChoice], ToolsChoice]) -> None:
+        """Apply ``change`` to the shown chat's choice once the menu's signal returned: the action that emitted it
+        goes when the menu is redrawn."""
+        if self._current is not None:
+            cid = self._current
+            QTimer.singleShot(0, self, lambda: self.set_choice(cid, change(self.choice(cid))))
 
     @Slot(bool)
     def _on_enabled_toggled(self, enabled: bool) -> None:
-        if self._current is not None:  # later: the menu's action that emitted this goes when the menu is redrawn
-            cid, choice = self._current, self.choice(self._current)
-            QTimer.singleShot(0, self, lambda: self.set_choice(cid, ToolsChoice(enabled, choice.servers_off)))
+        self._change_later(lambda choice: replace(choice, enabled=enabled))
 
     @Slot(str, bool)
     def _on_server_toggled(self, name: str, on: bool) -> None:
-        if self._current is not None:
-            cid, choice = self._current, self.choice(self._current)
-            off = choice.servers_off - {name} if on else choice.servers_off | {name}
-            QTimer.singleShot(0, self, lambda: self.set_choice(cid, ToolsChoice(choice.enabled, frozenset(off))))
+        self._change_later(lambda choice: replace(
+            choice, servers_off=choice.servers_off - {name} if on else choice.servers_off | {name}))
+
+    @Slot(str, str, bool)
+    def _on_tool_toggled(self, server: str, tool: str, on: bool) -> None:
+        pair = (server, tool)
+        self._change_later(lambda choice: replace(
+            choice, tools_off=choice.tools_off - {pair} if on else choice.tools_off | {pair}))
 
     @Slot(object, object)
     def _on_measured(self, key: object, measure: ToolsMeasure) -> None:
         if isinstance(key, int):
             self._measures[key] = measure
+            self._offered[key] = measure.offered
             self.changed.emit(key)
             if key == self._current:
                 self._refresh()

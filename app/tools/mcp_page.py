@@ -1,7 +1,10 @@
 """The settings dialog's "Tools (MCP)" page: the servers of ``mcp.json`` with their states and tools; add, edit,
 enable or disable, remove, and start one to see its tools. Each change is saved to ``mcp.json`` at once (through
 :class:`~app.tools.mcp_servers.McpServers`), whether the dialog ends with OK or Cancel: it is a list of servers,
-not a choice to confirm. Names, errors and descriptions come from servers: they are shown as plain text."""
+not a choice to confirm. Names, errors and descriptions come from servers: they are shown as plain text.
+
+Under the list, the chats' tool loop: its step limit (replies with tool calls per answer) and each call's timeout,
+saved to ``settings.ini`` at once as well; each reply reads them as it starts."""
 
 from __future__ import annotations
 
@@ -9,17 +12,26 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt, Slot
 from PySide6.QtWidgets import (
+    QFormLayout,
     QHBoxLayout,
     QLabel,
     QMessageBox,
     QPlainTextEdit,
     QPushButton,
+    QSpinBox,
     QTreeWidget,
     QTreeWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
+from app.data.settings import (
+    MAX_TOOL_STEPS,
+    MAX_TOOL_TIMEOUT_S,
+    MIN_TOOL_STEPS,
+    MIN_TOOL_TIMEOUT_S,
+    Settings,
+)
 from app.tools.mcp_servers import McpServers
 from app.tools.server_dialog import ServerDialog
 
@@ -66,11 +78,39 @@ class McpPage(QWidget):
         layout.addWidget(self.tree, 1)
         layout.addWidget(self.detail)
         layout.addLayout(row)
+        layout.addLayout(self._loop_form(Settings(Path(data_dir))))
         self.servers.config_changed.connect(self._on_config_changed)
         self.servers.state_changed.connect(self._on_state_changed)
         self.tree.currentItemChanged.connect(self._on_selection)
         self.tree.itemChanged.connect(self._on_item_changed)
         self._on_config_changed()
+
+    def _loop_form(self, settings: Settings) -> QFormLayout:
+        """The step limit and the call timeout, each saved as it changes."""
+        self.settings = settings
+        self.steps_spin = QSpinBox()
+        self.steps_spin.setObjectName("toolStepsSpin")
+        self.steps_spin.setRange(MIN_TOOL_STEPS, MAX_TOOL_STEPS)
+        self.steps_spin.setValue(settings.tool_max_steps)
+        self.steps_spin.setToolTip("How many replies with tool calls one answer may take; then the loop stops")
+        self.timeout_spin = QSpinBox()
+        self.timeout_spin.setObjectName("toolTimeoutSpin")
+        self.timeout_spin.setRange(MIN_TOOL_TIMEOUT_S, MAX_TOOL_TIMEOUT_S)
+        self.timeout_spin.setSuffix(" s")
+        self.timeout_spin.setValue(settings.tool_call_timeout_s)
+        self.timeout_spin.setToolTip("A tool that has not answered by then is abandoned, and the model is told so")
+        self.steps_spin.valueChanged.connect(self._on_limits_changed)
+        self.timeout_spin.valueChanged.connect(self._on_limits_changed)
+        form = QFormLayout()
+        form.addRow("Tool steps per answer", self.steps_spin)
+        form.addRow("Tool call timeout", self.timeout_spin)
+        return form
+
+    @Slot()
+    def _on_limits_changed(self) -> None:
+        self.settings.tool_max_steps = self.steps_spin.value()
+        self.settings.tool_call_timeout_s = self.timeout_spin.value()
+        self.settings.sync()
 
     # --- reading the list ------------------------------------------------------------------------------------------
     def item(self, name: str) -> QTreeWidgetItem | None:

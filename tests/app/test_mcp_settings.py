@@ -192,3 +192,24 @@ def test_gui_approver_asks_from_a_worker_thread(qtbot: Any, tmp_path: Path) -> N
     approver.deny_all()  # the chat stopped: the worker is not left waiting
     thread.join(5)
     assert not thread.is_alive() and answers[-1] is Decision.DENY
+
+
+def test_the_tool_loop_limits_are_saved_checked_and_shown(qtbot: Any, tmp_path: Path) -> None:
+    settings = Settings(tmp_path)
+    assert (settings.tool_max_steps, settings.tool_call_timeout_s) == (8, 30)  # the defaults
+    for name, bad in (("tool_max_steps", 0), ("tool_max_steps", 51), ("tool_call_timeout_s", 0)):
+        with pytest.raises(ValueError, match="must be in"):
+            setattr(settings, name, bad)
+    page = McpPage(tmp_path)
+    qtbot.add_widget(page)
+    assert (page.steps_spin.value(), page.timeout_spin.value()) == (8, 30)
+    page.steps_spin.setValue(3)
+    page.timeout_spin.setValue(90)
+    page.close_servers()
+    assert "call_timeout_s=90" in (tmp_path / "settings.ini").read_text()  # saved at once, no OK needed
+    reopened = McpPage(tmp_path)
+    qtbot.add_widget(reopened)
+    assert (reopened.steps_spin.value(), reopened.timeout_spin.value()) == (3, 90)
+    reopened.close_servers()
+    (tmp_path / "settings.ini").write_text("[tools]\nmax_steps=999\ncall_timeout_s=abc\n")
+    assert (Settings(tmp_path).tool_max_steps, Settings(tmp_path).tool_call_timeout_s) == (8, 30)  # not trusted

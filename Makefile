@@ -7,6 +7,8 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.hearth-installed
 MODEL_STAMP := $(VENV)/.hearth-default-model
 TORCH_VERSION := 2.13.0
+# the npm MCP servers the tests start (tests/engine/mcp/test_real_servers.py), in the venv's own npm folder
+NPM_MCP_SERVERS := @modelcontextprotocol/server-filesystem@2026.8.31 @modelcontextprotocol/server-everything@2026.8.31
 
 .PHONY: help
 help: ## list targets
@@ -30,6 +32,14 @@ $(MODEL_STAMP): packaging/default-model.txt | $(STAMP)
 .PHONY: install
 install: $(STAMP) $(MODEL_STAMP) ## create .venv, install the project and the default model, build the native step
 	$(PY) -m engine.default_model
+	@# the npm MCP servers, once per version list; without npm or node this says which is missing (their tests skip)
+	@if ! command -v npm >/dev/null; then \
+	  echo "npm MCP test servers: not installed, npm is not on PATH (install node and npm, then make install)"; \
+	elif [ "$$(cat $(VENV)/npm/.hearth-servers 2>/dev/null)" != "$(NPM_MCP_SERVERS)" ]; then \
+	  npm install --prefix $(VENV)/npm --no-audit --no-fund --save-exact --loglevel=error $(NPM_MCP_SERVERS) \
+	    && echo "$(NPM_MCP_SERVERS)" > $(VENV)/npm/.hearth-servers; \
+	fi
+	@command -v node >/dev/null || echo "npm MCP test servers: node is not on PATH, so their tests skip"
 	@# the native decode step and VNNI kernels, once per machine (~12 s), so the first start runs at full speed;
 	@# without a C++ compiler this prints why and the engine runs eager
 	@# every warning an error here (a user's own first-start build only warns); a failed build fails the install

@@ -4,7 +4,9 @@ PyPI ``mcp`` SDK.
 The SDK is asyncio; callers are plain threads (the app's Qt pool, the tool loop). So the host runs one event
 loop on a daemon thread of its own, and every public method is thread-safe and returns at once with a
 ``concurrent.futures.Future``. Nothing waits forever: starting has a timeout, each call has one (30 s unless
-set), and a call's future resolves to a :class:`ToolResult`, an error result when the call failed.
+set), and a call's future resolves to a :class:`ToolResult`, an error result when the call failed. A call that
+times out is cancelled at the server too (``notifications/cancelled``), so its work stops where the server allows;
+a caller that passes ``on_progress`` gets the server's progress notifications for that call.
 
 Each server runs as one task that owns its session (the SDK's context managers must be entered and left in one
 task). Its state is ``stopped``, ``starting``, ``ready`` or ``failed`` (with the error and stderr's last lines).
@@ -22,7 +24,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal, Self, TextIO, TypeVar
@@ -40,6 +42,10 @@ State = Literal["stopped", "starting", "ready", "failed"]
 #: a result's text past this is cut (a tool that returns megabytes would fill any context)
 MAX_RESULT_CHARS = 100_000
 STDERR_LINES = 20
+#: how much longer than the start timeout a caller waits, so the attempt's own verdict (with stderr) comes first
+START_GRACE_S = 3.0
+#: a call's progress as the server reports it: progress so far, the total when known, a message ("" when none)
+OnProgress = Callable[[float, float | None, str], None]
 
 
 @dataclass(frozen=True)
@@ -131,10 +137,12 @@ class McpHost:
             return (await self._ensure(self._server(name))).tools
         return self._run(tools())
 
-    def call_tool(self, server: str, tool: str, arguments: dict[str, Any],
-                  timeout_s: float | None = None) -> concurrent.futures.Future[ToolResult]:
-        """Call ``tool`` of ``server``; the future always resolves, within the timeout, to a :class:`ToolResult`."""
-        return self._run(self._call(self._server(server), tool, arguments, timeout_s or self.call_timeout_s))
+    def call_tool(self, server: str, tool: str, arguments: dict[str, Any], timeout_s: float | None = None,
+                  on_progress: OnProgress | None = None) -> concurrent.futures.Future[ToolResult]:
+        """Call ``tool`` of ``server``; the future always resolves, within the timeout, to a :class:`ToolResult`.
+        ``on_progress`` runs on the host's thread for each progress notification of the call: keep it short."""
+        return self._run(self._call(self._server(server), tool, arguments, timeout_s or self.call_timeout_s,
+                                    on_progress))
 
     def restart(self, name: str) -> concurrent.futures.Future[ServerStatus]:
         """Stop ``name`` and start it again, whatever its state (the failure count starts over)."""
@@ -185,7 +193,7 @@ class McpHost:
         if server.state != "ready" or server.dead.is_set():  # starting, or waiting to restart: the next attempt
             # decides
             waiter = asyncio.create_task(server.settled.wait())
-            await asyncio.wait([waiter, server.task], timeout=self.start_timeout_s,
+            await asyncio.wait([waiter, server.task], timeout=self.start_timeout_s + START_GRACE_S,
                                return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
         if server.state != "ready" and not server.error:
@@ -226,8 +234,15 @@ class McpHost:
             async with contextlib.AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport(server.config, errlog, stack))
                 session = await stack.enter_async_context(ClientSession(read, write))
-                await asyncio.wait_for(session.initialize(), self.start_timeout_s)
-                listed = await asyncio.wait_for(session.list_tools(), self.start_timeout_s)
+                try:
+                    await asyncio.wait_for(session.initialize(), self.start_timeout_s)
+                    listed = await asyncio.wait_for(session.list_tools(), self.start_timeout_s)
+                except TimeoutError:  # failed now: nobody waits for the hung process to be ended
+                    server.error = (f"the server did not answer the MCP handshake within "
+                                    f"{self.start_timeout_s:g} s")
+                    server.state, server.stderr_tail = "failed", _tail(errlog)
+                    self._settle(server)
+                    raise
                 server.tools = tuple(ToolInfo(server.config.name, t.name, t.description or "", dict(t.inputSchema))
                                      for t in listed.tools)
                 server.session, server.state = session, "ready"
@@ -296,7 +311,8 @@ class McpHost:
     async def _stop_all(self) -> None:
         await asyncio.gather(*(self._stop(s) for s in self._servers.values()), return_exceptions=True)
 
-    async def _call(self, server: _Server, tool: str, arguments: dict[str, Any], timeout_s: float) -> ToolResult:
+    async def _call(self, server: _Server, tool: str, arguments: dict[str, Any], timeout_s: float,
+                    on_progress: OnProgress | None = None) -> ToolResult:
         name = server.config.name
         status = await self._ensure(server)
         if server.session is None or status.state != "ready" or server.dead.is_set():
@@ -307,22 +323,55 @@ class McpHost:
         if tool not in {t.name for t in server.tools}:
             return ToolResult(f"The MCP server {name!r} has no tool named {tool!r}.", is_error=True)
         session = server.session
+        progress = _progress_callback(on_progress, name, tool)
+        sent: list[int] = []
+
+        async def send() -> types.CallToolResult:
+            # the id the SDK gives this request: it takes the session's next id before its first await
+            sent.append(getattr(session, "_request_id", -1))
+            return await session.call_tool(tool, arguments, read_timeout_seconds=timedelta(seconds=timeout_s),
+                                           progress_callback=progress)
+
+        abandoned = ToolResult(f"The tool {tool!r} of {name!r} did not answer within {timeout_s:g} s; "
+                               "the call was abandoned.", is_error=True)
         try:
-            result = await asyncio.wait_for(
-                session.call_tool(tool, arguments, read_timeout_seconds=timedelta(seconds=timeout_s)), timeout_s)
+            result = await asyncio.wait_for(send(), timeout_s)
         except TimeoutError:
-            return ToolResult(f"The tool {tool!r} of {name!r} did not answer within {timeout_s:g} s; "
-                              "the call was abandoned.", is_error=True)
+            await _cancel(session, sent, timeout_s)
+            return abandoned
         except Exception as exc:  # noqa: BLE001 -- every failure goes back to the model as a result
             text = _describe(exc)
             if "timed out" in text.lower():
-                return ToolResult(f"The tool {tool!r} of {name!r} did not answer within {timeout_s:g} s; "
-                                  "the call was abandoned.", is_error=True)
+                await _cancel(session, sent, timeout_s)
+                return abandoned
             if server.session is session and _lost(exc):
                 server.error = f"the connection was lost during a call to {tool!r} ({text})"
                 server.dead.set()
             return ToolResult(f"The call to {tool!r} of {name!r} failed: {text}", is_error=True)
         return _result(result)
+
+
+def _progress_callback(on_progress: OnProgress | None, server: str, tool: str) -> Any:
+    """``on_progress`` as the SDK's async progress callback (None when there is none: no token is then sent)."""
+    if on_progress is None:
+        return None
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        try:
+            on_progress(done, total, message or "")
+        except Exception:  # a caller's display error must not end the call
+            log.exception("the progress callback of %s/%s failed", server, tool)
+    return progress
+
+
+async def _cancel(session: ClientSession, sent: list[int], timeout_s: float) -> None:
+    """Tell the server that the request in ``sent`` (when it went out) was abandoned, so it may stop working."""
+    if not sent or sent[0] < 0:
+        return
+    note = types.CancelledNotification(params=types.CancelledNotificationParams(
+        requestId=sent[0], reason=f"no answer within {timeout_s:g} s"))
+    with contextlib.suppress(Exception):  # a server that is gone cannot be told
+        await asyncio.wait_for(session.send_notification(types.ClientNotification(note)), 5.0)
 
 
 def _result(result: types.CallToolResult) -> ToolResult:

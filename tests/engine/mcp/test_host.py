@@ -8,11 +8,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from engine.mcp.config import parse_config
+from engine.mcp.config import McpConfig, parse_config
 from engine.mcp.host import MAX_RESULT_CHARS, McpHost
 from tests.engine.mcp.conftest import SERVER, server_config
 
@@ -104,3 +105,69 @@ def test_a_streamable_http_server(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+UNRULY = Path(__file__).with_name("unruly_server.py")
+
+
+def unruly_config(*args: str) -> McpConfig:
+    return parse_config({"mcpServers": {"u": {"command": sys.executable, "args": [str(UNRULY), *args]}}})
+
+
+@pytest.fixture(scope="module")
+def unruly() -> Iterator[McpHost]:
+    with McpHost(unruly_config(), call_timeout_s=20, start_timeout_s=60) as h:
+        yield h
+
+
+def test_a_5_mb_result_comes_back_cut_and_the_server_goes_on(unruly: McpHost) -> None:
+    result = unruly.call_tool("u", "big", {"chars": 5_000_000}).result(60)
+    assert not result.is_error and result.text.startswith("x" * 1000)
+    assert len(result.text) < MAX_RESULT_CHARS + 100 and "the result had 5000000 characters" in result.text
+    assert unruly.call_tool("u", "count", {"steps": 1}).result(30).text == "counted to 1"
+
+
+def test_the_servers_progress_reaches_the_caller(unruly: McpHost) -> None:
+    seen: list[tuple[float, float | None, str]] = []
+    result = unruly.call_tool("u", "count", {"steps": 3}, on_progress=lambda *p: seen.append(p)).result(30)
+    assert result.text == "counted to 3"
+    assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
+
+    def broken(*progress: object) -> None:
+        raise RuntimeError("a display that fails")
+    # a progress callback that raises does not fail the call
+    assert unruly.call_tool("u", "count", {"steps": 2}, on_progress=broken).result(30).text == "counted to 2"
+
+
+def test_a_call_that_times_out_is_cancelled_at_the_server(unruly: McpHost, tmp_path: Path) -> None:
+    marker = tmp_path / "cancelled"
+    result = unruly.call_tool("u", "wait", {"seconds": 60, "marker": str(marker)}, timeout_s=0.5).result(30)
+    assert result.is_error and "did not answer within 0.5 s" in result.text
+    deadline = time.monotonic() + 20
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.read_text() == "cancelled"  # the server was told, and stopped the work
+    assert unruly.call_tool("u", "count", {"steps": 1}).result(30).text == "counted to 1"
+
+
+def test_a_server_that_hangs_mid_session_is_restarted() -> None:
+    with McpHost(unruly_config(), start_timeout_s=60, backoff_s=0.2, ping_interval_s=0.5) as host:
+        assert host.call_tool("u", "count", {"steps": 1}).result(60).text == "counted to 1"
+        hung = host.call_tool("u", "hang", {"seconds": 120}, timeout_s=1).result(30)
+        assert hung.is_error and "did not answer within 1 s" in hung.text
+        deadline = time.monotonic() + 60  # the next ping goes unanswered: the process is ended and started again
+        while host.status("u")[0].restarts < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert host.status("u")[0].restarts >= 1
+        assert host.call_tool("u", "count", {"steps": 1}).result(60).text == "counted to 1"
+        assert host.status("u")[0].state == "ready"
+
+
+def test_a_server_that_hangs_at_start_fails_in_time_and_blocks_nothing() -> None:
+    with McpHost(unruly_config("--hang-at-start"), start_timeout_s=2, max_restarts=0) as host:
+        began = time.monotonic()
+        status = host.start("u").result(30)
+        assert status.state == "failed" and "handshake within 2 s" in status.error, status
+        result = host.call_tool("u", "count", {"steps": 1}).result(30)
+        assert result.is_error and "not running" in result.text
+        assert time.monotonic() - began < 15

@@ -83,6 +83,7 @@ screenshots: install ## retake resources/screenshots/ with the real model (needs
 	  PYTHONPATH=. xvfb-run -a -s "-screen 0 $${size}x24" $(PY) packaging/screenshots.py window --size $$size \
 	    --theme $$theme || exit 1; done; done
 	PYTHONPATH=. xvfb-run -a -s "-screen 0 1600x1300x24" $(PY) packaging/screenshots.py monitor
+	PYTHONPATH=. xvfb-run -a -s "-screen 0 1366x768x24" $(PY) packaging/screenshots.py tools
 
 .PHONY: clean
 clean: ## remove the venv and caches

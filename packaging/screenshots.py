@@ -6,10 +6,15 @@ package: pip's ``packaging`` owns the name)::
     PYTHONPATH=. xvfb-run -a -s "-screen 0 1600x1200x24" .venv/bin/python packaging/screenshots.py monitor
     PYTHONPATH=. xvfb-run -a -s "-screen 0 1366x768x24" .venv/bin/python packaging/screenshots.py window \
         --size 1366x768 --theme dark
+    PYTHONPATH=. xvfb-run -a -s "-screen 0 1366x768x24" .venv/bin/python packaging/screenshots.py tools
 
 ``monitor``: the monitor pane while four replies stream at once (monitor.png).
 ``window``: the whole window after a real answer to a question, plus a code question, at ``--size`` (run it on a
 screen that size, as ``make screenshots`` does) in the ``--theme``: main-WxH.png for light, dark-WxH.png for dark.
+``tools``: a chat with tools over PyPI's ``mcp-server-time``, at ``--size``: tool-steps.png, a reply with its two
+calls folded under it, and tool-approval.png, the approval dialog a call opens. The calls' results come from the
+real server through the MCP host and are stored as the tool loop stores them; the reply's sentence is written from
+them (no model is loaded). The dialog is opened by the chat's own approver from a worker thread, as a reply does.
 The PNGs are written at zlib's highest compression.
 """
 
@@ -131,22 +136,128 @@ def main_window(out: Path, size: tuple[int, int] = (1500, 950), theme: str = "sy
         raise SystemExit(1)
 
 
+TOOLS_QUESTION = "What time is it in Tokyo and in Paris?"
+TIMEZONES = ("Asia/Tokyo", "Europe/Paris")
+
+
+def _time_server() -> dict[str, object]:
+    """``mcp.json``'s entry for PyPI's ``mcp-server-time``, run by this interpreter."""
+    return {"command": sys.executable, "args": ["-m", "mcp_server_time"]}
+
+
+def _stored_time_chat(data_dir: Path) -> int:
+    """A chat that asked the time in two cities, with the server's real answers stored as the reply's steps."""
+    import json
+    from datetime import datetime, timedelta
+
+    from app.data.storage import Storage
+    from app.data.tool_steps import ToolsChoice, ToolStepRecord, ToolStepStore
+    from engine.mcp.config import parse_config
+    from engine.mcp.host import McpHost
+
+    steps, times = [], []
+    with McpHost(parse_config({"mcpServers": {"time": _time_server()}}), start_timeout_s=60) as host:
+        for zone in TIMEZONES:
+            arguments = {"timezone": zone}
+            result = host.call_tool("time", "get_current_time", arguments).result(90)
+            if result.is_error:
+                raise SystemExit(f"mcp-server-time failed: {result.text}")
+            steps.append(ToolStepRecord("time", "get_current_time", json.dumps(arguments), "ok", result.text))
+            times.append(datetime.fromisoformat(json.loads(result.text)["datetime"]))
+    tokyo, paris = times
+    ahead = ((tokyo.utcoffset() or timedelta()) - (paris.utcoffset() or timedelta())) // timedelta(hours=1)
+    answer = (f"It is **{tokyo:%H:%M}** in Tokyo and **{paris:%H:%M}** in Paris: Tokyo is {ahead} hours ahead.")
+    with Storage(data_dir / "hearth.db") as storage:
+        conversation = storage.create_conversation("Time in Tokyo and Paris")
+        question = storage.add_message(conversation.id, "user", TOOLS_QUESTION)
+        reply = storage.add_message(conversation.id, "assistant", answer, question.id)
+        store = ToolStepStore(storage)
+        store.add_all(reply.id or 0, steps)
+        store.set_choice(conversation.id, ToolsChoice(enabled=True))
+        return conversation.id
+
+
+def tools(out_dir: Path, size: tuple[int, int], theme: str) -> None:
+    """Grab the chat with tool steps, then the approval dialog over it."""
+    import json
+    import tempfile
+    import threading
+
+    from PySide6.QtCore import QPoint
+    from PySide6.QtGui import QColor, QGuiApplication, QPainter, QPen, QPixmap
+
+    import app as hearth
+    from app.data.settings import Settings
+    from app.tools.approval_dialog import ApprovalDialog
+    from engine.mcp.approvals import ApprovalRequest
+
+    qapp = QApplication.instance() or QApplication(sys.argv)
+    data_dir = Path(tempfile.mkdtemp(prefix="hearth-shot-"))
+    (data_dir / "mcp.json").write_text(json.dumps({"mcpServers": {"time": _time_server()}}))
+    conversation_id = _stored_time_chat(data_dir)
+    settings = Settings(data_dir)
+    settings.theme = theme
+    settings.sync()
+    win = hearth.create_window(data_dir=data_dir)
+    win.resize(*size)
+    win.show()
+    win.chat_pane.select_conversation(conversation_id)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+
+    def save(image: QPixmap, name: str) -> None:
+        path = out_dir / name
+        image.save(str(path), "PNG", PNG_QUALITY)
+        print(f"saved {path} ({path.stat().st_size // 1024} KiB)")
+
+    def grab_steps() -> None:  # once the chat's server is up: the button shows its tools
+        if "2 tools" not in win.tools.button.text() and time.monotonic() - started < 90:
+            QTimer.singleShot(200, grab_steps)
+            return
+        save(win.chat_pane.grab(), "tool-steps.png")
+        spec = win.tools.spec_for(conversation_id)
+        if spec is None:
+            raise SystemExit("the chat has no tools")
+        request = ApprovalRequest("time", "get_current_time", {"timezone": "Asia/Tokyo"})
+        win.tools.asked.connect(lambda dialog: QTimer.singleShot(800, lambda: grab_dialog(dialog)))
+        threading.Thread(target=spec.approve, args=(request,), name="shot-approve", daemon=True).start()
+
+    def grab_dialog(dialog: ApprovalDialog) -> None:  # the chat with the dialog over it, as the screen shows them
+        pane = win.chat_pane
+        corner = pane.mapToGlobal(QPoint(0, 0))
+        image = QGuiApplication.primaryScreen().grabWindow(0, corner.x(), corner.y(), pane.width(), pane.height())
+        painter = QPainter(image)  # the virtual screen has no window manager to draw the dialog's frame
+        painter.setPen(QPen(QColor("#555555"), 2))
+        painter.drawRect(dialog.frameGeometry().translated(-corner.x(), -corner.y()).adjusted(-1, -1, 0, 0))
+        painter.end()
+        save(image, "tool-approval.png")
+        dialog.reject()  # denied: nothing runs
+        win.close()
+        qapp.exit(0)
+
+    QTimer.singleShot(1000, grab_steps)
+    if qapp.exec():
+        raise SystemExit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="packaging/screenshots.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("shot", choices=["monitor", "window"])
+    parser.add_argument("shot", choices=["monitor", "window", "tools"])
     parser.add_argument("--size", default="1366x768", help="the window's size, WIDTHxHEIGHT (window)")
     parser.add_argument("--theme", choices=["light", "dark"], default="light", help="the theme (window)")
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
     parser.add_argument("--idle", type=float, default=6.0, help="seconds of idle graph before the replies")
     parser.add_argument("--stream", type=float, default=14.0, help="seconds of streaming before the grab")
     args = parser.parse_args(argv)
+    width, _, height = args.size.partition("x")
+    if args.shot in ("window", "tools") and not (width.isdigit() and height.isdigit()):
+        parser.error(f"--size takes WIDTHxHEIGHT, such as 1366x768, not {args.size!r}")
     if args.shot == "window":
-        width, _, height = args.size.partition("x")
-        if not (width.isdigit() and height.isdigit()):
-            parser.error(f"--size takes WIDTHxHEIGHT, such as 1366x768, not {args.size!r}")
         name = "main" if args.theme == "light" else "dark"
         main_window(args.out_dir / f"{name}-{args.size}.png", size=(int(width), int(height)), theme=args.theme)
+    elif args.shot == "tools":
+        tools(args.out_dir, (int(width), int(height)), args.theme)
     else:
         monitor(args.out_dir / "monitor.png", args.idle, args.stream)
     return 0

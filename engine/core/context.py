@@ -38,6 +38,8 @@ def fit_messages(
     max_tokens: int,
     count_tokens: Callable[[list[Message]], int],
     policy: str = "truncate_middle",
+    *,
+    context_length: int | None = None,
 ) -> list[Message]:
     """The messages to send so that ``count_tokens(result) <= max_tokens``.
 
@@ -46,6 +48,8 @@ def fit_messages(
         max_tokens: the prompt's token budget (the context length less the room kept for the reply).
         count_tokens: the prompt's length in tokens for a message list (the chat template applied).
         policy: one of :data:`OVERFLOW_POLICIES`.
+        context_length: the context the user chose (prompt and reply), for the error messages: they name it
+            and the part of it kept for the reply, not ``max_tokens`` alone, which is only what is left.
 
     Returns:
         ``messages`` itself (as a new list) when it fits, else a shorter list that does: whole turns are
@@ -63,9 +67,8 @@ def fit_messages(
         return kept
     if policy == "stop":
         raise ContextOverflowError(
-            f"This chat is {total} tokens long, more than the {max_tokens} the model can read with room for the "
-            "reply. Start a new chat, shorten your message, raise the context length, or choose another "
-            "overflow policy."
+            f"This chat is {total} tokens long, {_room(max_tokens, context_length)} Start a new chat, shorten "
+            f"your message, {', '.join(_remedies(max_tokens, context_length))} or choose another overflow policy."
         )
     num_system = 0
     while num_system < len(kept) - 1 and kept[num_system].get("role") == "system":
@@ -90,9 +93,9 @@ def fit_messages(
         if pinned and count_tokens(head + last) <= max_tokens:
             return head + last
         raise ContextOverflowError(
-            f"Even the system prompt and your last message alone are {count_tokens(head + last)} tokens, more "
-            f"than the {max_tokens} the model can read with room for the reply. Shorten the message or raise "
-            "the context length."
+            f"Even the system prompt and your last message alone are {count_tokens(head + last)} tokens, "
+            f"{_room(max_tokens, context_length)} Shorten the message, "
+            f"{' or '.join(_remedies(max_tokens, context_length))}."
         )
     while low < high:
         mid = (low + high) // 2
@@ -101,6 +104,21 @@ def fit_messages(
         else:
             low = mid + 1
     return candidate(low)
+
+
+def _room(max_tokens: int, context_length: int | None) -> str:
+    """Why the chat does not fit, in the user's terms: the context they set and what the reply keeps of it."""
+    if context_length is None or context_length <= max_tokens:
+        return f"more than the {max_tokens} the model can read with room for the reply."
+    return (f"but the context holds {context_length} tokens and {context_length - max_tokens} of them are kept "
+            f"for the reply (its Max tokens, up to half the context), which leaves {max_tokens} for the chat.")
+
+
+def _remedies(max_tokens: int, context_length: int | None) -> list[str]:
+    """What the user can change so that more fits."""
+    if context_length is None or context_length <= max_tokens:
+        return ["raise the context length"]
+    return ["lower Max tokens", f"raise the context length above {context_length} (Model pane, then Load)"]
 
 
 def approximate_tokens(messages: Sequence[Message]) -> int:

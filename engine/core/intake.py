@@ -116,7 +116,8 @@ class Intake:
         """``messages`` cut to fit the context with room for the reply, by ``overflow``'s policy."""
         room = self.room
         budget = room - min(params.max_tokens, room // 2)
-        return cast(Prompt, fit_messages(messages, budget, lambda m: len(self.tokenize(cast(Prompt, m))), overflow))
+        return cast(Prompt, fit_messages(messages, budget, lambda m: len(self.tokenize(cast(Prompt, m))), overflow,
+                                         context_length=room))
 
     # --- the queue -----------------------------------------------------------------------------------------
     def submit(

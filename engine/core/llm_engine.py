@@ -116,15 +116,19 @@ class LLMEngine:
 
         ``on_output(step_output)`` is called on the stepping thread for each output (see ``RequestHandle``).
         ``overflow`` (``engine.core.context.OVERFLOW_POLICIES``) says what to drop from a chat longer than the
-        context; None rejects it.
+        context; None rejects it. The handle's ``num_dropped_messages`` says how many were dropped.
         """
         params = params or SamplingParams()
         if params.n > 1:
             raise ValueError("n > 1 asks for several requests: submit it with submit_n")
+        num_sent = len(prompt)
         if overflow is not None and isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
             prompt = self.fit_context(cast(list[dict[str, str]], prompt), params, overflow)
-        return self.intake.submit(self.tokenize(prompt), [params], priority, [request_id], [on_output],
-                                  self.cancel)[0]
+        handle = self.intake.submit(self.tokenize(prompt), [params], priority, [request_id], [on_output],
+                                    self.cancel)[0]
+        if overflow is not None and isinstance(prompt, list):
+            handle.num_dropped_messages = num_sent - len(prompt)
+        return handle
 
     def fit_context(self, messages: list[dict[str, str]], params: SamplingParams, overflow: str) -> Prompt:
         """``messages`` cut to fit the context with room for the reply, by ``overflow``'s policy."""

@@ -62,6 +62,8 @@ class RequestHandle:
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
+        #: Messages of the chat left out to fit the context (``engine.core.context``); 0 when it was sent whole.
+        self.num_dropped_messages = 0
         self._cancel = cancel
         self._on_output = on_output
         self._queue: queue.Queue[StepOutput] = queue.Queue()

@@ -303,7 +303,7 @@ class ModelPool:
                               sampling_defaults=getattr(llm, "sampling_defaults", None))
         now = self._clock()
         self.loads += 1
-        logger.info("loaded %s in %.1f s (%s)", entry.name, now - start, _gib(memory))
+        logger.info("loaded %s in %.2f s (%s)", entry.name, now - start, _gib(memory))
         return LoadedModel(entry, llm, server, OllamaAPI(server), memory, self.keep_alive_s, now, now)
 
     async def _unload_if_idle(self, model: LoadedModel) -> None:
@@ -314,8 +314,9 @@ class ModelPool:
         if self._loaded.get(model.name) is model:
             del self._loaded[model.name]
             self.unloads += 1
-            logger.info("unloading %s", model.name)
+            start = self._clock()
             await asyncio.to_thread(model.llm.close)
+            logger.info("unloaded %s in %.2f s", model.name, self._clock() - start)
 
     def _start_reaper(self) -> None:
         if self._reaper is None or self._reaper.done():

@@ -8,12 +8,14 @@ loaded at once, so loading, eviction and the 503 of a request that cannot fit al
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +48,9 @@ class Headless:
         return self.log_path.read_text(errors="replace")
 
 
-@pytest.fixture(scope="module")
-def headless(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Iterator[Headless]:
-    root = tmp_path_factory.mktemp("headless")
-    models = root / "models"
-    for family, name in zip(("llama", "qwen2", "mistral"), MODELS, strict=True):
-        build_tiny_model(family, models / name, default_model_dir)
+@contextmanager
+def _serve(root: Path, models: Path, max_loaded: int) -> Iterator[Headless]:
+    """A headless server in a home of its own over ``models``, keeping at most ``max_loaded`` loaded."""
     home, data = root / "home", root / "data"
     home.mkdir()
     port = free_port()
@@ -60,7 +59,7 @@ def headless(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) 
            "XDG_DATA_HOME": str(home / ".local/share"), "OLLAMA_MODELS": str(home / "ollama")}
     env.pop("HEARTH_API_KEY", None)
     args = [sys.executable, "-c", _WRAPPER, "--models-dir", str(models), "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", "float32", "--kv-cache-mb", "8", "--max-loaded-models", "2", "--keep-alive", "10m",
+            "--dtype", "float32", "--kv-cache-mb", "8", "--max-loaded-models", str(max_loaded), "--keep-alive", "10m",
             "--log-level", "info"]
     log_path = root / "server.log"
     with log_path.open("wb") as log_file:
@@ -72,6 +71,16 @@ def headless(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) 
         yield server
     finally:
         stop(process)
+
+
+@pytest.fixture(scope="module")
+def headless(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Iterator[Headless]:
+    root = tmp_path_factory.mktemp("headless")
+    models = root / "models"
+    for family, name in zip(("llama", "qwen2", "mistral"), MODELS, strict=True):
+        build_tiny_model(family, models / name, default_model_dir)
+    with _serve(root, models, max_loaded=2) as server:
+        yield server
 
 
 @pytest.fixture
@@ -134,22 +143,24 @@ def test_an_unknown_model_is_a_404_naming_the_models_there_are(headless: Headles
     assert "no-such-model" in r.json()["error"]["message"] and "tiny-llama" in r.json()["error"]["message"]
 
 
-def _stream(base_url: str, model: str, max_tokens: int, out: dict[str, Any]) -> None:
-    """Stream one chat reply; record when its first token came and how many came."""
+def _stream(base_url: str, model: str, max_tokens: int, out: dict[str, Any], sdk: openai.OpenAI | None = None) -> None:
+    """Stream one chat reply; record when its first token came, how many came, and its text."""
     start = time.monotonic()
-    sdk = openai.OpenAI(base_url=f"{base_url}/v1", api_key="none", timeout=120)
-    count, first, finish = 0, None, None
+    sdk = sdk or openai.OpenAI(base_url=f"{base_url}/v1", api_key="none", timeout=120)
+    count, first, finish, text = 0, None, None, ""
     with sdk.chat.completions.create(model=model, messages=[{"role": "user", "content": "Count"}], stream=True,
                                      max_tokens=max_tokens, temperature=0, extra_body={"ignore_eos": True},
                                      stream_options={"include_usage": True}) as stream:
         for chunk in stream:
-            if chunk.choices and chunk.choices[0].delta.content and first is None:
-                first = time.monotonic() - start
+            if chunk.choices and chunk.choices[0].delta.content:
+                text += chunk.choices[0].delta.content
+                if first is None:
+                    first = time.monotonic() - start
             if chunk.choices and chunk.choices[0].finish_reason:
                 finish = chunk.choices[0].finish_reason
             if chunk.usage is not None:
                 count = chunk.usage.completion_tokens
-    out.update(first=first, count=count, finish=finish)
+    out.update(first=first, count=count, finish=finish, text=text)
 
 
 def test_two_clients_alternating_two_models_get_whole_replies(headless: Headless, client: ollama.Client) -> None:
@@ -168,6 +179,54 @@ def test_two_clients_alternating_two_models_get_whole_replies(headless: Headless
         assert r["finish"] == "length" and r["count"] == 24, r  # no reply cut off
         assert r["first"] is not None
     assert sorted(headless.ps()) == ["tiny-llama", "tiny-mistral"]
+
+
+_LOADED = re.compile(r"\bloaded (\S+) in ([\d.]+) s")
+_UNLOADED = re.compile(r"\bunloaded (\S+) in ([\d.]+) s")
+
+
+def test_two_clients_taking_turns_on_two_models_with_one_loaded_wait_one_swap_at_most(
+    headless: Headless, tmp_path: Path
+) -> None:
+    """Two models asked for in turn by two clients, with one model loaded at a time, so every turn swaps them.
+
+    Each reply is whole (every token it was asked for, the same text after each load), and its first token comes at
+    most one swap later than a reply of a model already loaded: the swap is the server's own account of unloading
+    the other model and loading this one, the margin the slowest first token of a loaded model measured here.
+    The turns do not overlap: with one model at a time, a request for the other one while a reply streams is
+    refused with a 503 (the pool's test below), never served by cutting the running reply off.
+    """
+    tokens, models = 16, ("tiny-llama", "tiny-mistral")
+    with _serve(tmp_path, headless.models_dir, max_loaded=1) as server:
+        log = server.data_dir / "logs" / "server.log"
+        clients = {m: openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", timeout=120) for m in models}
+        # a third model first, so that the server's own first-request work is done and every turn is a swap
+        _stream(server.base_url, "tiny-qwen2", 1, {}, clients[models[0]])
+        swaps: list[dict[str, Any]] = []
+        loaded: list[dict[str, Any]] = []
+        for turn in range(4):
+            model = models[turn % 2]
+            seen = len(log.read_text().splitlines()) if log.exists() else 0
+            swaps.append({"model": model})
+            _stream(server.base_url, model, tokens, swaps[-1], clients[model])
+            lines = log.read_text().splitlines()[seen:]
+            unloads = [(m[1], float(m[2])) for line in lines if (m := _UNLOADED.search(line))]
+            loads = [(m[1], float(m[2])) for line in lines if (m := _LOADED.search(line))]
+            before = models[1 - turn % 2] if turn else "tiny-qwen2"
+            assert [n for n, _ in loads] == [model] and [n for n, _ in unloads] == [before], lines
+            swaps[-1]["swap"] = sum(s for _, s in unloads + loads)
+            for _ in range(2):  # the same model again: no load; the slowest of these is the margin
+                loaded.append({"model": model})
+                _stream(server.base_url, model, tokens, loaded[-1], clients[model])
+        for client in clients.values():
+            client.close()
+    for reply in swaps + loaded:
+        assert reply["finish"] == "length" and reply["count"] == tokens and reply["first"] is not None, reply
+    for model in models:
+        assert len({r["text"] for r in swaps if r["model"] == model}) == 1, swaps  # no reply cut short
+    margin = max(r["first"] for r in loaded)
+    for reply in swaps:
+        assert reply["first"] <= reply["swap"] + margin, ([(r["first"], r["swap"]) for r in swaps], margin)
 
 
 def test_a_stream_whose_client_leaves_gives_its_lease_back(headless: Headless, client: ollama.Client) -> None:

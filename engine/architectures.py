@@ -244,3 +244,84 @@ def execution_path(config: Any) -> ExecutionPath:
     if arch.attention_bias == "config" and _attention_bias(arch, config):
         return "hf"  # the fused decoder has no bias on the output projection
     return "fused"
+
+
+# --- embedding models ------------------------------------------------------------------------------------------
+EmbeddingPath = Literal["encoder", "fused"]
+Pooling = Literal["cls", "mean", "last"]
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingArchitecture:
+    """One type of embedding model: text in, one vector out (the document index's embedders, ``engine/docs``).
+
+    Attributes:
+        path: "encoder": a BERT-family encoder run by ``engine/model/encoder.py`` (bidirectional attention,
+            learned absolute positions, post-norm layers); "fused": the fused Llama-family decoder
+            (``engine/model/llama.py``) over the same weights as the chat models of that type, causal.
+        pooling: how token states become one vector when the folder does not say (sentence-transformers'
+            ``1_Pooling/config.json`` does): "cls" (the first token), "mean" (over the real tokens), "last"
+            (the last real token: decoder embedders).
+        position_offset: the first position id of a sequence is the padding id + 1 (RoBERTa's learned
+            positions start there); False: positions count from 0 (BERT).
+        weight_prefixes: prefixes a checkpoint may put before the base model's parameter names (a BERT saved
+            from ``BertForMaskedLM`` has ``bert.``, a Qwen3 saved from ``Qwen3ForCausalLM`` has ``model.`` where
+            Qwen3-Embedding's own folders have none), stripped when loading.
+        tiny: the config fields of a tiny random model of this type, compared with transformers' own in
+            ``tests/engine/model/test_embedding.py``.
+    """
+
+    path: EmbeddingPath
+    pooling: Pooling
+    position_offset: bool = False
+    weight_prefixes: tuple[str, ...] = ()
+    tiny: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+
+_TINY_ENCODER: Mapping[str, Any] = {
+    "vocab_size": 120, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "max_position_embeddings": 64, "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+}  # fmt: skip
+
+#: Every embedding model type the engine runs. nomic-bert (rotary, SwiGLU, remote code in transformers) and GGUF
+#: encoders are not among them yet.
+EMBEDDING_ARCHITECTURES: dict[str, EmbeddingArchitecture] = {
+    # bge, e5 (English), gte-base/small/large and all-MiniLM are BertModel checkpoints
+    "bert": EmbeddingArchitecture("encoder", "mean", weight_prefixes=("bert.",), tiny=_TINY_ENCODER),
+    # multilingual-e5 and bge-m3 are XLM-RoBERTa encoders
+    "xlm-roberta": EmbeddingArchitecture(
+        "encoder", "mean", position_offset=True, weight_prefixes=("roberta.",),
+        tiny={**_TINY_ENCODER, "type_vocab_size": 1, "pad_token_id": 1},
+    ),
+    "roberta": EmbeddingArchitecture(
+        "encoder", "mean", position_offset=True, weight_prefixes=("roberta.",),
+        tiny={**_TINY_ENCODER, "type_vocab_size": 1, "pad_token_id": 1},
+    ),
+    # Qwen3-Embedding: a qwen3 decoder whose last token's state is the text's vector
+    "qwen3": EmbeddingArchitecture(
+        "fused", "last", weight_prefixes=("model.",),
+        tiny={"vocab_size": 120, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8},
+    ),
+}  # fmt: skip
+
+
+def embedding_architecture(config: Any) -> EmbeddingArchitecture | None:
+    """The embedding registry's entry of a config's ``model_type``; None when no embedding model of it runs."""
+    return EMBEDDING_ARCHITECTURES.get(str(_get(config, "model_type", "")))
+
+
+def count_encoder_parameters(config: Any) -> int:
+    """Parameters of a BERT-family encoder (without the pooler head): word, position and token-type embeddings
+    and their LayerNorm; per layer Q/K/V/O with biases, the attention LayerNorm, the two MLP matrices with biases
+    and the output LayerNorm."""
+    hidden = int(_get(config, "hidden_size"))
+    inter = int(_get(config, "intermediate_size", 4 * hidden))
+    embed = (
+        int(_get(config, "vocab_size")) + int(_get(config, "max_position_embeddings", 512))
+        + int(_get(config, "type_vocab_size", 2))
+    ) * hidden + 2 * hidden  # fmt: skip
+    attention = 4 * (hidden * hidden + hidden) + 2 * hidden
+    layer = attention + (hidden * inter + inter) + (inter * hidden + hidden) + 2 * hidden
+    return embed + int(_get(config, "num_hidden_layers")) * layer

@@ -258,6 +258,11 @@ class FusedDecoder:
             hidden = self._layers(stack, ids, pos, kv, ctx)
         return None if keep is None else stack.lm_head(hidden[keep])
 
+    def hidden_states(self, ids: torch.Tensor, pos: torch.Tensor, kv: KVCache, ctx: AttentionContext) -> torch.Tensor:
+        """Every token's final-normed state of a packed step (eager, writing its K/V): what a decoder embedder
+        pools (``engine/model/embedding.py``)."""
+        return self._layers(self._stack, ids, pos, kv, ctx)
+
     # --- CUDA graphs (engine/model/cuda_graphs.py) ----------------------------------------------------------------
     def enable_graphs(self, kv: KVCache, max_batch: int, max_context: int, capture: bool = True) -> GraphedDecode:
         """Replay decode-only steps from CUDA graphs from now on (captured lazily per batch and context bucket)."""

@@ -5,7 +5,9 @@ A Python ``threading.Thread`` rather than a callable handed to ``QThreadPool.sta
 the app while the GUI thread ran (see :mod:`app.window.importer`). Every failure arrives as a sentence
 (:class:`engine.hub.HubError`'s words: no network, a 404, a gated repository, a damaged file, a full disk). Files
 go into the Hugging Face cache (``huggingface_hub``'s ``HF_HUB_CACHE``), the folder the Models list reads first, so
-a finished download is found by the next scan.
+a finished download is found by the next scan; or, when the user sets a folder of their own, into
+``<folder>/<owner>/<name>/`` (:func:`entry_folder`, the layout LM Studio uses), which the Models list then reads as
+an added folder. Several downloads may run at once, each a :class:`DownloadJob` on its own thread.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from engine.hub.fit import FITS, SHORTER, TOO_LARGE
 
 __all__ = [
     "FITS", "SHORTER", "TOO_LARGE", "DownloadJob", "DownloadResult", "FileEntry", "HubClient", "Progress",
-    "RepoFiles", "RepoHit", "download_folder", "partial_bytes",
+    "RepoFiles", "RepoHit", "download_folder", "entry_folder", "partial_bytes",
 ]
 
 #: Keyword results asked of the hub per search.
@@ -48,15 +50,22 @@ def download_folder() -> Path:
     return Path(constants.HF_HUB_CACHE)
 
 
-def partial_bytes(repo_id: str, entry: FileEntry, cache_dir: Path | None = None) -> int:
-    """The bytes of ``entry`` that an earlier, stopped download left in the cache (0 when none): Download
-    resumes from there."""
+def entry_folder(dest_dir: Path, repo_id: str) -> Path:
+    """Where a repository's files go in a folder of the user's: ``<folder>/<owner>/<name>``, so that two
+    repositories' files of the same name stay apart."""
+    return Path(dest_dir, *repo_id.split("/"))
+
+
+def partial_bytes(repo_id: str, entry: FileEntry, cache_dir: Path | None = None, dest_dir: Path | None = None) -> int:
+    """The bytes of ``entry`` that an earlier, stopped download left in the cache, or in the user's folder
+    ``dest_dir`` (0 when none): Download resumes from there."""
+    dest = entry_folder(dest_dir, repo_id) if dest_dir is not None else None
     total = 0
     for name in entry.files:
         sha = entry.sha256.get(name)
         if sha:
             try:
-                total += partial_path(repo_id, sha, name, None, cache_dir).stat().st_size
+                total += partial_path(repo_id, sha, name, dest, cache_dir).stat().st_size
             except OSError:
                 continue
     return total
@@ -81,13 +90,15 @@ def _emit(send: Callable[[], object]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class DownloadResult:
-    """How a download ended: its local paths, or the error in words; ``cancelled`` when the user stopped it."""
+    """How a download ended: its local paths, or the error in words; ``cancelled`` when the user stopped it;
+    ``folder`` the user's folder it went to (None: the Hugging Face cache)."""
 
     repo_id: str
     entry_name: str
     paths: list[Path] = field(default_factory=list)
     error: str = ""
     cancelled: bool = False
+    folder: Path | None = None
 
 
 class DownloadJob(QObject):
@@ -105,6 +116,8 @@ class DownloadJob(QObject):
         super().__init__(parent)
         self.repo_id, self.entry = repo_id, entry
         self._endpoint, self._cache_dir = client.endpoint, client.cache_dir
+        self.folder = client.dest_dir
+        self.dest = entry_folder(client.dest_dir, repo_id) if client.dest_dir is not None else None
         self._cancel = threading.Event()
         self.done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -123,14 +136,15 @@ class DownloadJob(QObject):
 
     def _run(self) -> None:
         try:
-            paths = download_entry(self.repo_id, self.entry, cache_dir=self._cache_dir, endpoint=self._endpoint,
+            paths = download_entry(self.repo_id, self.entry, dest=self.dest, cache_dir=self._cache_dir,
+                                   endpoint=self._endpoint,
                                    on_progress=lambda p: _emit(lambda: self.progress.emit(p)), cancel=self._cancel)
-            result = DownloadResult(self.repo_id, self.entry.name, paths)
+            result = DownloadResult(self.repo_id, self.entry.name, paths, folder=self.folder)
         except DownloadCancelled as exc:
-            result = DownloadResult(self.repo_id, self.entry.name, error=str(exc), cancelled=True)
+            result = DownloadResult(self.repo_id, self.entry.name, error=str(exc), cancelled=True, folder=self.folder)
         except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
             log.ui.info("download of %s from %s failed: %s", self.entry.name, self.repo_id, exc)
-            result = DownloadResult(self.repo_id, self.entry.name, error=_error_text(exc))
+            result = DownloadResult(self.repo_id, self.entry.name, error=_error_text(exc), folder=self.folder)
         self.done.set()
         _emit(lambda: self.finished.emit(result))
 
@@ -147,17 +161,19 @@ class HubClient(QObject):
 
     Args:
         endpoint: The hub's address; None means ``huggingface_hub``'s (``HF_ENDPOINT``, else huggingface.co).
-        cache_dir: Where downloads go; None means :func:`download_folder`.
+        cache_dir: The HF cache downloads go to; None means :func:`download_folder`.
+        dest_dir: A folder of the user's that downloads go to instead of the cache (set it any time: a download
+            takes the folder when it is made); None means the cache.
     """
 
     searched = Signal(int, object)
     files_listed = Signal(int, object)
     failed = Signal(int, str)
 
-    def __init__(self, endpoint: str | None = None, cache_dir: Path | None = None,
+    def __init__(self, endpoint: str | None = None, cache_dir: Path | None = None, dest_dir: Path | None = None,
                  parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self.endpoint, self.cache_dir = endpoint, cache_dir
+        self.endpoint, self.cache_dir, self.dest_dir = endpoint, cache_dir, dest_dir
         self._serial = 0
         self._lock = threading.Lock()
 

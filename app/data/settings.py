@@ -138,6 +138,15 @@ class Settings:
     def model_folders(self, folders: list[str]) -> None:
         self._qsettings.setValue("models/folders", json.dumps(list(dict.fromkeys(folders))))
 
+    @property
+    def download_folder(self) -> str:
+        """The folder Discover downloads into; "" for the Hugging Face cache."""
+        return str(self._qsettings.value("models/download_folder", "") or "")
+
+    @download_folder.setter
+    def download_folder(self, folder: str) -> None:
+        self._qsettings.setValue("models/download_folder", folder.strip())
+
     def context_length(self, spec: str) -> int:
         """The context length chosen for model ``spec``; 0 for the default."""
         value = self._json("models/context_lengths", {}).get(spec, 0)

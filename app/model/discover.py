@@ -9,17 +9,21 @@ recommended one is chosen at first and says why. Searches and lists run on threa
 network the view says so in words, and the rest of Hearth works as before.
 
 Downloads go into the Hugging Face cache (:func:`app.bridge.hub_jobs.download_folder`), where the Models list
-looks; ``downloaded`` tells the window to look again. :func:`show_discover` opens the one view a window has.
+looks, or into a folder the user chooses (remembered in the settings, in ``<folder>/<owner>/<name>/``), which the
+Models list then reads too; ``downloaded`` tells the window to look again. Several downloads may run at once.
+:func:`show_discover` opens the one view a window has.
 """
 
 from __future__ import annotations
 
 import html
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QCoreApplication, Qt, Signal, Slot
 from PySide6.QtWidgets import (
     QCheckBox,
+    QFileDialog,
     QHBoxLayout,
     QHeaderView,
     QLabel,
@@ -63,15 +67,24 @@ class DiscoverView(QWidget):
 
     Signals:
         downloaded(list): a download finished; the local paths of its files (as str).
+        download_folder_changed(str): the user chose where downloads go ("" for the Hugging Face cache).
+
+    Args:
+        settings: where the download folder is remembered (``download_folder``); None: not remembered.
     """
 
     downloaded = Signal(object)
+    download_folder_changed = Signal(str)
 
-    def __init__(self, client: HubClient | None = None, parent: QWidget | None = None) -> None:
+    def __init__(self, client: HubClient | None = None, parent: QWidget | None = None,
+                 settings: Any = None) -> None:
         super().__init__(parent, Qt.WindowType.Window)
         self.setObjectName("discoverView")
         self.setWindowTitle("Discover models")
         self.client = client or HubClient(parent=self)
+        self._settings = settings
+        folder = str(getattr(settings, "download_folder", "") or "")
+        self.client.dest_dir = Path(folder) if folder else None
         self._search_serial = 0  # the search whose answer is awaited
         self._files_serial = 0
         self._repo_files: RepoFiles | None = None
@@ -97,7 +110,7 @@ class DiscoverView(QWidget):
         row.addWidget(self.gguf_check)
         row.addWidget(self.search_button)
         self.status = QLabel("Search for a model to download. Files go to "
-                             f"{download_folder()}, where the Models list finds them.")
+                             f"{self.target_folder()}, where the Models list finds them.")
         self.status.setObjectName("discoverStatusLabel")
         self.status.setWordWrap(True)
         self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -111,11 +124,29 @@ class DiscoverView(QWidget):
         self.detail.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.download_box = DownloadBox(self.client)
         self.download_box.finished.connect(self._on_download_finished)
+        self.folder_label = QLabel("")
+        self.folder_label.setObjectName("discoverFolderLabel")
+        self.folder_label.setWordWrap(True)
+        self.folder_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.folder_button = QPushButton("Change…")
+        self.folder_button.setObjectName("discoverFolderButton")
+        self.folder_button.setToolTip("Download into a folder of your own (the Models list reads it too)")
+        self.folder_button.clicked.connect(self._on_folder_clicked)
+        self.cache_button = QPushButton("Use the Hugging Face cache")
+        self.cache_button.setObjectName("discoverCacheButton")
+        self.cache_button.setToolTip("Download into the Hugging Face cache, where other tools find the files too")
+        self.cache_button.clicked.connect(lambda: self.set_download_folder(""))
+        folder_row = QHBoxLayout()
+        folder_row.addWidget(self.folder_label, 1)
+        folder_row.addWidget(self.folder_button)
+        folder_row.addWidget(self.cache_button)
+        self._show_folder()
         lower = QWidget()
         lower_layout = QVBoxLayout(lower)
         lower_layout.setContentsMargins(0, 0, 0, 0)
         lower_layout.addWidget(self.files, 1)
         lower_layout.addWidget(self.detail)
+        lower_layout.addLayout(folder_row)
         lower_layout.addWidget(self.download_box)
         splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(self.results)
@@ -157,6 +188,22 @@ class DiscoverView(QWidget):
         self._repo_files = None
         self.download_box.set_choice(None, None)
         self._say(f"Searching Hugging Face for “{query}”…")
+
+    def target_folder(self) -> Path:
+        """Where the next download goes: the user's folder, else the Hugging Face cache."""
+        return self.client.dest_dir if self.client.dest_dir is not None else download_folder()
+
+    def set_download_folder(self, folder: str) -> None:
+        """Download into ``folder`` from now on ("" for the Hugging Face cache), remembered in the settings;
+        downloads running already finish where they started."""
+        folder = folder.strip()
+        self.client.dest_dir = Path(folder) if folder else None
+        if self._settings is not None:
+            self._settings.download_folder = folder
+            self._settings.sync()
+        self._show_folder()
+        self.download_box.set_choice(*self._choice())  # a part kept there, or not
+        self.download_folder_changed.emit(folder)
 
     def selected_entry(self) -> FileEntry | None:
         item = self.files.currentItem()
@@ -271,6 +318,24 @@ class DiscoverView(QWidget):
             log.ui.info("downloaded %s from %s", result.entry_name, result.repo_id)
             self.downloaded.emit([str(p) for p in result.paths])
 
+    @Slot()
+    def _on_folder_clicked(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Download models into", str(self.target_folder()))
+        if folder:
+            self.set_download_folder(folder)
+
+    def _show_folder(self) -> None:
+        own = self.client.dest_dir is not None
+        where = "your folder" if own else "the Hugging Face cache"
+        self.folder_label.setText(f"Downloads go to {where}: {html.escape(str(self.target_folder()))}")
+        self.folder_label.setToolTip(str(self.target_folder()))
+        self.cache_button.setEnabled(own)
+
+    def _choice(self) -> tuple[str | None, FileEntry | None]:
+        entry = self.selected_entry()
+        repo = self._repo_files
+        return (repo.repo_id, entry) if repo is not None and entry is not None else (None, None)
+
     def _say(self, text: str, error: bool = False) -> None:
         self.status.setStyleSheet(_ERROR_STYLE if error else "")
         self.status.setText(text)
@@ -279,18 +344,29 @@ class DiscoverView(QWidget):
 def show_discover(window: QWidget) -> DiscoverView:
     """Open ``window``'s Discover view (made the first time), raised and with the search box focused.
 
-    Finished downloads refresh the window's Models list (its ``models_view``), when it has one. Quitting Hearth
-    stops a running download (its part is kept for Resume).
+    The download folder is remembered in the window's ``settings``. Finished downloads refresh the window's Models
+    list (its ``models_view``), when it has one; a download folder of the user's is added to that list's folders
+    when chosen, and again after a download when the user has removed it meanwhile. Quitting Hearth stops running
+    downloads (their parts are kept for Resume).
     """
     view = window.findChild(DiscoverView, "discoverView")
     if view is None:
-        view = DiscoverView(parent=window)
+        view = DiscoverView(parent=window, settings=getattr(window, "settings", None))
         app = QCoreApplication.instance()
         if app is not None:
             app.aboutToQuit.connect(view.shutdown)
         models_view: Any = getattr(window, "models_view", None)
         if models_view is not None:
-            view.downloaded.connect(lambda _paths: models_view.refresh())
+            def on_finished(result: DownloadResult) -> None:
+                if not result.paths:
+                    return
+                if result.folder is not None and str(result.folder) not in models_view.folders:
+                    models_view.add_folder(str(result.folder))  # adds it and looks again
+                else:
+                    models_view.refresh()
+
+            view.download_box.finished.connect(on_finished)
+            view.download_folder_changed.connect(lambda f: models_view.add_folder(f) if f else None)
     view.show()
     view.raise_()
     view.activateWindow()

@@ -1,6 +1,7 @@
 """The Discover view in the real window (on the fake engine) against a Hugging Face hub running in the test
 (tests/engine/hub/hub_server.py): search, files with fit labels, downloads with progress, cancel and resume, errors
-in words, the Models list after a download, and a window that keeps running meanwhile.
+in words, the Models list after a download, a download folder of the user's, two downloads at once, and a
+window that keeps running meanwhile.
 
 The served GGUF is a small random-weight file (``engine.tools.make_gguf``), streamed in 64 KiB chunks with a pause
 between them, so that a download lasts long enough to show progress and to be cancelled halfway.
@@ -297,3 +298,75 @@ def test_the_model_pane_opens_discover(qtbot: Any, window: Any) -> None:
     assert view is not None and view.isVisible()
     button.click()  # the same view again, not a second one
     assert len([w for w in window.findChildren(type(view)) if w.objectName() == "discoverView"]) == 1
+
+
+def test_downloads_go_to_a_folder_the_user_sets_which_is_remembered_and_listed(
+    qtbot: Any, window: Any, hub: HubThread, online: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from PySide6.QtWidgets import QFileDialog
+
+    from app.model.discover import DiscoverView
+
+    folder = tmp_path / "my models"
+    folder.mkdir()
+    view = open_discover(qtbot, window, hub)
+    assert "Hugging Face cache" in view.folder_label.text() and not view.cache_button.isEnabled()
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *_args, **_kw: str(folder))
+    view.folder_button.click()
+    assert str(folder) in view.folder_label.text() and view.cache_button.isEnabled()
+    assert window.settings.download_folder == str(folder)
+    assert str(folder) in window.models_view.folders  # the Models list reads it from now on
+    choose_file(qtbot, view, GGUF_FILE)
+    result = download(qtbot, view)
+    expected = folder / "hearth-test" / "Tiny-Chat-GGUF" / GGUF_FILE
+    assert not result.error and result.paths == [expected] and result.folder == folder
+    assert hashlib.sha256(expected.read_bytes()).hexdigest() == hub.hub.repos[GGUF_REPO].files[GGUF_FILE].sha256
+    assert not _cached(online, GGUF_FILE).exists() and str(expected.parent) in view.download_box.status.text()
+    qtbot.waitUntil(lambda: any(name.endswith(GGUF_FILE) for name in _models_list(window)), timeout=10_000)
+    again = DiscoverView(settings=window.settings)  # as after a restart: the folder is remembered
+    qtbot.add_widget(again)
+    assert again.target_folder() == folder and again.client.dest_dir == folder
+    view.cache_button.click()
+    assert window.settings.download_folder == "" and view.target_folder() == Path(constants.HF_HUB_CACHE)
+
+
+def test_two_downloads_run_at_once_and_each_can_be_cancelled(
+    qtbot: Any, window: Any, hub: HubThread, online: Path, tmp_path: Path
+) -> None:
+    view = open_discover(qtbot, window, hub)
+    box = view.download_box
+    hub.hub.delay_s = 0.03  # type: ignore[attr-defined]
+    files = hub.hub.repos[GGUF_REPO].files
+    ended: list[Any] = []
+    box.finished.connect(ended.append)
+
+    def start_both() -> None:
+        choose_file(qtbot, view, GGUF_FILE)
+        box.download_button.click()
+        choose_file(qtbot, view, MISSING_FILE)  # the first one goes on, listed under the bar
+        assert box.download_button.isEnabled() and box.download_button.text() == "Download"
+        box.download_button.click()
+        assert len(box.jobs()) == 2 and not ended  # both at once
+        assert f"Downloading {GGUF_FILE} from {GGUF_REPO}" in box.others.text() and box.others.isVisible()
+
+    start_both()
+    qtbot.waitUntil(lambda: len(ended) == 2, timeout=30_000)
+    by_name = {r.entry_name: r for r in ended}
+    for name in (GGUF_FILE, MISSING_FILE):
+        assert not by_name[name].error and by_name[name].paths == [_cached(online, name)]
+        assert hashlib.sha256(by_name[name].paths[0].read_bytes()).hexdigest() == files[name].sha256
+    assert f"Downloaded {GGUF_FILE}" in box.others.text()  # how the other one ended stays in view
+    assert "It is in the Models list now" in box.status.text() and not box.is_running()
+    # again into a folder of the user's, where neither is yet; the first is cancelled from its line
+    view.set_download_folder(str(tmp_path / "mine"))
+    ended.clear()
+    start_both()
+    box.others.linkActivated.emit("cancel:0")
+    qtbot.waitUntil(lambda: len(ended) == 2, timeout=30_000)
+    by_name = {r.entry_name: r for r in ended}
+    assert by_name[GGUF_FILE].cancelled and not by_name[MISSING_FILE].error
+    assert by_name[MISSING_FILE].paths == [tmp_path / "mine" / "hearth-test" / "Tiny-Chat-GGUF" / MISSING_FILE]
+    assert f"Download of {GGUF_FILE} cancelled" in box.others.text()
+    choose_file(qtbot, view, GGUF_FILE)  # chosen, it shows how it ended; its part is kept in the folder: Resume
+    assert box.download_button.text() == "Resume" and "Resume continues from there" in box.status.text()
+    assert f"{GGUF_FILE} cancelled" not in box.others.text()

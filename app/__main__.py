@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     log.init_log(logging.DEBUG if args.debug else logging.INFO)
     if args.self_test is not None:  # headless: no QApplication, no window
-        from app.self_test import run_self_test
+        from engine.tools.self_test import run_self_test
 
         return run_self_test(args.self_test)
     log.install_qt_handler()

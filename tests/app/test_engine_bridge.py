@@ -328,10 +328,10 @@ def test_only_the_bridge_imports_engine() -> None:
         allowed = next(package for prefix, package in SEAMS.items() if p.startswith(prefix))
         assert all(n == allowed or n.startswith(allowed + ".") for n in names), (p, names)
     assert seams, "the seams import their engine packages"
-    # self_test.py runs `hearth --self-test` headless, without the Qt event loop the bridge needs; bench_reply.py
-    # measures the app against the engine alone.
+    # __main__.py hands `hearth --self-test` to engine.tools.self_test (headless, without the Qt event loop the
+    # bridge needs); bench_reply.py measures the app against the engine alone.
     rest = {p for p in importers if not p.startswith("bridge/") and p not in seams}
-    assert rest == {"self_test.py", "bench_reply.py"}
+    assert rest == {"__main__.py", "bench_reply.py"}
 
 
 @pytest.mark.slow

@@ -171,7 +171,7 @@ def test_overflow_policy_reaches_the_engine(qtbot: Any, loaded_bridge: EngineBri
 def test_data_dir_moves_the_model_cache(tmp_path: Path) -> None:
     code = ("import sys; from app.__main__ import main; import app.__main__ as m; "
             "m.QApplication = None; sys.argv = ['hearth', '--data-dir', sys.argv[1], '--self-test', 'x']; "
-            "import app.self_test as st; st.run_self_test = lambda prompt: 0; main(); "
+            "import engine.tools.self_test as st; st.run_self_test = lambda prompt: 0; main(); "
             "from engine.system.paths import models_dir; print(models_dir())")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "data")], capture_output=True, text=True,
                          env={**os.environ, "HEARTH_DATA_DIR": ""}, timeout=120, check=True)

@@ -1,15 +1,17 @@
-"""``hearth --self-test``: headless answer from the default model (app/self_test.py), on a fake LLM."""
+"""``hearth --self-test``: headless answer from the default model (engine/tools/self_test.py), on a fake LLM, through
+the app's ``main`` and the engine's own entry."""
 
 from __future__ import annotations
 
+import os
 import types
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 import engine
-from app import self_test
 from app.__main__ import main
+from engine.tools import self_test
 
 if TYPE_CHECKING:
     from typing import Self
@@ -65,3 +67,12 @@ def test_self_test_fails_on_empty_reply(fake_llm: type[_FakeLLM], capsys: pytest
     fake_llm.reply = ""
     assert self_test.run_self_test("What is the capital of France?") == 1
     assert "reply was empty" in capsys.readouterr().err
+
+
+def test_the_engines_entry_takes_the_launchers_arguments(fake_llm: type[_FakeLLM], tmp_path: Any,
+                                                          capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HEARTH_DATA_DIR", "")  # restored after the test: main sets it for the process
+    assert self_test.main(["--data-dir", str(tmp_path), "--self-test", "What is the capital of France?"]) == 0
+    assert capsys.readouterr().out == "The capital of France is Paris.\n"
+    assert os.environ["HEARTH_DATA_DIR"] == str(tmp_path.resolve())

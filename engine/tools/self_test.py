@@ -1,0 +1,78 @@
+"""``hearth --self-test PROMPT``: answer one prompt with the default model and exit; no window, and no Qt.
+
+It checks that an installed or bundled Hearth can load its default model and generate on a machine without a
+display, the display libraries Qt's GUI needs (libEGL, libGL) or a network: ``packaging/smoke.sh`` runs it on the
+PyInstaller bundle. It lives in the engine, not the app, so that the bundle's launcher runs it without importing the
+``app`` package, whose import loads Qt. ``python -m engine.tools.self_test --self-test PROMPT`` runs it from a checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+MAX_TOKENS = 32
+SEED = 0
+
+
+def run_self_test(prompt: str, *, max_tokens: int = MAX_TOKENS) -> int:
+    """Load the default model, print its reply to ``prompt`` on stdout; return the exit code.
+
+    The reply is sampled as the app's chat samples it: with the model's own sampling settings (its
+    ``generation_config.json`` or Hearth's preset), seeded so a run repeats. Plain greedy decoding is not used: the
+    default model's first token is a near tie that the kernels chosen on a given CPU may break either way.
+
+    Timings and errors go to stderr, so stdout holds only the reply.
+
+    Returns:
+        0 when the model answered with some text, 1 when loading or generating failed or the reply
+        was empty (the reason goes to stderr).
+    """
+    from engine import LLM, SamplingParams
+
+    started = time.monotonic()
+    try:
+        with LLM("default", start_loop=False) as llm:
+            loaded = time.monotonic()
+            options: dict[str, Any] = {**llm.sampling_defaults, "max_tokens": max_tokens, "seed": SEED}
+            params = SamplingParams(**options)
+            out = llm.chat([{"role": "user", "content": prompt}], params)
+    except Exception as exc:  # noqa: BLE001 (any failure is the result, reported in one line)
+        print(f"self-test failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    reply = out.text.strip()
+    print(
+        f"self-test: loaded {llm.path} in {loaded - started:.1f} s, answered in {time.monotonic() - loaded:.1f} s",
+        file=sys.stderr,
+    )
+    print(reply, flush=True)
+    if not reply:
+        print("self-test failed: the model's reply was empty", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """Parse the launcher's arguments (``--self-test PROMPT``, ``--data-dir``, ``--debug``; others ignored) and run
+    the self-test; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="hearth", description="Answer one prompt with the default model and exit.")
+    parser.add_argument("--self-test", metavar="PROMPT", required=True, help="the prompt to answer")
+    parser.add_argument("--data-dir", help="where Hearth keeps its data (default: per-user data folder)")
+    parser.add_argument("--debug", action="store_true", help="log debug messages")
+    args, _ = parser.parse_known_args(argv)
+    if args.data_dir:  # before the engine is imported: its model cache lives in the data dir too
+        from engine.system.paths import DATA_DIR_ENV
+
+        os.environ[DATA_DIR_ENV] = str(Path(args.data_dir).expanduser().resolve())
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)-7s %(name)-7s %(message)s", datefmt="%H:%M:%S")
+    return run_self_test(args.self_test)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

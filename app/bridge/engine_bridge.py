@@ -250,10 +250,13 @@ class EngineBridge(QObject):
                     wanted = params.get("max_tokens", 512) if isinstance(params, Mapping) \
                         else params.max_tokens if params is not None else 512
                     budget = self._context_length - min(int(wanted or 512), self._context_length // 2)
-                    command.messages = fit_messages(messages, budget, approximate_tokens, self._overflow)
+                    command.messages = fit_messages(messages, budget, approximate_tokens, self._overflow,
+                                                    context_length=self._context_length)
                 except ContextOverflowError as exc:
                     self._fail_soon(request_id, str(exc))
                     return request_id
+                if (dropped := len(messages) - len(command.messages)) > 0:
+                    QTimer.singleShot(0, self, lambda: self.signals.context_fitted.emit(request_id, dropped))
             self._send_remote(remote, command)
         return request_id
 
@@ -322,6 +325,12 @@ class EngineBridge(QObject):
                     loop.wake()
         if remote is not None:
             remote.cancel(request_id)
+
+    def tokenizer(self) -> Callable[[list[dict[str, str]] | str], list[int]] | None:
+        """The local model's ``tokenize`` (text, or messages through its chat template), or None while no local model
+        serves the chats. Any thread; the chat's context meter calls it off the GUI thread."""
+        llm = self._models.local_llm()
+        return None if llm is None else llm.engine.tokenize
 
     def set_overflow_policy(self, policy: str) -> None:
         """What to drop from chats longer than the context from now on (``LoadSettings.overflow``)."""

@@ -154,6 +154,8 @@ class EngineLoop:
         self._bridge_ids[handle.request_id] = rid
         self._conversations[rid] = command.conversation_id
         log.bridge.debug("request %s submitted as %s", rid, handle.request_id)
+        if handle.num_dropped_messages:
+            self._signals.context_fitted.emit(rid, handle.num_dropped_messages)
 
     def _on_step(self, outputs: list[StepOutput]) -> None:
         for out in outputs:

@@ -27,6 +27,11 @@ class RequestHandle(Protocol):
     @property
     def request_id(self) -> str: ...
 
+    @property
+    def num_dropped_messages(self) -> int:
+        """Messages of the chat left out to fit the context (``engine.core.context``)."""
+        ...
+
     def cancel(self) -> None: ...
 
 
@@ -42,13 +47,17 @@ class Runner(Protocol):
 
 class BridgedEngine(Steppable, Protocol):
     """``LLM.engine`` as the bridge uses it: the step loop's :class:`Steppable`, plus submitting requests and
-    the KV cache's size (``ModelInfo.kv_cache_bytes``)."""
+    the KV cache's size (``ModelInfo.kv_cache_bytes``), and its tokenizer (the chat's context meter)."""
 
     @property
     def runner(self) -> Runner: ...
 
     def submit(self, prompt: list[dict[str, str]] | str, params: SamplingParams, /, *,
                overflow: str | None = None) -> RequestHandle: ...
+
+    def tokenize(self, prompt: list[dict[str, str]] | str, /) -> list[int]:
+        """A prompt's token ids: text, or messages through the chat template (the context meter counts them)."""
+        ...
 
 
 class BridgedLLM(Protocol):

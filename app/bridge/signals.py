@@ -15,6 +15,8 @@ class EngineSignals(QObject):
         token_delta(request_id, text): new text of a streaming reply.
         request_finished(request_id, RequestInfo): a reply ended (stop, length or abort).
         request_failed(request_id, message): a request could not run, failed while generating, or was dropped.
+        context_fitted(request_id, int): before its reply, how many messages of a chat were left out to fit the
+            context (sent only when some were).
         model_load_progress(fraction, stage): loader progress, 0..1.
         model_loaded(ModelInfo): a model is ready for requests.
         model_load_failed(message): loading (or connecting) failed; the message is meant for the user. When it
@@ -40,6 +42,7 @@ class EngineSignals(QObject):
     """
 
     token_delta = Signal(str, str)
+    context_fitted = Signal(str, int)
     request_finished = Signal(str, object)
     request_failed = Signal(str, str)
     model_load_progress = Signal(float, str)

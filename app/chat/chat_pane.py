@@ -19,6 +19,7 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
 from app.chat.composer import Composer
+from app.chat.context_meter import ContextMeterController
 from app.chat.conversation_list import ConversationList
 from app.chat.conversation_settings import ConversationSettings
 from app.chat.documents_controller import DocumentsController
@@ -99,6 +100,7 @@ class ChatPane(QWidget):
         self._composer.send_requested.connect(self._on_send_requested)
         self._composer.stop_requested.connect(self._on_stop_requested)
         self._composer.text_changed.connect(self._on_composer_text_changed)
+        self.context_meter = ContextMeterController(self, self._replies, self._composer.context_meter)
         self.documents.notice.connect(self.notice)
         self.documents.connect_widgets(self, self._composer, self._view, lambda: self._current_id)
         self.documents.files_dropped.connect(self.attach_files)
@@ -384,13 +386,10 @@ class ChatPane(QWidget):
 
     @Slot(int, object)
     def _on_reply_changed(self, conversation_id: int, reply: Message) -> None:
-        if conversation_id != self._current_id:
-            return
-        conversation = self.current_conversation
-        if conversation is not None:
-            index = conversation.index_of(reply)
-            if index >= 0:
-                self._view.update_message(index, reply)
+        conversation = self.current_conversation if conversation_id == self._current_id else None
+        index = conversation.index_of(reply) if conversation is not None else -1
+        if index >= 0:
+            self._view.update_message(index, reply)
 
     @Slot(int)
     def _on_streaming_changed(self, count: int) -> None:

@@ -1,5 +1,5 @@
-"""The bottom of the chat pane: the message box, its Send, Stop and Attach buttons, the attached files and the
-editing banner."""
+"""The bottom of the chat pane: the message box, its Send, Stop and Attach buttons, the attached files, the editing
+banner and the context meter."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QMenu, QPushButton, QVBoxLayo
 
 from app.chat.attachments_bar import AttachmentsBar
 from app.chat.chat_input import ChatInput
+from app.chat.context_meter import ContextMeter
 
 
 class Composer(QWidget):
@@ -62,6 +63,8 @@ class Composer(QWidget):
         self._attach_button.setMenu(attach_menu)
         #: The chat's attached files, above the message box.
         self.attachments_bar = AttachmentsBar()
+        #: How much of the context the chat and the draft take, under the message box.
+        self.context_meter = ContextMeter()
         self._buttons = buttons = QVBoxLayout()
         buttons.addWidget(self._send_button)
         buttons.addWidget(self._stop_button)
@@ -75,6 +78,7 @@ class Composer(QWidget):
         layout.addWidget(self._edit_label)
         layout.addWidget(self.attachments_bar)
         layout.addLayout(input_row)
+        layout.addWidget(self.context_meter)
         self.setFocusProxy(self._input)
 
     # -- public API -------------------------------------------------------------------------------

@@ -26,11 +26,13 @@ from PySide6.QtWidgets import QTextBrowser, QToolTip, QWidget
 
 from app.chat.code_highlighter import CODE_BLOCK_PROPERTY, CodeHighlighter
 from app.chat.markdown import add_copy_links, close_open_fence, code_blocks, split_reasoning
+from app.chat.message_extras import FOLD_ACTION, insert_user_text, is_long, left_out_note, reasoning_markdown
 from app.chat.safe_markdown import is_web_link, markdown_fragment, shown_address
+from app.chat.sources_list import insert_sources
 from app.chat.tool_steps_view import STEP_ACTION, insert_steps
 from app.data.conversations import STATUS_ERROR, STATUS_STREAMING, Conversation, Message
 from app.data.tool_steps import ToolStepRecord
-from app.docs.citations import ShownSources, snippet
+from app.docs.citations import ShownSources
 from app.formatting import reply_stats_line
 
 #: What :meth:`MessageView.loadResource` answers for any image: a transparent pixel.
@@ -65,7 +67,9 @@ class MessageView(QTextBrowser):
     wrote it): nothing in it is ever loaded (images show as text, see :mod:`app.chat.safe_markdown`), and
     only a click on an http(s) link opens it in the browser; a click on any other link opens nothing and
     says so (:attr:`link_refused`). A reply's ``<think>``
-    reasoning is folded into a "Reasoning" line that shows or hides it when clicked. A reply given documents
+    reasoning is folded into a "Reasoning" line that shows or hides it when clicked, and a long user message into
+    its start and "Show all"; a reply whose chat was cut to fit the context says so over it
+    (:mod:`app.chat.message_extras`). A reply given documents
     lists its Sources under it (file, page, score, passage); a click on one asks for it with the "source" action.
 
     Lines wrap at the view's width, long words and code lines included, so one long line never
@@ -94,8 +98,9 @@ class MessageView(QTextBrowser):
         self._frames: list[QTextFrame] = []
         self._messages: list[Message] = []
         self._conversation: Conversation | None = None
-        #: Indexes of the messages whose reasoning is shown.
+        #: Indexes of the messages whose reasoning is shown, and of the long messages shown whole.
         self._expanded: set[int] = set()
+        self._unfolded: set[int] = set()
         self._is_redraw_pending = False
         self._sources_for: Callable[[Message], ShownSources | None] = lambda message: None
         self._steps_for: Callable[[Message], list[ToolStepRecord]] = lambda message: []
@@ -123,7 +128,7 @@ class MessageView(QTextBrowser):
         self._frames = []
         self._messages = []
         if conversation is not self._conversation:
-            self._expanded, self._open_steps = set(), set()
+            self._expanded, self._open_steps, self._unfolded = set(), set(), set()
         self._conversation = conversation
         if conversation is not None:
             for message in conversation.messages:
@@ -193,10 +198,22 @@ class MessageView(QTextBrowser):
 
     def toggle_reasoning(self, index: int) -> None:
         """Show or hide the reasoning of message ``index``."""
-        if not 0 <= index < len(self._frames):
-            return
-        self._expanded ^= {index}
-        self._render(self._frames[index], self._messages[index], index)
+        self._toggle(self._expanded, index)
+
+    def toggle_fold(self, index: int) -> None:
+        """Show all of long message ``index``, or only its start again."""
+        self._toggle(self._unfolded, index)
+
+    def unfold_matching(self, needle: str) -> None:
+        """Show whole the folded messages that hold ``needle`` (a search result may lie in a folded part)."""
+        for index, message in enumerate(self._messages):
+            if index not in self._unfolded and is_long(message.content) and needle.lower() in message.content.lower():
+                self._toggle(self._unfolded, index)
+
+    def _toggle(self, shown: set[int], index: int) -> None:
+        if 0 <= index < len(self._frames):
+            shown ^= {index}
+            self._render(self._frames[index], self._messages[index], index)
 
     def changeEvent(self, event: QEvent) -> None:
         super().changeEvent(event)
@@ -241,6 +258,8 @@ class MessageView(QTextBrowser):
         numbers = [int(part) for part in rest.split("/") if part.isdigit()]
         if action == REASONING_ACTION and numbers:
             self.toggle_reasoning(numbers[0])
+        elif action == FOLD_ACTION and numbers:
+            self.toggle_fold(numbers[0])
         elif action == STEP_ACTION and len(numbers) == 2:
             self.toggle_step(*numbers)
         elif action in ACTIONS and numbers:
@@ -287,6 +306,12 @@ class MessageView(QTextBrowser):
         cursor.setCharFormat(QTextCharFormat())
 
         name = _ROLE_NAMES.get(message.role, message.role)
+        palette = self.palette()
+        muted, link = palette.color(QPalette.ColorRole.PlaceholderText), palette.color(QPalette.ColorRole.Link)
+        if left_out := left_out_note(message.stats) if message.role == "assistant" else "":
+            self._insert_note(cursor, f"↳ {left_out}", italic=True)  # above the reply: the chat it was given
+            cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
+        header_at = cursor.position()
         if message.role == "assistant" and message.content:
             # The name goes in as the first Markdown paragraph: a fragment's first block merges
             # into the block it is inserted at, which would strip a leading code block's format.
@@ -294,25 +319,25 @@ class MessageView(QTextBrowser):
             body = close_open_fence(add_copy_links(reply.answer,
                                                    lambda k: action_href("copy-code", index, k)))
             if reply.reasoning or reply.is_thinking:
-                body = f"{self._reasoning_markdown(reply.reasoning, reply.is_thinking, index)}\n\n{body}"
+                body = reasoning_markdown(reply.reasoning, reply.is_thinking, f"{ACTION_SCHEME}:{REASONING_ACTION}/{index}",
+                                          index in self._expanded) + f"\n\n{body}"
             own_links = {action_href("copy-code", index, k) for k in range(len(code_blocks(reply.answer)))}
             own_links.add(f"{ACTION_SCHEME}:{REASONING_ACTION}/{index}")
             cursor.insertFragment(markdown_fragment(f"{name}\n\n{body}", own_links, ACTION_SCHEME))
-            self._shade_code_blocks(frame.firstPosition(), cursor.position())
+            self._shade_code_blocks(header_at, cursor.position())
         else:
             cursor.insertText(name)
             cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
             if message.role != "assistant":
-                cursor.insertText(message.content)
+                insert_user_text(cursor, message.content, index in self._unfolded,
+                                 f"{ACTION_SCHEME}:{FOLD_ACTION}/{index}", self._small_size(), link)
             elif message.is_streaming:
                 self._insert_note(cursor, "Thinking…", italic=True)
-        self._style_header(frame)
+        self._style_header(header_at)
         steps = self._steps_for(message) if message.role == "assistant" else []
         if steps:
             insert_steps(cursor, steps, lambda k: f"{ACTION_SCHEME}:{STEP_ACTION}/{index}/{k}",
-                         lambda k: (index, k) in self._open_steps, max(self.font().pointSizeF() * 0.85, 7.0),
-                         self.palette().color(QPalette.ColorRole.PlaceholderText),
-                         self.palette().color(QPalette.ColorRole.Link))
+                         lambda k: (index, k) in self._open_steps, self._small_size(), muted, link)
         note = self._note_for(message)
         if note:
             if cursor.block().length() > 1:  # not an empty body line
@@ -320,25 +345,13 @@ class MessageView(QTextBrowser):
             self._insert_note(cursor, note, error=message.status == STATUS_ERROR)
         shown = self._sources_for(message)
         if shown is not None and shown.entries:
-            self._insert_sources(cursor, shown, index)
+            insert_sources(cursor, shown, lambda n: action_href("source", index, n), self._small_size(), muted, link)
         actions = self._actions_for(message)
         if actions:
             if cursor.block().length() > 1:
                 cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
             self._insert_actions(cursor, actions, index, message)
         cursor.endEditBlock()
-
-    def _reasoning_markdown(self, reasoning: str, is_thinking: bool, index: int) -> str:
-        """The "Reasoning" line that folds a reply's reasoning, and the reasoning as a quote when shown."""
-        href = f"{ACTION_SCHEME}:{REASONING_ACTION}/{index}"
-        is_shown = index in self._expanded
-        title = "Thinking…" if is_thinking else "Reasoning"
-        words = len(reasoning.split())
-        link = f"[{'▾' if is_shown else '▸'} {title} ({words} words, click to {'hide' if is_shown else 'show'})]"
-        if not is_shown or not reasoning:
-            return f"{link}({href})"
-        quoted = "\n".join(f"> {line}" for line in close_open_fence(reasoning).splitlines())
-        return f"{link}({href})\n\n{quoted}"
 
     @staticmethod
     def _actions_for(message: Message) -> list[str]:
@@ -361,7 +374,7 @@ class MessageView(QTextBrowser):
         labels = {"copy": "Copy", "edit": "Edit", "regenerate": "Regenerate", "continue": "Continue",
                   "prev": "‹", "next": "›"}
         plain = QTextCharFormat()
-        plain.setFontPointSize(max(self.font().pointSizeF() * 0.85, 7.0))
+        plain.setFontPointSize(self._small_size())
         plain.setForeground(self.palette().color(QPalette.ColorRole.PlaceholderText))
         for n, action in enumerate(actions):
             if n and action != "next":
@@ -374,34 +387,12 @@ class MessageView(QTextBrowser):
             link.setForeground(self.palette().color(QPalette.ColorRole.Link))
             cursor.insertText(labels[action], link)
 
-    def _insert_sources(self, cursor: QTextCursor, shown: ShownSources, index: int) -> None:
-        """The Sources list: each source's number, file and page as a link, its score, and its passage."""
-        small = max(self.font().pointSizeF() * 0.85, 7.0)
-        plain = QTextCharFormat()
-        plain.setFontPointSize(small)
-        plain.setForeground(self.palette().color(QPalette.ColorRole.PlaceholderText))
-        title = QTextCharFormat(plain)
-        title.setFontWeight(QFont.Weight.Bold)
-        if cursor.block().length() > 1:
-            cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
-        cursor.insertText(shown.title, title)
-        for number, source in shown.entries:
-            cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
-            link = QTextCharFormat(plain)
-            link.setAnchor(True)
-            link.setAnchorHref(action_href("source", index, number))
-            link.setForeground(self.palette().color(QPalette.ColorRole.Link))
-            link.setToolTip(source.file)
-            cursor.insertText(f"[{number}] {source.label}", link)
-            cursor.insertText(f"  ·  score {source.score:.3f}  ·  {snippet(source)}", plain)
-        cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
-
-    def _style_header(self, frame: QTextFrame) -> None:
+    def _style_header(self, position: int) -> None:
         header = QTextCharFormat()
         header.setFontWeight(QFont.Weight.Bold)
         header.setForeground(self.palette().color(QPalette.ColorRole.PlaceholderText))
         cursor = QTextCursor(self.document())
-        cursor.setPosition(frame.firstPosition())
+        cursor.setPosition(position)
         cursor.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
         cursor.mergeCharFormat(header)
 
@@ -413,11 +404,15 @@ class MessageView(QTextBrowser):
             return ""
         return reply_stats_line(message.stats, message.finish_reason)
 
+    def _small_size(self) -> float:
+        """The point size of the lines around a message's text (actions, notes, steps, sources)."""
+        return max(self.font().pointSizeF() * 0.85, 7.0)
+
     def _insert_note(self, cursor: QTextCursor, text: str, *, italic: bool = False,
                      error: bool = False) -> None:
         fmt = QTextCharFormat()
         fmt.setFontItalic(italic)
-        fmt.setFontPointSize(max(self.font().pointSizeF() * 0.85, 7.0))
+        fmt.setFontPointSize(self._small_size())
         colour = QColor("#c62828") if error else self.palette().color(QPalette.ColorRole.PlaceholderText)
         fmt.setForeground(colour)
         cursor.insertText(text, fmt)

@@ -21,6 +21,7 @@ from PySide6.QtCore import QObject, QTimer, Signal, Slot
 from app import log
 from app.bridge.engine_bridge import EngineBridge
 from app.bridge.types import ModelInfo, RequestInfo
+from app.chat.message_extras import CONTEXT_KEY, LEFT_OUT_KEY
 from app.data.conversations import CONTINUE_PROMPT, Conversation, ConversationStore, Message
 from app.data.storage_errors import storage_error_text
 from app.data.tool_steps import ToolStepRecord, ToolStepStore
@@ -38,8 +39,11 @@ class ReplyController(QObject):
     """The replies streaming in all conversations, from request to saved message.
 
     Signals:
-        reply_changed(int, object): a reply's text or status changed (conversation id, Message).
+        reply_changed(int, object): a reply's text or status changed (conversation id, Message); also when the
+            engine left earlier turns out of its chat (the counts go in its ``stats``, see
+            :mod:`app.chat.message_extras`).
         streaming_changed(int): a reply started or ended; the number of replies streaming now.
+        model_changed(): another model (or none) writes the replies: the context and the tokenizer changed.
         storage_failed(str): a reply could not be saved (the database is locked or the disk full); in words.
             The reply stays on screen and its save is tried again every ``SAVE_INTERVAL_MS`` until it lands.
 
@@ -50,6 +54,7 @@ class ReplyController(QObject):
 
     reply_changed = Signal(int, object)
     streaming_changed = Signal(int)
+    model_changed = Signal()
     storage_failed = Signal(str)
 
     def __init__(self, bridge: EngineBridge, store: ConversationStore, parent: QObject | None = None) -> None:
@@ -78,6 +83,7 @@ class ReplyController(QObject):
         self._save_timer.setObjectName("save-timer")
         self._save_timer.setInterval(SAVE_INTERVAL_MS)
         self._save_timer.timeout.connect(self._on_save_timeout)
+        bridge.signals.context_fitted.connect(self._on_context_fitted)
 
     # -- public API -------------------------------------------------------------------------------
 
@@ -94,6 +100,12 @@ class ReplyController(QObject):
         """The model new replies are recorded as written by."""
         self._model = (info.model_name, info.precision) if info is not None else (None, None)
         self.context_length = info.context_length if info is not None else 0
+        self.model_changed.emit()
+
+    def tokenizer(self) -> Callable[[list[dict[str, str]] | str], list[int]] | None:
+        """The local model's ``tokenize`` (None without one): the context meter counts with it, off the GUI
+        thread."""
+        return self._bridge.tokenizer()
 
     def new_reply(self, conversation: Conversation) -> Message:
         """Add an empty assistant reply to ``conversation``, to be streamed into by :meth:`submit`."""
@@ -175,6 +187,14 @@ class ReplyController(QObject):
             return
         self._finish(entry[1], info.finish_reason, dict(info.metrics))
         self._end(request_id)
+
+    @Slot(str, int)
+    def _on_context_fitted(self, request_id: str, num_dropped: int) -> None:
+        entry = self._requests.get(request_id)
+        if entry is None:
+            return
+        entry[1].stats = {**(entry[1].stats or {}), LEFT_OUT_KEY: num_dropped, CONTEXT_KEY: self.context_length}
+        self._announce(request_id)
 
     @Slot(str, object)
     def _on_tool_step(self, request_id: str, step: ToolStepRecord) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QTextEdit
 
+from app.chat.message_view import MessageView
+
 #: The marks' colours: a highlighter's yellow with black text, which reads in the light and the dark theme alike.
 MATCH_BACKGROUND = "#ffd54f"
 MATCH_FOREGROUND = "#000000"
@@ -26,6 +28,8 @@ def highlight_matches(view: QTextEdit, text: str, *, scroll: bool = True) -> int
         How many occurrences were marked.
     """
     needle = text.strip()
+    if needle and isinstance(view, MessageView):
+        view.unfold_matching(needle)  # a match in a folded message shows
     marks: list[QTextEdit.ExtraSelection] = []
     document = view.document()
     mark_format = QTextCharFormat()

@@ -67,8 +67,9 @@ def fit_messages(
         return kept
     if policy == "stop":
         raise ContextOverflowError(
-            f"This chat is {total} tokens long, {_room(max_tokens, context_length)} Start a new chat, shorten "
-            f"your message, {', '.join(_remedies(max_tokens, context_length))} or choose another overflow policy."
+            f"This chat is {total} tokens long, {_room(max_tokens, context_length)} "
+            + _choices("Start a new chat", "shorten your message", *_remedies(max_tokens, context_length),
+                       "choose another overflow policy")
         )
     num_system = 0
     while num_system < len(kept) - 1 and kept[num_system].get("role") == "system":
@@ -94,8 +95,7 @@ def fit_messages(
             return head + last
         raise ContextOverflowError(
             f"Even the system prompt and your last message alone are {count_tokens(head + last)} tokens, "
-            f"{_room(max_tokens, context_length)} Shorten the message, "
-            f"{' or '.join(_remedies(max_tokens, context_length))}."
+            f"{_room(max_tokens, context_length)} " + _choices("Shorten the message", *_remedies(max_tokens, context_length))
         )
     while low < high:
         mid = (low + high) // 2
@@ -119,6 +119,11 @@ def _remedies(max_tokens: int, context_length: int | None) -> list[str]:
     if context_length is None or context_length <= max_tokens:
         return ["raise the context length"]
     return ["lower Max tokens", f"raise the context length above {context_length} (Model pane, then Load)"]
+
+
+def _choices(*choices: str) -> str:
+    """``choices`` as one sentence: "a, b or c."."""
+    return f"{', '.join(choices[:-1])} or {choices[-1]}."
 
 
 def approximate_tokens(messages: Sequence[Message]) -> int:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import psutil
 
 from app.bridge.protocols import EngineApi, LLMFactory
+from app.chat.token_counter import COUNT_THREAD
 from engine.api import (
     BYTES_PER_PARAM,
     EngineMetrics,
@@ -128,10 +129,15 @@ class FakeEngine:
         self.prompts: list[Any] = []
 
     def tokenize(self, prompt: Any, tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """About one token per 4 characters of the prompt (and tools), each the prompt's number (for submit)."""
+        """About one token per 4 characters of the prompt (and tools), each the prompt's number (for submit).
+
+        The chat's context meter counts on a thread of its own: those prompts are no model's, so not recorded."""
+        num_tokens = max(1, len(json.dumps([prompt, tools or []])) // 4)
+        if threading.current_thread().name == COUNT_THREAD:
+            return [0] * num_tokens
         with self._lock:
             self.prompts.append(prompt)
-            return [len(self.prompts) - 1] * max(1, len(json.dumps([prompt, tools or []])) // 4)
+            return [len(self.prompts) - 1] * num_tokens
 
     def submit(self, messages: Any, params: SamplingParams,
                priority: int = 0, overflow: str | None = None) -> FakeHandle:
@@ -140,6 +146,7 @@ class FakeEngine:
         if messages and not isinstance(messages, str) and isinstance(messages[0], int):
             messages = self.prompts[messages[0]]  # token ids from tokenize()
         words = _WORDS.findall(self.replies.popleft() if self.replies else reply_for(messages))
+        num_sent = len(messages)
         if overflow is not None and not isinstance(messages, str):  # the fake's context: 200 words
             messages = fit_messages(messages, 200, lambda ms: sum(len(m["content"].split()) for m in ms), overflow)
         with self._lock:
@@ -147,7 +154,9 @@ class FakeEngine:
             request = Request(f"eng-{next(self._ids)}", words, params)
             self._waiting.append(request)
             self._lock.notify_all()
-        return FakeHandle(self._lock, request)
+        handle = FakeHandle(self._lock, request)
+        handle.num_dropped_messages = num_sent - len(messages)
+        return handle
 
     def has_work(self) -> bool:
         with self._lock:

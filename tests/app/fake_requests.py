@@ -41,6 +41,8 @@ class FakeHandle:
         self._lock = lock
         self._request = request
         self.request_id = request.request_id
+        #: Messages left out to fit the fake's context (``FakeEngine.submit``).
+        self.num_dropped_messages = 0
 
     def cancel(self) -> None:
         with self._lock:

@@ -1,0 +1,213 @@
+"""The context meter under the message box: "1,234 / 4,096 tokens" and a thin bar, per chat.
+
+It counts the chat as the next send would give it to the model: the system prompt, the chat template's tokens, the
+turns of the shown branch (up to the message being edited) and the draft as the last turn. Attached documents and
+tools are not counted: which passages a reply is given is only known when it is sent.
+
+:class:`ContextMeterController` recounts after each reply, when another chat or branch is shown, when the model
+changes, and while the user types (after a pause of ``DEBOUNCE_MS``). The counting runs on a Python thread of its
+own (:class:`CountJob`; a Python callable handed to ``QThreadPool`` once crashed this app), one count at a time;
+:class:`~app.chat.token_counter.TokenCounter` keeps each message's count, so a keystroke tokenizes only the draft.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QObject, QTimer, Signal, Slot
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QWidget
+
+from app import log
+from app.chat.token_counter import COUNT_THREAD, TokenCounter, Tokenize
+
+if TYPE_CHECKING:
+    from app.chat.chat_pane import ChatPane
+    from app.chat.reply_controller import ReplyController
+
+#: The pause in typing after which the draft is counted.
+DEBOUNCE_MS = 300
+#: The bar's colour once the chat no longer fits with room for the reply.
+OVER_COLOUR = "#c62828"
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """One count: the chat's tokens, whether the model's tokenizer gave them, and the context they are shown against
+    (0: not known, as for a remote server)."""
+
+    num_tokens: int
+    is_exact: bool
+    context_length: int
+    #: Tokens the chat may take before the engine leaves turns out: the context less the room kept for the reply.
+    budget: int
+
+
+class ContextMeter(QWidget):
+    """The label and the thin bar; :meth:`show_count` fills them."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("contextMeter")
+        self.label = QLabel("")
+        self.label.setObjectName("contextMeterLabel")
+        self.bar = QProgressBar()
+        self.bar.setObjectName("contextMeterBar")
+        self.bar.setTextVisible(False)
+        self.bar.setFixedHeight(4)
+        self.bar.setMaximumWidth(160)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(2, 0, 2, 0)
+        layout.addStretch(1)
+        layout.addWidget(self.bar)
+        layout.addWidget(self.label)
+        self._is_over = False
+
+    @property
+    def is_over(self) -> bool:
+        """Whether the chat is longer than fits with room for the reply."""
+        return self._is_over
+
+    def show_count(self, count: Count) -> None:
+        about = "" if count.is_exact else "≈"
+        context = count.context_length
+        self.label.setText(f"{about}{count.num_tokens:,} / {context:,} tokens" if context
+                           else f"{about}{count.num_tokens:,} tokens")
+        self.bar.setVisible(context > 0)
+        self.bar.setRange(0, max(context, 1))
+        self.bar.setValue(min(count.num_tokens, context))
+        is_over = context > 0 and count.num_tokens > count.budget
+        if is_over != self._is_over:
+            self._is_over = is_over
+            self.bar.setStyleSheet(f"QProgressBar::chunk {{ background: {OVER_COLOUR}; }}" if is_over else "")
+        tip = ("This chat as the next message would send it: the system prompt, the chat template, the turns shown "
+               "and your draft (attached documents and tools come on top).")
+        if context:
+            tip += (f" {count.budget:,} of the {context:,} tokens of context are for the chat; the rest is kept for "
+                    "the reply (Max tokens, up to half the context).")
+        if is_over:
+            tip += " Past that, earlier turns are left out (or, under the \"stop\" overflow policy, the chat is refused)."
+        if not count.is_exact:
+            tip += " Estimated (about four characters a token): no local model's tokenizer is at hand."
+        self.setToolTip(tip)
+
+
+class CountJob(QObject):
+    """Counts one chat on a thread of its own.
+
+    Signals:
+        finished(object): the :class:`Count`, or None when counting failed.
+    """
+
+    finished = Signal(object)
+
+    def __init__(self, count: Callable[[list[dict[str, str]]], tuple[int, bool]], messages: list[dict[str, str]],
+                 context_length: int, budget: int) -> None:
+        super().__init__()  # no parent: the thread keeps it alive until it has emitted
+        self._count = count
+        self._messages = messages
+        self._context_length = context_length
+        self._budget = budget
+        self._thread = threading.Thread(target=self._run, name=COUNT_THREAD, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            num_tokens, is_exact = self._count(self._messages)
+            result: Count | None = Count(num_tokens, is_exact, self._context_length, self._budget)
+        except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
+            log.ui.warning("counting the chat's tokens failed: %s: %s", type(exc).__name__, exc)
+            result = None
+        self.finished.emit(result)
+
+
+class ContextMeterController(QObject):
+    """Keeps a chat pane's :class:`ContextMeter` up to date.
+
+    Args:
+        pane: the chat pane whose shown chat and draft are counted.
+        replies: the replies (their end, the model's context and tokenizer).
+        meter: the widget to fill.
+    """
+
+    def __init__(self, pane: ChatPane, replies: ReplyController, meter: ContextMeter) -> None:
+        super().__init__(pane)
+        self._pane = pane
+        self._replies = replies
+        self.meter = meter
+        # The counts of one model's tokenizer, and that model's engine (a weak reference: an unloaded model goes).
+        # Worker threads only, one at a time.
+        self._counter = TokenCounter()
+        self._owner: weakref.ref[object] | None = None
+        self._job: CountJob | None = None
+        self._is_pending = False
+        #: The latest count shown (None before the first).
+        self.count: Count | None = None
+        self._timer = QTimer(self)
+        self._timer.setObjectName("context-meter-timer")
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(DEBOUNCE_MS)
+        self._timer.timeout.connect(self.refresh_now)
+        pane.composer.text_changed.connect(self._timer.start)
+        pane.conversation_shown.connect(self._on_changed)
+        pane.view.action_requested.connect(self._on_changed)
+        pane.settings_bar.preset_chosen.connect(self._on_changed)
+        replies.streaming_changed.connect(self._on_changed)
+        replies.model_changed.connect(self._on_changed)
+
+    @property
+    def is_counting(self) -> bool:
+        return self._job is not None or self._is_pending or self._timer.isActive()
+
+    @Slot()
+    def refresh_now(self) -> None:
+        """Count the shown chat and the draft now (after the count under way, if one is)."""
+        self._timer.stop()
+        if self._job is not None:
+            self._is_pending = True
+            return
+        self._is_pending = False
+        conversation = self._pane.current_conversation
+        if conversation is None:
+            return
+        editing = self._pane.composer.editing_index
+        messages = conversation.prompt_messages(upto=editing)
+        draft = self._pane.composer.text().strip()
+        if draft:
+            messages.append({"role": "user", "content": draft})
+        context = self._replies.context_length
+        max_tokens = int(self._pane.sampling_params(conversation).get("max_tokens") or 0)
+        budget = context - min(max_tokens, context // 2)
+        self._job = CountJob(self._count, messages, context, budget)
+        self._job.finished.connect(self._on_counted)
+        self._job.start()
+
+    def _count(self, messages: list[dict[str, str]]) -> tuple[int, bool]:
+        """Count with the model in use (worker thread: the bridge's model lookup takes a lock)."""
+        tokenize: Tokenize | None = self._replies.tokenizer()
+        owner = getattr(tokenize, "__self__", tokenize)
+        if tokenize is not None and (self._owner is None or self._owner() is not owner):
+            self._counter = TokenCounter()  # another model: the old counts are no use
+            try:
+                self._owner = weakref.ref(owner)
+            except TypeError:  # not weakly referable: count afresh each time
+                self._owner = None
+        return self._counter.count(messages, tokenize)
+
+    @Slot()
+    def _on_changed(self, *args: object) -> None:
+        self._timer.start(0)
+
+    @Slot(object)
+    def _on_counted(self, count: Count | None) -> None:
+        self._job = None
+        if count is not None:
+            self.count = count
+            self.meter.show_count(count)
+        if self._is_pending:
+            self.refresh_now()

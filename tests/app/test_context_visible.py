@@ -1,0 +1,189 @@
+"""Context you can see (issue 31): the context meter under the message box, the line over a reply whose chat was cut
+to fit the context, and long user messages folded in the transcript. On the fake engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QSpinBox
+
+from app.chat.message_extras import FOLD_MAX_CHARS, folded_text, is_long, left_out_note
+from app.chat.message_view import MessageView
+from app.chat.search_highlight import highlight_matches
+from app.chat.token_counter import TokenCounter
+from app.data.conversations import Message
+from app.window.main_window import MainWindow
+from tests.app import ui_flows
+from tests.app.fake_engine import FakeLLM
+
+TIMEOUT_MS = 8000
+PASTE = "\n".join(f"line {n}: some pasted log output, {'x' * 40}" for n in range(80)) + "\nTHE-LAST-LINE"
+
+
+def fill_chat(window: MainWindow, num_turns: int) -> None:
+    """Put ``num_turns`` finished exchanges in the shown chat, as if they had been had."""
+    pane = window.chat_pane
+    conversation = pane.current_conversation
+    for n in range(num_turns):
+        pane.store.add_user(conversation, f"Question {n}: tell me something about bread, at some length please.")
+        reply = pane.store.start_reply(conversation)
+        reply.content = f"Answer {n}. " + "Bread is flour, water, salt and time. " * 3
+        pane.store.finish_reply(reply, "stop", {})
+    pane.select_conversation(conversation.id)
+
+
+def counted(window: MainWindow) -> Any:
+    """The meter's latest count once no count is under way."""
+    meter = window.chat_pane.context_meter
+    return None if meter.is_counting else meter.count
+
+
+def wait_count(qtbot: Any, window: MainWindow, check: Any) -> Any:
+    qtbot.wait_until(lambda: (c := counted(window)) is not None and check(c), timeout=TIMEOUT_MS)
+    return counted(window)
+
+
+# -- the meter ----------------------------------------------------------------------------------------------------
+
+
+class FakeTemplate:
+    """A tokenizer for the counter's tests: one token a word, a chat template of 3 tokens per message and 5 fixed
+    (7 with a system message); it records what it was asked to tokenize."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def __call__(self, prompt: list[dict[str, str]] | str) -> list[int]:
+        if isinstance(prompt, str):
+            self.texts.append(prompt)
+            return [0] * len(prompt.split())
+        fixed = 7 if prompt[0]["role"] == "system" else 5
+        return [0] * (fixed + sum(3 + len(m["content"].split()) for m in prompt))
+
+
+def test_the_counter_matches_the_template_and_tokenizes_each_message_once() -> None:
+    tokenize = FakeTemplate()
+    counter = TokenCounter()
+    chat = [{"role": "system", "content": "be brief"}]
+    chat += [{"role": "user" if n % 2 == 0 else "assistant", "content": f"turn {n} " + "w " * n} for n in range(40)]
+    assert counter.count(chat, tokenize) == (len(tokenize(chat)), True)
+    assert counter.count(chat[1:], tokenize) == (len(tokenize(chat[1:])), True)
+    tokenize.texts.clear()
+    draft = {"role": "user", "content": "and one more question"}
+    assert counter.count([*chat, draft], tokenize) == (len(tokenize([*chat, draft])), True)
+    assert tokenize.texts == [draft["content"]]  # the chat's messages were counted before: only the draft is new
+    estimate, is_exact = counter.count(chat, None)  # no tokenizer (a remote server): an estimate, said to be one
+    assert not is_exact and estimate > 0
+
+
+def test_the_meter_counts_the_chat_and_the_draft_and_follows_each_reply(qtbot: Any, window: MainWindow) -> None:
+    pane = window.chat_pane
+    ui_flows.load_model(qtbot, window)
+    label = pane.composer.context_meter.label
+    first = wait_count(qtbot, window, lambda c: c.is_exact and c.context_length == 4096)
+    assert label.text() == f"{first.num_tokens:,} / 4,096 tokens"
+    pane.composer.set_text("What is the capital of France? " * 20)
+    with_draft = wait_count(qtbot, window, lambda c: c.num_tokens > first.num_tokens)
+    assert label.text() == f"{with_draft.num_tokens:,} / 4,096 tokens" and pane.composer.context_meter.bar.isVisible()
+    pane.composer.clear()
+    reply = ui_flows.send(qtbot, window, ui_flows.FRANCE_QUESTION)
+    ui_flows.wait_finished(qtbot, reply, TIMEOUT_MS)
+    after = wait_count(qtbot, window, lambda c: c.num_tokens > first.num_tokens + 10)
+    assert label.text() == f"{after.num_tokens:,} / 4,096 tokens"
+    assert not pane.composer.context_meter.is_over
+
+
+def test_the_meter_warns_when_the_chat_outgrows_the_context(qtbot: Any, window: MainWindow) -> None:
+    ui_flows.child(window, QSpinBox, "contextLengthSpin").setValue(512)
+    ui_flows.load_model(qtbot, window)
+    fill_chat(window, 12)
+    count = wait_count(qtbot, window, lambda c: c.context_length == 512 and c.num_tokens > 512)
+    meter = window.chat_pane.composer.context_meter
+    assert meter.is_over and count.budget < 512
+    assert meter.label.text() == f"{count.num_tokens:,} / 512 tokens"
+    assert "earlier turns are left out" in meter.toolTip()
+
+
+def test_without_a_model_the_meter_estimates_and_says_so(qtbot: Any, window: MainWindow) -> None:
+    fill_chat(window, 2)
+    count = wait_count(qtbot, window, lambda c: c.num_tokens > 0)
+    assert not count.is_exact
+    assert window.chat_pane.composer.context_meter.label.text() == f"≈{count.num_tokens:,} tokens"
+
+
+# -- turns left out -----------------------------------------------------------------------------------------------
+
+
+def test_the_chat_says_how_many_earlier_turns_were_left_out(qtbot: Any, window: MainWindow) -> None:
+    ui_flows.child(window, QSpinBox, "contextLengthSpin").setValue(512)
+    ui_flows.load_model(qtbot, window)
+    fill_chat(window, 12)  # longer than the fake engine's context: it drops turns from the middle
+    reply = ui_flows.send(qtbot, window, ui_flows.FRANCE_QUESTION)
+    ui_flows.wait_finished(qtbot, reply, TIMEOUT_MS)
+    conversation = window.chat_pane.current_conversation
+    chat = conversation.prompt_messages(upto=len(conversation.messages) - 1)
+    dropped = len(chat) - len(FakeLLM.instances[-1].engine.submitted[-1])
+    assert dropped >= 2
+    view = window.chat_pane.view
+    index = view.message_count - 1
+    text = view.message_text(index)
+    assert text.splitlines()[0] == f"↳ {dropped} earlier turns are left out (context 512 tokens)"
+    assert text.splitlines()[1] == "Hearth"  # the line sits over the reply
+    view.show_conversation(window.chat_pane.current_conversation)  # a redraw keeps it
+    assert view.message_text(index).startswith(f"↳ {dropped} earlier turns")
+    # a chat that fits says nothing
+    window.chat_pane.new_conversation()
+    short = ui_flows.send(qtbot, window, ui_flows.FRANCE_QUESTION)
+    ui_flows.wait_finished(qtbot, short, TIMEOUT_MS)
+    assert "left out" not in view.message_text(1)
+
+
+def test_the_left_out_line_reads_well() -> None:
+    assert left_out_note(None) == "" and left_out_note({"num_dropped_messages": 0}) == ""
+    assert left_out_note({"num_dropped_messages": 2, "context_length": 512}) == \
+        "2 earlier turns are left out (context 512 tokens)"
+    assert left_out_note({"num_dropped_messages": 1, "context_length": 4096}) == \
+        "1 earlier turn is left out (context 4,096 tokens)"
+
+
+# -- long messages fold -------------------------------------------------------------------------------------------
+
+
+def test_a_long_message_shows_folded_and_a_click_shows_all_of_it(qtbot: Any) -> None:
+    view = MessageView()
+    qtbot.add_widget(view)
+    assert is_long(PASTE) and is_long("x" * (FOLD_MAX_CHARS + 1)) and not is_long("short\n" * 10)
+    view.append_message(Message("user", PASTE))
+    view.append_message(Message("user", "a short question"))
+    folded = view.message_text(0)
+    assert "THE-LAST-LINE" not in folded and folded_text(PASTE) in folded and "Show all (81 lines)" in folded
+    assert len(folded) < len(PASTE) // 3
+    assert "hearth:fold/0" in view.hrefs(0) and not any("fold" in h for h in view.hrefs(1))
+    view.anchorClicked.emit(QUrl("hearth:fold/0"))
+    assert PASTE in view.message_text(0) and "Show less" in view.message_text(0)
+    view.anchorClicked.emit(QUrl("hearth:fold/0"))
+    assert view.message_text(0) == folded
+
+
+def test_a_folded_message_is_stored_copied_and_edited_whole(qtbot: Any, window: MainWindow) -> None:
+    pane = window.chat_pane
+    ui_flows.load_model(qtbot, window)
+    pane.send(PASTE)
+    reply = pane.current_conversation.messages[-1]
+    ui_flows.wait_finished(qtbot, reply, TIMEOUT_MS)
+    assert "THE-LAST-LINE" not in pane.view.message_text(0)
+    assert window.storage.get_message(pane.current_conversation.messages[0].id).content == PASTE
+    pane.view.anchorClicked.emit(QUrl("hearth:copy/0"))
+    assert QGuiApplication.clipboard().text() == PASTE
+    pane.view.anchorClicked.emit(QUrl("hearth:edit/0"))
+    assert pane.composer.text() == PASTE
+
+
+def test_a_search_match_in_a_folded_part_shows(qtbot: Any) -> None:
+    view = MessageView()
+    qtbot.add_widget(view)
+    view.append_message(Message("user", PASTE))
+    assert highlight_matches(view, "the-last-line") == 1
+    assert "THE-LAST-LINE" in view.message_text(0)

@@ -51,6 +51,15 @@ def repo_root() -> Path:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def no_embedding_models_on_disk(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The document index's ``auto`` embedder looks for embedding models in an empty home, not the user's: what it
+    picks (WordLlama) must not depend on the machine (tests that want one give it a home of their own)."""
+    from engine.docs import embedders
+
+    embedders.search_home = tmp_path_factory.mktemp("no-embedding-models")
+
+
+@pytest.fixture(scope="session", autouse=True)
 def native_decode_step() -> None:
     """Build (or load) the native decode step before any engine starts, so that no test sees it appear mid-run.
 

@@ -243,9 +243,11 @@ class DocumentsController(QObject):
             log.ui.warning("could not record attachment reasons: %s", exc)
         read = len(result.outcome.indexed)
         if not result.error:
+            embedder = result.outcome.embedder_reason  # which embedder searches them, and why that one
             self.notice.emit(f"Read {read} file{'s' if read != 1 else ''}"
                              + (f"; {len(result.outcome.skipped)} could not be read." if result.outcome.skipped
-                                else "."))
+                                else ".")
+                             + (f" Search: {embedder}." if embedder else ""))
         self.attachments_changed.emit(cid)
         self.progress_changed.emit(cid)
         waiting = self._waiting.pop(cid, [])

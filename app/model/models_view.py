@@ -172,8 +172,10 @@ class ModelsView(QWidget):
         return None
 
     def show_models(self, models: list[dict[str, Any]]) -> None:
-        """Fill the list with ``FoundModel.to_json()`` dicts."""
-        self._models = list(models)
+        """Fill the list with ``FoundModel.to_json()`` dicts; embedding models (``kind`` "embedding") are left out:
+        they cannot chat (the documents' index uses them)."""
+        self._models = [m for m in models if m.get("kind", "chat") != "embedding"]
+        embedding = len(models) - len(self._models)
         self._fill()
         runnable = sum(1 for m in self._models if m.get("runnable"))
         if not self._models:
@@ -181,7 +183,10 @@ class ModelsView(QWidget):
                                  "Add a folder that holds some, or give a path in the Model tab.")
         else:
             found = f"{len(self._models)} model{'s' if len(self._models) != 1 else ''} found"
-            self._status.setText(f"{found}, {runnable} of them Hearth can run. Double-click one to load it.")
+            hidden = f" ({embedding} embedding model{'s' if embedding != 1 else ''} not listed)" if embedding else ""
+            self._status.setText(
+                f"{found}, {runnable} of them Hearth can run{hidden}. Double-click one to load it."
+            )
 
     # -- helpers ----------------------------------------------------------------------------------
 

@@ -1,12 +1,13 @@
 """``python -m engine.docs``: index files into a collection, search it, list the collections.
 
-    python -m engine.docs index PATH... --collection NAME [--embedder auto|bm25|wordllama] [--home DIR]
+    python -m engine.docs index PATH... --collection NAME [--embedder auto|bm25|wordllama|PATH] [--home DIR]
     python -m engine.docs search NAME "query" [--top-k N] [--mode hybrid|bm25|vector] [--json] [--home DIR]
     python -m engine.docs list [--json] [--home DIR]
     python -m engine.docs eval [--set DIR] [--embedder bm25|wordllama] [--json] [--misses]
-    python -m engine.docs bench [--pages N] [--chunks N] [--embedder wordllama|bm25]
+    python -m engine.docs bench [--pages N] [--chunks N] [--embedder wordllama|bm25|PATH]
 
-``index`` with no PATH brings the collection up to date with its roots (and finishes an interrupted run).
+``--embedder PATH`` names an embedding model's folder (bge, e5, gte, Qwen3-Embedding...); ``auto`` takes one found
+on disk, else WordLlama. ``index`` with no PATH brings the collection up to date with its roots (and finishes an interrupted run).
 """
 
 from __future__ import annotations
@@ -33,7 +34,12 @@ def _parser() -> argparse.ArgumentParser:
     index = sub.add_parser("index", parents=[home], help="index files and folders into a collection")
     index.add_argument("paths", nargs="*", type=Path)
     index.add_argument("--collection", required=True)
-    index.add_argument("--embedder", choices=EMBEDDER_CHOICES, default="auto")
+    index.add_argument(
+        "--embedder",
+        default="auto",
+        metavar="|".join((*EMBEDDER_CHOICES, "PATH")),
+        help="auto (an embedding model on disk, else WordLlama), bm25, wordllama, or an embedding model's folder",
+    )
     index.add_argument("--json", action="store_true", help="print the report as JSON")
     find = sub.add_parser("search", parents=[home], help="search a collection")
     find.add_argument("collection")

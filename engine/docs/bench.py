@@ -8,6 +8,11 @@ Two figures, each against a target of issue 27:
   the median milliseconds of each mode, after one untimed query per mode has read the vectors into memory (the
   first query's time is reported apart).
 
+- ``embed``: with ``--embedder PATH`` (an embedding model run by the engine), chunks embedded per second over
+  ``--embed-chunks`` generated chunks, after one untimed batch; and sentence-transformers' figure on the same model
+  and chunks, with the largest cosine distance between the two, where sentence-transformers is installed (it is
+  no dependency of Hearth: the line says when it was skipped and why).
+
 The text is drawn from the WordLlama tokenizer's own English words with Zipf-like frequencies (the common words
 common, the rare ones rare), so that BM25's posting lists have the lengths of real prose rather than of a tiny
 vocabulary. The run is a benchmark, not a test: the machine it runs on decides the figures.
@@ -22,6 +27,7 @@ import json
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -167,17 +173,78 @@ def bench_search(folder: Path, chunks: int, embedder: str, prose: Prose) -> dict
     return result
 
 
+def bench_embed(path: str, count: int, prose: Prose) -> dict[str, object]:
+    """Chunks per second of the embedding model at ``path`` (and of sentence-transformers on it, where installed)."""
+    chunks: list[str] = []
+    while len(chunks) < count:
+        chunks.extend(c.text for c in chunk_text("\n\n".join(prose.page() for _ in range(5))))
+    chunks = chunks[:count]
+    embedders._cache.clear()
+    started = time.perf_counter()
+    choice = embedders.choose_embedder(path)
+    assert choice.embedder is not None
+    result: dict[str, object] = {
+        "model": choice.name,
+        "load_seconds": round(time.perf_counter() - started, 2),
+        "chunks": len(chunks),
+    }
+    choice.embedder.embed(chunks[:8])  # warm up
+    started = time.perf_counter()
+    ours = choice.embedder.embed(chunks)
+    result["chunks_per_s"] = round(len(chunks) / (time.perf_counter() - started), 1)
+    result["sentence_transformers"] = _sentence_transformers(choice.name, chunks, ours)
+    return result
+
+
+def _sentence_transformers(path: str, chunks: list[str], ours: object) -> dict[str, object]:
+    """sentence-transformers on the same model and chunks: chunks per second and the largest cosine distance from
+    the engine's vectors; or why it was skipped."""
+    import importlib.util
+
+    import numpy as np
+
+    if importlib.util.find_spec("sentence_transformers") is None:
+        return {"skipped": "sentence-transformers is not installed (it is no dependency of Hearth)"}
+    if not Path(path).is_dir():
+        return {"skipped": f"the model is not a folder on disk ({path})"}
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(path, device="cpu", local_files_only=True)
+    model.encode(chunks[:8])
+    started = time.perf_counter()
+    theirs = model.encode(chunks, normalize_embeddings=True, convert_to_numpy=True)
+    seconds = time.perf_counter() - started
+    distance = float(np.max(1.0 - np.sum(np.asarray(ours) * theirs, axis=1)))
+    return {"chunks_per_s": round(len(chunks) / seconds, 1), "max_cosine_distance": round(distance, 6)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.docs bench", description=__doc__.splitlines()[0])
     parser.add_argument("--pages", type=int, default=300, help="pages of the generated PDF (0: skip)")
     parser.add_argument(
         "--chunks", type=int, default=20_000, help="chunks of the searched collection (0: skip)"
     )
-    parser.add_argument("--embedder", choices=("wordllama", "bm25"), default="wordllama")
+    parser.add_argument(
+        "--embedder", default="wordllama", metavar="wordllama|bm25|PATH", help="PATH: an embedding model's folder"
+    )
+    parser.add_argument(
+        "--embed-chunks", type=int, default=256, help="chunks embedded to time a model given as PATH (0: skip)"
+    )
     args = parser.parse_args(argv)
     prose = Prose()
     out: dict[str, object] = {"cpus": os.cpu_count(), "targets": {"index_pdf_s": 60, "search_median_ms": 50}}
     with tempfile.TemporaryDirectory(prefix="hearth-docs-bench-") as tmp:
+        if embedders.is_model_path(args.embedder) and args.embed_chunks > 0:
+            try:
+                embed = bench_embed(args.embedder, args.embed_chunks, prose)
+            except ValueError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            compared = embed["sentence_transformers"]
+            if isinstance(compared, dict) and compared.get("skipped"):
+                print(f"sentence-transformers comparison skipped: {compared['skipped']}", file=sys.stderr)
+            out["embed"] = embed
+            print(json.dumps({"embed": embed}), flush=True)
         if args.pages > 0:
             out["index_pdf"] = bench_index_pdf(Path(tmp), args.pages, args.embedder, prose)
             print(json.dumps({"index_pdf": out["index_pdf"]}), flush=True)

@@ -1,17 +1,24 @@
 """Embedders: text to unit vectors, the best available first, with the reason for the choice in words.
 
+- an embedding model already on disk (bge, e5, gte, multilingual-e5, Qwen3-Embedding...), named by its folder
+  (``--embedder PATH``) or found by model discovery (``auto``), run by the engine's own code
+  (``engine/model/embedding.py``, imported only then: this package stays torch-free until one is used). Of several
+  found, ``auto`` takes the smallest: indexing runs on the CPU beside the chat.
 - ``wordllama``: WordLlama's static token embeddings (256 dimensions, MIT), averaged over a text's tokens. The
   ``wordllama`` wheel ships the weights and the tokenizer; they are read here directly with ``safetensors`` and
   ``tokenizers``, because the package's own loader looks in a cache folder and falls back to a download, and the
   index must work offline. No torch, so it runs anywhere the app does.
 - ``bm25``: no embedder; retrieval is FTS5's BM25 alone (`choose_embedder` says why when it falls back to it).
 
-Transformer embedders run by the engine (BERT-family, Qwen3-Embedding) are a later addition to this list.
+A collection records the embedder its vectors came from (``wordllama``, ``bm25``, or the model folder's absolute
+path); vectors of two embedders are never mixed (``engine/docs/indexer.py`` indexes again when it changes).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -19,6 +26,9 @@ from typing import Protocol
 import numpy as np
 
 EMBEDDER_CHOICES = ("auto", "bm25", "wordllama")
+#: Models bigger than this are not picked by ``auto`` (indexing a folder with one would take hours on a CPU); a
+#: path names them explicitly.
+MAX_AUTO_PARAMETERS = 1_000_000_000
 
 
 class Embedder(Protocol):
@@ -28,6 +38,13 @@ class Embedder(Protocol):
     dim: int
 
     def embed(self, texts: list[str]) -> np.ndarray: ...
+
+
+def embed_query(embedder: Embedder, query: str) -> np.ndarray:
+    """A search query's vector: through the embedder's ``embed_query`` where it has one (models trained with a
+    query prompt, such as Qwen3-Embedding's instruction or e5's ``query: ``), else ``embed``."""
+    own: Callable[[list[str]], np.ndarray] | None = getattr(embedder, "embed_query", None)
+    return (own or embedder.embed)([query])[0]
 
 
 @dataclass(frozen=True)
@@ -93,39 +110,121 @@ class WordLlamaEmbedder:
 
 
 _cache: dict[str, Embedder] = {}
+_cache_lock = threading.Lock()
+
+
+def is_model_path(name: str) -> bool:
+    """Whether an embedder name is a model folder (anything but ``auto``, ``bm25`` and ``wordllama``)."""
+    return name not in EMBEDDER_CHOICES
 
 
 def load_embedder(name: str) -> Embedder | None:
-    """The embedder called ``name`` (kept once loaded); ``None`` for ``bm25``.
+    """The embedder called ``name`` (kept once loaded): ``None`` for ``bm25``, WordLlama, or the embedding model in
+    the folder ``name``.
 
     Raises:
-        ValueError: for an unknown name.
-        FileNotFoundError: when its files are not installed.
+        ValueError: for ``auto``, or a folder that holds no embedding model Hearth runs (the reason in words).
+        FileNotFoundError: when WordLlama's files are not installed, or the folder does not exist.
     """
     if name == "bm25":
         return None
-    if name != "wordllama":
-        raise ValueError(f"unknown embedder {name!r}: choose one of {', '.join(EMBEDDER_CHOICES)}")
-    if name not in _cache:
-        _cache[name] = WordLlamaEmbedder()
-    return _cache[name]
+    if name == "auto":
+        raise ValueError("auto is a choice, not an embedder: call choose_embedder")
+    with _cache_lock:
+        if name not in _cache:
+            _cache[name] = WordLlamaEmbedder() if name == "wordllama" else _load_model(name)
+        return _cache[name]
+
+
+def _load_model(path: str) -> Embedder:
+    if not Path(path).exists():
+        raise FileNotFoundError(f"no embedding model at {path}")
+    from engine.api import ModelLoadError
+    from engine.model.embedding import TransformerEmbedder
+
+    try:
+        return TransformerEmbedder(Path(path))
+    except ModelLoadError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+@dataclass(frozen=True)
+class FoundEmbedder:
+    """An embedding model found on disk that Hearth runs: its folder, name, size and where it was found."""
+
+    path: Path
+    name: str
+    num_parameters: int
+    source: str
+
+
+_found: list[FoundEmbedder] | None = None
+#: The home folder model discovery reads for ``auto`` (None: the user's own, with HF_HOME and the like honoured).
+search_home: Path | None = None
+
+
+def find_embedding_models(refresh: bool = False) -> list[FoundEmbedder]:
+    """The embedding models Hearth runs among the models on disk (``engine.loading.discovery``), smallest first;
+    the scan runs once per process unless ``refresh``."""
+    global _found
+    if _found is None or refresh:
+        from engine.loading.discovery import discover_models
+
+        models = [m for m in discover_models(search_home) if m.kind == "embedding" and m.runnable]
+        _found = sorted(
+            (FoundEmbedder(Path(m.path), m.name, m.num_parameters or 0, m.source) for m in models),
+            key=lambda f: (f.num_parameters, f.name),
+        )
+    return list(_found)
 
 
 def choose_embedder(requested: str = "auto") -> EmbedderChoice:
-    """The embedder for ``requested`` (``auto``: the best available), with the reason in words.
+    """The embedder for ``requested``: ``auto`` (the best available: an embedding model found on disk, else
+    WordLlama, else BM25 alone), ``bm25``, ``wordllama`` or a model folder; with the reason in words.
 
     Raises:
-        ValueError: for an unknown name, or a named embedder that cannot load (its reason included).
+        ValueError: for a named embedder that cannot load (its reason included).
     """
-    if requested not in EMBEDDER_CHOICES:
-        raise ValueError(f"unknown embedder {requested!r}: choose one of {', '.join(EMBEDDER_CHOICES)}")
     if requested == "bm25":
         return EmbedderChoice(None, "bm25", "BM25 alone, as asked")
+    if is_model_path(requested):
+        if not Path(requested).expanduser().exists():
+            raise ValueError(
+                f"unknown embedder {requested!r}: choose one of {', '.join(EMBEDDER_CHOICES)} or an embedding "
+                "model's folder (there is no such folder)"
+            )
+        path = str(Path(requested).expanduser().resolve())
+        try:
+            model = load_embedder(path)
+        except (OSError, ValueError, ImportError) as exc:
+            raise ValueError(f"the embedding model {requested} cannot load: {exc}") from exc
+        return EmbedderChoice(model, path, f"{_described(model)}, as asked")
+    skipped = ""
+    if requested == "auto":
+        found = find_embedding_models()
+        small = [f for f in found if f.num_parameters <= MAX_AUTO_PARAMETERS]
+        for candidate in small:
+            path = str(candidate.path.resolve())
+            try:
+                model = load_embedder(path)
+            except (OSError, ValueError, ImportError) as exc:
+                skipped = f"; {candidate.name} was found but cannot load ({exc})"
+                continue
+            others = f", the smallest of {len(found)} found" if len(found) > 1 else ""
+            return EmbedderChoice(
+                model, path, f"{_described(model)}: an embedding model on disk ({candidate.source}{others})"
+            )
+        if found and not small:
+            skipped = f"; the embedding models on disk are too large to index with on a CPU ({found[0].name})"
     try:
         embedder = load_embedder("wordllama")
     except (OSError, ValueError, ImportError) as exc:
         if requested == "wordllama":
             raise ValueError(f"the wordllama embedder cannot load: {exc}") from exc
-        return EmbedderChoice(None, "bm25", f"BM25 alone: no embedder is available ({exc})")
-    why = "as asked" if requested == "wordllama" else "the best embedder available offline"
-    return EmbedderChoice(embedder, "wordllama", f"WordLlama static embeddings (256 dimensions), {why}")
+        return EmbedderChoice(None, "bm25", f"BM25 alone: no embedder is available ({exc}){skipped}")
+    why = "as asked" if requested == "wordllama" else "the best embedder available offline: no embedding model on disk"
+    return EmbedderChoice(embedder, "wordllama", f"WordLlama static embeddings (256 dimensions), {why}{skipped}")
+
+
+def _described(embedder: Embedder | None) -> str:
+    return str(getattr(embedder, "description", None) or getattr(embedder, "name", "?"))

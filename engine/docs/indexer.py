@@ -63,14 +63,25 @@ def _resolve_embedder(
     conn: sqlite3.Connection, name: str, requested: str
 ) -> tuple[sqlite3.Row, EmbedderChoice]:
     row = store.collection_row(conn, name)
+    lost = ""
     if row is not None and requested == "auto":
-        embedder = load_embedder(row["embedder"])  # the collection keeps the embedder its vectors came from
-        return row, EmbedderChoice(embedder, row["embedder"], f"{row['embedder']}: the collection's embedder")
+        # the collection keeps the embedder its vectors came from, while it loads and gives vectors of their size
+        try:
+            embedder = load_embedder(row["embedder"])
+        except (OSError, ValueError, ImportError) as exc:
+            lost = f" ({row['embedder']}, which made the collection's vectors, cannot load: {exc}; indexing again)"
+        else:
+            if embedder is None or embedder.dim == row["dim"]:
+                what = getattr(embedder, "description", None) or row["embedder"]
+                return row, EmbedderChoice(embedder, row["embedder"], f"{what}: the collection's embedder")
+            lost = f" ({row['embedder']} now gives {embedder.dim} dimensions, not {row['dim']}; indexing again)"
     choice = choose_embedder(requested)
+    if lost:
+        choice = EmbedderChoice(choice.embedder, choice.name, choice.reason + lost)
     dim = choice.embedder.dim if choice.embedder is not None else 0
     if row is None:
         return store.create_collection(conn, name, choice.name, dim), choice
-    if row["embedder"] != choice.name:
+    if row["embedder"] != choice.name or row["dim"] != dim:
         # Vectors of two embedders cannot be compared: every file is indexed again with the new one.
         with _transaction(conn):
             conn.execute("DELETE FROM chunks WHERE collection_id = ?", (row["id"],))

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from engine.docs import store
-from engine.docs.embedders import load_embedder
+from engine.docs.embedders import embed_query, load_embedder
 
 #: RRF's constant: larger values flatten the advantage of the very first ranks (60 is the paper's value).
 RRF_K = 60
@@ -173,7 +173,7 @@ def search(
         rankings.append(bm25_ranking(conn, cid, query, limit, members))
     if mode in ("hybrid", "vector") and embedder is not None:
         ids, matrix = _collection_vectors(conn, cid, int(row["generation"]))
-        rankings.append(vector_ranking(ids, matrix, embedder.embed([query])[0], limit))
+        rankings.append(vector_ranking(ids, matrix, embed_query(embedder, query), limit))
     ranked = reciprocal_rank_fusion(rankings) if len(rankings) > 1 else rankings[0]
     return _hits(conn, ranked[:top_k])
 

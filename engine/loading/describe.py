@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine.api import HardwareInfo, ModelLoadError
+from engine.loading.embedding_model import embedding_problem, is_embedding_folder
 from engine.loading.gguf_reader import read_gguf_header, read_regular_text
 from engine.loading.recommend import recommend
 from engine.loading.safetensors_reader import read_safetensors_header
@@ -27,6 +28,8 @@ SOURCES: tuple[Source, ...] = ("huggingface", "lmstudio", "ollama", "gpt4all", "
 #: ``name-00001-of-00003.gguf``: one part of a GGUF split by llama.cpp's gguf-split.
 SPLIT_GGUF = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 _WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin", "*.pt", "*.pth")
+#: GGUF architectures of embedding models (llama.cpp's names); any file whose metadata has a pooling type is one too.
+EMBEDDING_GGUF_ARCHITECTURES = ("bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "t5encoder")
 
 
 @dataclass(slots=True)
@@ -48,6 +51,9 @@ class FoundModel:
     fits: str | None = None  # the recommendation's verdict: "yes", "tight" or "no"; None when not estimated
     recommended_level: str | None = None
     fit_reason: str = ""
+    #: "chat" (a model to load and talk to) or "embedding" (texts to vectors: the document index's embedders,
+    #: ``engine/loading/embedding_model.py``); the chat's model list hides embedding models
+    kind: str = "chat"
 
     def to_json(self) -> dict[str, Any]:
         """The fields as JSON-ready values (the path as a string)."""
@@ -94,6 +100,10 @@ def describe_gguf(path: Path, name: str, source: Source, hardware: HardwareInfo)
                 f"llama.cpp's `llama-gguf-split --merge {path.name} merged.gguf`."
             )
             return found
+    if arch in EMBEDDING_GGUF_ARCHITECTURES or f"{arch}.pooling_type" in metadata:
+        found.kind = "embedding"
+        found.reason = "Hearth runs embedding models from Hugging Face folders (safetensors), not GGUF files yet."
+        return found
     found.reason = _inspect(path)
     found.runnable = not found.reason
     if found.runnable:
@@ -184,6 +194,11 @@ def describe_folder(folder: Path, name: str, source: Source, hardware: HardwareI
     if dtypes:
         found.num_parameters = sum(dtypes.values())
     found.quantization = _folder_quantization(config, dtypes)
+    if is_embedding_folder(folder, config):
+        found.kind = "embedding"  # the loader's and the recommendation's checks are for chat models
+        found.reason = found.reason or embedding_problem(folder)
+        found.runnable = not found.reason
+        return found
     found.reason = found.reason or _inspect(folder)
     found.runnable = not found.reason
     if found.runnable:

@@ -340,7 +340,7 @@ def _params(count: int | None) -> str:
 
 def format_table(models: Sequence[FoundModel]) -> str:
     """A plain-text table: one row per model, and a ``why:`` line under each one Hearth cannot run."""
-    header = ("NAME", "SOURCE", "FORMAT", "ARCH", "PARAMS", "QUANT", "SIZE", "FITS")
+    header = ("NAME", "SOURCE", "FORMAT", "ARCH", "PARAMS", "QUANT", "SIZE", "FITS", "KIND")
     rows = [
         (
             m.name if len(m.name) <= 60 else m.name[:28] + "…" + m.name[-31:],
@@ -350,7 +350,8 @@ def format_table(models: Sequence[FoundModel]) -> str:
             _params(m.num_parameters),
             m.quantization or "?",
             _gib(m.size_bytes),
-            (m.fits or "?") if m.runnable else "can't run",
+            ("-" if m.kind == "embedding" else m.fits or "?") if m.runnable else "can't run",
+            m.kind,
         )
         for m in models
     ]

@@ -151,6 +151,10 @@ def read_embedding_spec(folder: Path) -> EmbeddingSpec:
         raise ModelLoadError(
             f"{folder.name} has no .safetensors weights; Hearth reads embedding models from those."
         )
+    if not (folder / "tokenizer.json").is_file() and not (folder / "vocab.txt").is_file():
+        raise ModelLoadError(
+            f"{folder.name} has no tokenizer.json or vocab.txt; Hearth reads an embedding model's tokenizer from those."
+        )
     pooling, source = _pooling(folder, arch.pooling)
     bert_config = _json(folder / "sentence_bert_config.json")
     limit = bert_config.get("max_seq_length") if isinstance(bert_config, dict) else None

@@ -32,6 +32,7 @@ A prompt's path: ``Composer.send_requested`` -> ``ChatPane._on_send_requested`` 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import queue
 import threading
@@ -42,6 +43,7 @@ from PySide6.QtCore import QObject, QThreadPool, QTimer, SignalInstance, Slot
 
 from app import log
 from app.bridge.jobs import Job, Threads, find_models, import_engine, quantization_advice
+from app.bridge.kept_models import MAX_KEPT, LoadedModelsSignals, model_key
 from app.bridge.loop import Cancel, Command, Submit
 from app.bridge.model_lifecycle import ModelLifecycle
 from app.bridge.protocols import EngineApi
@@ -97,6 +99,11 @@ class EngineBridge(QObject):
         self._remote_conversations: dict[str, str] = {}
         self._models = ModelLifecycle(self.signals, self._threads, self._commands, self._sentinel,
                                       self._engine_api, self._remote_events(), self._send_remote)
+        #: The loaded models kept beside the one in use (``app.bridge.kept_models``), for the Models pane.
+        self.loaded_models: LoadedModelsSignals = self._models.loaded_signals
+        self._sweep_timer = QTimer(self)
+        self._sweep_timer.setInterval(1000)
+        self._sweep_timer.timeout.connect(self._sweep_kept)
         # GUI-thread state, updated by our own slots.
         self._model_info: ModelInfo | None = None
         self._is_loading = False
@@ -178,11 +185,64 @@ class EngineBridge(QObject):
         load_settings = settings or LoadSettings()
         self._overflow = load_settings.overflow
         self._context_length = load_settings.max_model_len
+        if self._models.keep > 1 and self._switch_to_kept(model_key(spec, device, dtype, load_settings)):
+            return
         generation = self._models.next_generation()
         self._is_loading = True
-        self._abandon_tool_runs("The model was unloaded before the reply finished.")
+        if self._models.keep <= 1:  # kept loaded, the model in use goes on with its tools replies
+            self._abandon_tool_runs("The model was unloaded before the reply finished.")
         log.bridge.info("loading %s (device=%s, dtype=%s, %s)", spec, device, dtype, load_settings)
         self._start_job("load", lambda: self._models.load_worker(generation, spec, device, dtype, load_settings))
+
+    def _switch_to_kept(self, key: tuple[str, str, str, str]) -> bool:
+        """Make a model kept loaded the one in use, with no load: ``model_loaded`` follows from the event loop."""
+        info = self._models.activate(key)
+        if info is None:
+            return False
+        info = dataclasses.replace(info, load_s=0.0)
+        self._model_info, self._is_loading = info, False
+        self._start_job("switch", self._models.after_switch)
+
+        def announce() -> None:
+            self.signals.model_load_progress.emit(1.0, "Ready")
+            self.signals.model_loaded.emit(info)
+
+        QTimer.singleShot(0, self, announce)
+        return True
+
+    def set_models_kept(self, count: int, idle_unload_s: float | None = None) -> None:
+        """Keep up to ``count`` models loaded (1: loading another frees the one in use), each unloaded once idle
+        for ``idle_unload_s`` seconds (None: never). Idle models over the count are unloaded, least recently used
+        first; a model with replies running never is."""
+        if not 1 <= count <= MAX_KEPT:
+            raise ValueError(f"models kept loaded must be 1 to {MAX_KEPT}, got {count}")
+        if idle_unload_s is not None and idle_unload_s < 0:
+            raise ValueError(f"the idle time before unloading must not be negative, got {idle_unload_s}")
+        self._models.keep, self._models.idle_ttl_s = count, idle_unload_s
+        # Each kept model's loop holds a pool thread for as long as it is loaded.
+        self._pool.setMaxThreadCount(MAX_THREADS + count - 1)
+        if count > 1 or idle_unload_s is not None:
+            self._sweep_timer.start()
+        self._sweep_kept()
+
+    def unload_loaded(self, spec: str) -> None:
+        """Free the loaded model ``spec``: the one in use as :meth:`unload_model` does, a kept one at once."""
+        info = self._model_info
+        if info is not None and info.spec == spec and self._models.local_llm() is not None:
+            self.unload_model()
+        elif not self._models.unload_parked(spec):
+            log.bridge.info("%s is not loaded; nothing to unload", spec)
+
+    @Slot()
+    def _sweep_kept(self) -> None:
+        if self._shutdown.is_set():
+            self._sweep_timer.stop()
+            return
+        if self._models.sweep() and not self._is_loading:
+            log.bridge.info("unloading the model in use: idle for %s s", self._models.idle_ttl_s)
+            self.unload_model()
+        if self._models.keep <= 1 and self._models.idle_ttl_s is None and not self._models.has_parked():
+            self._sweep_timer.stop()
 
     def unload_model(self) -> None:
         """Free the model in the background; in-flight requests fail, ``model_unloaded`` follows."""
@@ -317,6 +377,8 @@ class EngineBridge(QObject):
             run.cancel()
             run.spec.deny_all()
             return
+        if self._models.route_cancel(request_id):  # a reply of a model kept loaded, not the one in use
+            return
         with self._lock:
             remote, loop = self._models.remote, self._models.loop
             if remote is None:
@@ -390,6 +452,7 @@ class EngineBridge(QObject):
         log.bridge.info("shutting down")
         self._abandon_tool_runs("Hearth is closing.")
         self._threads.stop()  # the resource monitor
+        self._sweep_timer.stop()
         self._models.retire_current_model()
         self._pool.waitForDone()
         _POOLS.discard(self._pool)

@@ -99,6 +99,21 @@ class EngineLoop:
         """A command is waiting on the queue: end the loop's idle wait. Any thread."""
         self._engine.wake()
 
+    def use_commands(self, commands: queue.Queue[Command]) -> None:
+        """Take commands from ``commands`` from the next step on (a model kept loaded but not in use has a queue
+        of its own: ``app.bridge.kept_models``). Any thread, under the lifecycle's lock."""
+        self._commands = commands
+        self._engine.wake()
+
+    def has_request(self, request_id: str) -> bool:
+        """Whether the reply ``request_id`` runs here. Any thread."""
+        return request_id in self._handles
+
+    def is_busy(self) -> bool:
+        """Whether replies are running: the loop's own, or a tools reply's submitted straight to the engine. Any
+        thread."""
+        return bool(self._handles) or self._engine.has_work()
+
     def run(self) -> None:
         """Step the engine until :meth:`stop`, on the calling thread; :attr:`done` is set when it returns."""
         try:

@@ -10,6 +10,12 @@ generation is no longer current gives up, and a progress callback of a supersede
 freed (:meth:`_teardown`) before the next is read into memory. A loaded model's loop (:class:`EngineLoop`) runs on
 its load job's thread, outside ``_load_lock``: a later load or unload stops it and waits for it, and the loop's
 thread frees its own model (:meth:`_release_model`), since every torch op of a model runs on that one thread.
+
+With "Models kept loaded" above 1 (:attr:`ModelLifecycle.keep`), a load parks the model in use instead of freeing
+it, and :meth:`ModelLifecycle.activate` brings a parked one back at once (``app.bridge.kept_models``).
+
+Long because the lock protocol of loading, parking, switching and unloading is one piece: each step changes the
+same guarded state (the loop in use, the parked models, the generation), and split up it would be read in halves.
 """
 
 from __future__ import annotations
@@ -31,7 +37,16 @@ from app.bridge.jobs import (
     shown_model_name,
     start_local_server,
 )
-from app.bridge.loop import Command, EngineLoop, Submit
+from app.bridge.kept_models import (
+    Kept,
+    Key,
+    LoadedModelsSignals,
+    memory_of_load,
+    resident_bytes,
+    rows,
+    victims,
+)
+from app.bridge.loop import Cancel, Command, EngineLoop, Submit
 from app.bridge.protocols import BridgedLLM, EngineApi
 from app.bridge.remote_backend import RemoteBackend, RemoteError, RemoteEvents, api_root, fetch_models
 from app.bridge.signals import EngineSignals
@@ -83,6 +98,15 @@ class ModelLifecycle:
         self._server: ServerThread | None = None
         # Serializes loads and unloads so at most one model is in memory.
         self._load_lock = threading.Lock()
+        #: "Models kept loaded" and "Unload idle models after" (None: never); set on the GUI thread.
+        self.keep = 1
+        self.idle_ttl_s: float | None = None
+        #: Where the list of loaded models goes (the Models pane); no parent, like the bridge's signals.
+        self.loaded_signals = LoadedModelsSignals()
+        # Guarded by lock: the local model in use, the ones kept loaded beside it, and those being freed.
+        self._active: Kept | None = None
+        self._parked: list[Kept] = []
+        self._evicting: list[BridgedLLM] = []
 
     # -- any thread -------------------------------------------------------------------------------
 
@@ -93,11 +117,92 @@ class ModelLifecycle:
             return self._generation
 
     def retire_current_model(self) -> int:
-        """Bump the generation and stop the running loop; returns the new generation."""
+        """Bump the generation and stop the running loop (once the bridge shuts down, the parked ones' too);
+        returns the new generation."""
         with self.lock:
             self._generation += 1
             self._retire_locked()
+            if self._shutdown.is_set():
+                for kept in self._parked:
+                    kept.loop.stop()
             return self._generation
+
+    def activate(self, key: Key) -> ModelInfo | None:
+        """Make the parked model ``key`` the one in use, at once, parking the one in use; its info, or None when
+        ``key`` is not parked (then a load must run). GUI thread; :meth:`after_switch` then runs as a job."""
+        with self.lock:
+            kept = next((k for k in self._parked if k.key == key and not k.loop.error), None)
+            if kept is None or self._shutdown.is_set():
+                return None
+            if (self.loop is not None or self._llm is not None) and not self._park_locked():
+                return None  # the model in use cannot be kept (its loop died): a load frees it
+            self._generation += 1  # a load under way gives up
+            if self.remote is not None:
+                self._retired_remotes.append(self.remote)
+                self.remote = None
+            self._parked.remove(kept)
+            kept.loop.use_commands(self._commands)
+            while not kept.commands.empty():  # its cancels, for the bridge's queue it now takes
+                self._commands.put(kept.commands.get_nowait())
+            kept.last_used = time.monotonic()
+            self._active, self.loop, self._llm, self._llm_name = kept, kept.loop, kept.llm, kept.name
+        log.bridge.info("switched to %s, kept loaded", kept.name)
+        return kept.info
+
+    def after_switch(self) -> None:
+        """Disconnect a remote server left by :meth:`activate`, and list the loaded models."""
+        self._close_remotes()
+        self.emit_loaded()
+
+    def route_cancel(self, request_id: str) -> bool:
+        """Send a cancel to the parked model running ``request_id``; False when none is (the bridge's queue takes
+        it)."""
+        with self.lock:
+            kept = next((k for k in self._parked if k.loop.has_request(request_id)), None)
+            if kept is not None:
+                kept.commands.put(Cancel(request_id))
+                kept.loop.wake()
+        return kept is not None
+
+    def sweep(self) -> bool:
+        """Unload the parked models past their idle time or over the count (as jobs: ``start_evict``), and list the
+        loaded models; True when the model in use has been idle past its time (the bridge unloads it). GUI thread,
+        about once a second."""
+        now = time.monotonic()
+        with self.lock:
+            for kept in self._parked + ([self._active] if self._active is not None else []):
+                if kept.is_busy():
+                    kept.last_used = now
+            chosen = victims(self._parked, self._active is not None, self.keep, self.idle_ttl_s, now)
+            self._evict_locked(chosen)
+            active = self._active
+            expired = (active is not None and self.idle_ttl_s is not None and not active.is_busy()
+                       and now - active.last_used >= self.idle_ttl_s)
+        if chosen:
+            threading.Thread(target=self._wait_evicted, args=(chosen,), name="hearth-evict", daemon=True).start()
+        elif self._parked or self.idle_ttl_s is not None:
+            self.emit_loaded()
+        return expired
+
+    def unload_parked(self, spec: str) -> bool:
+        """Free the parked model ``spec`` now, replies and all; False when ``spec`` is not parked."""
+        with self.lock:
+            chosen = [k for k in self._parked if k.info.spec == spec]
+            self._evict_locked(chosen)
+        if chosen:
+            threading.Thread(target=self._wait_evicted, args=(chosen,), name="hearth-evict", daemon=True).start()
+        return bool(chosen)
+
+    def has_parked(self) -> bool:
+        with self.lock:
+            return bool(self._parked)
+
+    def emit_loaded(self) -> None:
+        """Send the list of loaded models (``LoadedModelsSignals.changed``)."""
+        with self.lock:
+            models = rows(self._active, list(self._parked), self.idle_ttl_s, time.monotonic())
+        if not self._shutdown.is_set():
+            self.loaded_signals.changed.emit(models)
 
     def local_llm(self) -> BridgedLLM | None:
         """The loaded local model (None while a remote server serves the chats, or none is loaded)."""
@@ -115,8 +220,10 @@ class ModelLifecycle:
         self._close_remotes()
         with self.lock:
             llm, self._llm = self._llm, None
-        if llm is not None:
-            self._close(llm)
+            others = [k.llm for k in self._parked] + self._evicting
+            self._parked, self._evicting, self._active = [], [], None
+        for model in ([llm] if llm is not None else []) + others:
+            self._close(model)
         self._retired_loops.clear()
 
     # -- pool side --------------------------------------------------------------------------------
@@ -126,6 +233,7 @@ class ModelLifecycle:
         does all of a model's torch work)."""
         with self._load_lock:
             loop = self._load(generation, spec, device, dtype, settings)
+        self.emit_loaded()
         if loop is not None:  # outside _load_lock: the next load or unload stops this loop and waits for it
             loop.run()
 
@@ -135,6 +243,7 @@ class ModelLifecycle:
             if self._is_current(generation):
                 self.fail_queued("The model was unloaded.")
                 self._signals.model_unloaded.emit()
+        self.emit_loaded()
 
     def remote_worker(self, generation: int, base_url: str, api_key: str, model: str) -> None:
         with self._load_lock:
@@ -224,7 +333,7 @@ class ModelLifecycle:
         if problem:
             self._load_failed(generation, problem)
             return None
-        if not self._replace_current(generation):
+        if not self._replace_current(generation, spec):
             return None
 
         def progress(fraction: float, stage: str) -> None:
@@ -232,7 +341,7 @@ class ModelLifecycle:
                 raise Superseded
             self._signals.model_load_progress.emit(float(fraction), str(stage))
 
-        started = time.monotonic()
+        started, rss_before = time.monotonic(), resident_bytes()
         try:
             api = self._engine_api()
         except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
@@ -270,6 +379,8 @@ class ModelLifecycle:
                 self._llm, self._llm_name = llm, name
                 self.loop = loop = EngineLoop(llm, self._commands, self._signals, self._sentinel,
                                               self._threads.stop, release=lambda: self._release_model(llm))
+                self._active = Kept((spec, device, dtype, repr(settings)), llm, loop, name, info,
+                                    memory_of_load(rss_before, resident_bytes(), info))
         if not is_current:
             self._close(llm)
             return None
@@ -286,15 +397,56 @@ class ModelLifecycle:
         with self.lock:
             return generation == self._generation and not self._shutdown.is_set()
 
-    def _replace_current(self, generation: int) -> bool:
-        """Retire the model in use for the load of ``generation`` and free it; False when that load is
+    def _replace_current(self, generation: int, spec: str = "") -> bool:
+        """Retire the model in use for the load of ``generation`` and free it (with models kept loaded, park it
+        unless it is ``spec`` itself, and free the idle ones over the count); False when that load is
         superseded."""
         with self.lock:
             if generation != self._generation or self._shutdown.is_set():
                 return False
-            self._retire_locked()
+            if self._active is None or self._active.info.spec == spec or not self._park_locked():
+                self._retire_locked()
+            chosen = [k for k in self._parked if k.info.spec == spec and not k.is_busy()]
+            others = [k for k in self._parked if k not in chosen]
+            chosen += victims(others, bool(spec), self.keep, self.idle_ttl_s, time.monotonic())
+            self._evict_locked(chosen)
+        self._wait_evicted(chosen)
         self._teardown()
         return True
+
+    def _park_locked(self) -> bool:
+        """Keep the model in use loaded, on a queue of its own, when the setting keeps more than one (``lock``
+        held); False when it cannot be kept."""
+        kept = self._active
+        if self.keep <= 1 or kept is None or self.loop is not kept.loop or kept.loop.error or self.remote:
+            return False
+        kept.loop.use_commands(kept.commands)
+        kept.last_used = time.monotonic()
+        self._parked.append(kept)
+        self._active, self.loop, self._llm = None, None, None
+        return True
+
+    def _evict_locked(self, chosen: list[Kept]) -> None:
+        """Stop the loops of the parked models ``chosen``; each frees its model on its own thread (``lock``
+        held)."""
+        for kept in chosen:
+            self._parked.remove(kept)
+            self._evicting.append(kept.llm)
+            kept.loop.stop()
+            log.bridge.info("unloading %s, kept loaded until now", kept.name)
+
+    def _wait_evicted(self, chosen: list[Kept]) -> None:
+        """Wait for the loops of evicted models, then free a model whose loop died of an error."""
+        for kept in chosen:
+            kept.loop.done.wait()
+            with self.lock:
+                still = kept.llm in self._evicting and not self._shutdown.is_set()
+                if still:
+                    self._evicting.remove(kept.llm)
+            if still:
+                self._close(kept.llm)
+        if chosen:
+            self.emit_loaded()
 
     def _retire_locked(self) -> None:
         """Stop the running loop and drop the remote (``lock`` held)."""
@@ -302,6 +454,7 @@ class ModelLifecycle:
             self.loop.stop()
             self._retired_loops.append(self.loop)
             self.loop = None
+        self._active = None
         if self.remote is not None:
             self._retired_remotes.append(self.remote)
             self.remote = None
@@ -333,9 +486,14 @@ class ModelLifecycle:
         garbage (``gc.collect``), which off the GUI thread could destroy a closing window's Qt objects; a bridge
         deleted without ``shutdown()`` leaves it to the process's end."""
         with self.lock:
-            if self._llm is not llm or self._shutdown.is_set():
+            if self._shutdown.is_set():
                 return
-            self._llm = None
+            if llm in self._evicting:  # a model kept loaded, unloaded
+                self._evicting.remove(llm)
+            elif self._llm is llm:
+                self._llm = None
+            else:
+                return
         self._close(llm)
 
     @staticmethod

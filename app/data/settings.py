@@ -177,6 +177,27 @@ class Settings:
         self._qsettings.setValue("models/repeatable", bool(value))
 
     @property
+    def models_kept(self) -> int:
+        """How many models stay loaded (1 to 4; 1: loading another frees the one in use)."""
+        return min(max(self._int("models/kept_loaded", 1), 1), 4)
+
+    @models_kept.setter
+    def models_kept(self, value: int) -> None:
+        if not 1 <= value <= 4:
+            raise ValueError(f"models kept loaded must be 1 to 4, got {value}")
+        self._qsettings.setValue("models/kept_loaded", int(value))
+
+    @property
+    def idle_unload_s(self) -> float | None:
+        """Seconds an idle model stays loaded; None (stored as 0) for ever."""
+        value = self._float("models/idle_unload_s", 0.0)
+        return value if value > 0 else None
+
+    @idle_unload_s.setter
+    def idle_unload_s(self, value: float | None) -> None:
+        self._qsettings.setValue("models/idle_unload_s", float(value or 0.0))
+
+    @property
     def server_enabled(self) -> bool:
         """Whether "Serve on localhost" is on."""
         return self._bool("server/enabled", False)

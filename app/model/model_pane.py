@@ -5,7 +5,8 @@ for a recommendation whenever the path, device or sizing changes, and shows only
 
 The boxes with a role of their own live beside it: :mod:`app.model.device_precision_form` (device, precision and
 the advice under them), :mod:`app.model.model_card` (the line saying what is loaded), :mod:`app.model.server_box`,
-:mod:`app.model.load_settings`, :mod:`app.model.generation_form` and :mod:`app.model.hardware_box`.
+:mod:`app.model.load_settings`, :mod:`app.model.generation_form`, :mod:`app.model.hardware_box` and
+:mod:`app.model.loaded_models_box` (the models kept loaded).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from app.model.discover import show_discover
 from app.model.generation_form import GenerationForm
 from app.model.hardware_box import HardwareBox
 from app.model.load_settings import LoadSettingsForm
+from app.model.loaded_models_box import LoadedModelsBox
 from app.model.model_card import model_card
 from app.model.server_box import ServerBox
 from engine.api import LEVEL_DTYPES
@@ -101,6 +103,7 @@ class ModelPane(QWidget):
         layout.setSpacing(10)
         layout.addWidget(self._build_model_group())
         self._server_box = ServerBox(self._bridge)
+        self._loaded_box = LoadedModelsBox(self._bridge)
         self._load_settings_form = LoadSettingsForm()
         self._load_settings_form.sizing_changed.connect(self._recommend_timer.start)
         self._load_settings_form.overflow_changed.connect(self._bridge.set_overflow_policy)
@@ -110,7 +113,9 @@ class ModelPane(QWidget):
         # Read less often, these fold to a line, so the pane fits a 768-pixel-high screen without scrolling.
         self.engine_section = FoldingSection(self._load_settings_form, "engineSection", is_folded=True)
         self.hardware_section = FoldingSection(self._hardware_box, "hardwareSection", is_folded=True)
+        self.loaded_section = FoldingSection(self._loaded_box, "loadedModelsSection", is_folded=True)
         layout.addWidget(self._generation_form)
+        layout.addWidget(self.loaded_section)
         layout.addWidget(self._server_box)
         layout.addWidget(self.engine_section)
         layout.addWidget(self.hardware_section)
@@ -277,6 +282,10 @@ class ModelPane(QWidget):
     @property
     def load_settings_form(self) -> LoadSettingsForm:
         return self._load_settings_form
+
+    @property
+    def loaded_models_box(self) -> LoadedModelsBox:
+        return self._loaded_box
 
     @property
     def server_box(self) -> ServerBox:

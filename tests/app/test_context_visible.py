@@ -3,8 +3,10 @@ to fit the context, and long user messages folded in the transcript. On the fake
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QSpinBox
@@ -13,12 +15,14 @@ from app.chat.message_extras import FOLD_MAX_CHARS, folded_text, is_long, left_o
 from app.chat.message_view import MessageView
 from app.chat.search_highlight import highlight_matches
 from app.chat.token_counter import TokenCounter
-from app.data.conversations import Message
+from app.data.conversations import STATUS_DONE, STATUS_ERROR, Message
 from app.window.main_window import MainWindow
 from tests.app import ui_flows
 from tests.app.fake_engine import FakeLLM
 
 TIMEOUT_MS = 8000
+#: The default model on a slow machine's CPU.
+REAL_TIMEOUTS = ui_flows.Timeouts(load_ms=180_000, reply_ms=120_000, first_token_ms=60_000)
 PASTE = "\n".join(f"line {n}: some pasted log output, {'x' * 40}" for n in range(80)) + "\nTHE-LAST-LINE"
 
 
@@ -187,3 +191,48 @@ def test_a_search_match_in_a_folded_part_shows(qtbot: Any) -> None:
     view.append_message(Message("user", PASTE))
     assert highlight_matches(view, "the-last-line") == 1
     assert "THE-LAST-LINE" in view.message_text(0)
+
+
+def test_the_meter_counts_what_the_real_model_is_sent(shared_default_llm: Any) -> None:
+    """On the default model's own tokenizer and chat template (which adds a system prompt of its own when a chat
+    has none), the count is the length of the prompt the engine builds, to the token."""
+    tokenize = shared_default_llm("fp32").engine.tokenize
+    counter = TokenCounter()
+    chat = [{"role": "user" if n % 2 == 0 else "assistant",
+             "content": f"Turn {n}: Brot, 東京 and `code()` — {'word ' * (n * 7 % 23)}\nsecond line."}
+            for n in range(21)]
+    for messages in (chat, [{"role": "system", "content": "Answer in French."}, *chat], chat[:1]):
+        assert counter.count(messages, tokenize) == (len(tokenize(messages)), True)
+
+
+@pytest.mark.slow
+def test_on_the_real_engine_a_512_context_says_what_it_left_out_and_names_512_when_it_cannot_fit(
+        qtbot: Any, tmp_path: Path) -> None:
+    from app import create_window
+
+    window = create_window(data_dir=tmp_path)
+    qtbot.add_widget(window)
+    window.show()
+    qtbot.wait_exposed(window)
+    try:
+        ui_flows.child(window, QSpinBox, "contextLengthSpin").setValue(512)
+        ui_flows.set_generation(window, temperature=0.0, max_tokens=8)
+        ui_flows.load_model(qtbot, window, timeouts=REAL_TIMEOUTS)
+        fill_chat(window, 16)
+        count = wait_count(qtbot, window, lambda c: c.context_length == 512 and c.is_exact)
+        assert count.num_tokens > 512 and window.chat_pane.composer.context_meter.is_over
+        reply = ui_flows.send(qtbot, window, ui_flows.FRANCE_QUESTION)
+        ui_flows.wait_finished(qtbot, reply, REAL_TIMEOUTS.reply_ms)
+        assert reply.status == STATUS_DONE, reply.error
+        dropped = reply.stats["num_dropped_messages"]
+        view = window.chat_pane.view
+        assert view.message_text(view.message_count - 1).startswith(
+            f"↳ {dropped} earlier turns are left out (context 512 tokens)\nHearth")
+        window.model_pane.load_settings_form.set_overflow("stop")
+        failed = ui_flows.send(qtbot, window, "And bread?")
+        ui_flows.wait_finished(qtbot, failed, REAL_TIMEOUTS.reply_ms)
+        assert failed.status == STATUS_ERROR
+        assert "the context holds 512 tokens and 8 of them are kept for the reply" in failed.error
+        assert "raise the context length above 512" in failed.error
+    finally:
+        window.close()

@@ -104,11 +104,12 @@ class CountJob(QObject):
 
     finished = Signal(object)
 
-    def __init__(self, count: Callable[[list[dict[str, str]]], tuple[int, bool]], messages: list[dict[str, str]],
-                 context_length: int, budget: int) -> None:
+    def __init__(self, count: Callable[[list[dict[str, str]], bool], tuple[int, bool]],
+                 messages: list[dict[str, str]], has_draft: bool, context_length: int, budget: int) -> None:
         super().__init__()  # no parent: the thread keeps it alive until it has emitted
         self._count = count
         self._messages = messages
+        self._has_draft = has_draft
         self._context_length = context_length
         self._budget = budget
         self._thread = threading.Thread(target=self._run, name=COUNT_THREAD, daemon=True)
@@ -118,7 +119,7 @@ class CountJob(QObject):
 
     def _run(self) -> None:
         try:
-            num_tokens, is_exact = self._count(self._messages)
+            num_tokens, is_exact = self._count(self._messages, self._has_draft)
             result: Count | None = Count(num_tokens, is_exact, self._context_length, self._budget)
         except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
             log.ui.warning("counting the chat's tokens failed: %s: %s", type(exc).__name__, exc)
@@ -183,11 +184,11 @@ class ContextMeterController(QObject):
         context = self._replies.context_length
         max_tokens = int(self._pane.sampling_params(conversation).get("max_tokens") or 0)
         budget = context - min(max_tokens, context // 2)
-        self._job = CountJob(self._count, messages, context, budget)
+        self._job = CountJob(self._count, messages, bool(draft), context, budget)
         self._job.finished.connect(self._on_counted)
         self._job.start()
 
-    def _count(self, messages: list[dict[str, str]]) -> tuple[int, bool]:
+    def _count(self, messages: list[dict[str, str]], has_draft: bool) -> tuple[int, bool]:
         """Count with the model in use (worker thread: the bridge's model lookup takes a lock)."""
         tokenize: Tokenize | None = self._replies.tokenizer()
         owner = getattr(tokenize, "__self__", tokenize)
@@ -197,7 +198,7 @@ class ContextMeterController(QObject):
                 self._owner = weakref.ref(owner)
             except TypeError:  # not weakly referable: count afresh each time
                 self._owner = None
-        return self._counter.count(messages, tokenize)
+        return self._counter.count(messages, tokenize, is_draft_last=has_draft)
 
     @Slot()
     def _on_changed(self, *args: object) -> None:

@@ -45,23 +45,31 @@ class TokenCounter:
         self._template: tuple[float, float, float, int] | None = None
         self._is_broken = False
 
-    def count(self, messages: Sequence[dict[str, str]], tokenize: Tokenize | None) -> tuple[int, bool]:
+    def count(self, messages: Sequence[dict[str, str]], tokenize: Tokenize | None, *,
+              is_draft_last: bool = False) -> tuple[int, bool]:
         """Tokens of ``messages`` (oldest first) sent through the chat template, with the reply's opening; and
-        whether ``tokenize`` gave them (False: an estimate, without a tokenizer or when it failed)."""
+        whether ``tokenize`` gave them (False: an estimate, without a tokenizer or when it failed).
+
+        With ``is_draft_last`` the last message is a draft being typed: counted, not kept (each keystroke makes
+        another text, and a pasted one may be large)."""
         if tokenize is not None and not self._is_broken:
             self._tokenize = tokenize
             try:
-                return (self._count(messages) if messages else 0), True
+                return (self._count(messages, is_draft_last) if messages else 0), True
             except Exception:  # noqa: BLE001 (a template or tokenizer that fails falls back to the estimate)
                 self._is_broken = True
             finally:
                 self._tokenize = None
         return estimate_tokens(messages), False
 
-    def _count(self, messages: Sequence[dict[str, str]]) -> int:
+    def _count(self, messages: Sequence[dict[str, str]], is_draft_last: bool) -> int:
         base, base_with_system, per_message, _ = self._template or self._measure_template()
         fixed = base_with_system if messages[0].get("role") == "system" else base
-        return max(round(fixed + sum(self._text_tokens(m.get("content", "")) + per_message for m in messages)), 0)
+        kept = messages[:-1] if is_draft_last else messages
+        total = fixed + sum(self._text_tokens(m.get("content", "")) + per_message for m in kept)
+        if is_draft_last:
+            total += self._text_tokens(messages[-1].get("content", ""), keep=False) + per_message
+        return max(round(total), 0)
 
     def _measure_template(self) -> tuple[float, float, float, int]:
         """The template's own tokens, from chats of the same probe text: with one message, three, and a system one.
@@ -81,7 +89,7 @@ class TokenCounter:
         self._template = (one - text - per_message, with_system - 2 * (text + per_message), per_message, specials)
         return self._template
 
-    def _text_tokens(self, text: str) -> int:
+    def _text_tokens(self, text: str, keep: bool = True) -> int:
         """Tokens of ``text`` as the tokenizer counts a prompt of it (specials included), kept by text."""
         if not text:
             return self._template[3] if self._template else 0
@@ -91,6 +99,8 @@ class TokenCounter:
             return cached
         assert self._tokenize is not None
         num = len(self._tokenize(text))
+        if not keep:
+            return num
         self._cache[text] = num
         if len(self._cache) > MAX_CACHED:
             self._cache.popitem(last=False)

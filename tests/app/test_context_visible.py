@@ -78,6 +78,11 @@ def test_the_counter_matches_the_template_and_tokenizes_each_message_once() -> N
     draft = {"role": "user", "content": "and one more question"}
     assert counter.count([*chat, draft], tokenize) == (len(tokenize([*chat, draft])), True)
     assert tokenize.texts == [draft["content"]]  # the chat's messages were counted before: only the draft is new
+    tokenize.texts.clear()
+    assert counter.count([*chat, draft], tokenize, is_draft_last=True) == (len(tokenize([*chat, draft])), True)
+    counter.count([*chat, {"role": "user", "content": "a draft being typed"}], tokenize, is_draft_last=True)
+    counter.count([*chat, {"role": "user", "content": "a draft being typed"}], tokenize, is_draft_last=True)
+    assert tokenize.texts == ["a draft being typed"] * 2  # a draft is counted each time, never kept
     estimate, is_exact = counter.count(chat, None)  # no tokenizer (a remote server): an estimate, said to be one
     assert not is_exact and estimate > 0
 

@@ -28,6 +28,10 @@ A prompt's path: ``Composer.send_requested`` -> ``ChatPane._on_send_requested`` 
 ``ReplyController.submit`` -> ``EngineBridge.submit`` (queue) -> ``EngineLoop._handle`` -> ``LLMEngine.submit`` ...
 ``LLMEngine.step()`` -> ``EngineLoop._on_step`` -> ``EngineSignals.token_delta`` ->
 ``ReplyController._on_token_delta`` -> ``ReplyController.reply_changed`` -> ``ChatPane`` -> ``MessageView``.
+
+Long because it is the app's one engine API: every call the panes make (models, the ones kept loaded, requests,
+tools, background jobs) is a short method here, and the state they share (the pool, the lock, the model in use)
+lives on the one object.
 """
 
 from __future__ import annotations

@@ -5,8 +5,7 @@ for a recommendation whenever the path, device or sizing changes, and shows only
 
 The boxes with a role of their own live beside it: :mod:`app.model.device_precision_form` (device, precision and
 the advice under them), :mod:`app.model.model_card` (the line saying what is loaded), :mod:`app.model.server_box`,
-:mod:`app.model.load_settings`, :mod:`app.model.generation_form`, :mod:`app.model.hardware_box` and
-:mod:`app.model.loaded_models_box` (the models kept loaded).
+:mod:`app.model.load_settings`, :mod:`app.model.generation_form`, :mod:`app.model.hardware_box`, :mod:`app.model.loaded_models_box`.
 """
 
 from __future__ import annotations
@@ -103,7 +102,7 @@ class ModelPane(QWidget):
         layout.setSpacing(10)
         layout.addWidget(self._build_model_group())
         self._server_box = ServerBox(self._bridge)
-        self._loaded_box = LoadedModelsBox(self._bridge)
+        self.loaded_models_box = self._loaded_box = LoadedModelsBox(self._bridge)
         self._load_settings_form = LoadSettingsForm()
         self._load_settings_form.sizing_changed.connect(self._recommend_timer.start)
         self._load_settings_form.overflow_changed.connect(self._bridge.set_overflow_policy)
@@ -282,10 +281,6 @@ class ModelPane(QWidget):
     @property
     def load_settings_form(self) -> LoadSettingsForm:
         return self._load_settings_form
-
-    @property
-    def loaded_models_box(self) -> LoadedModelsBox:
-        return self._loaded_box
 
     @property
     def server_box(self) -> ServerBox:

@@ -161,6 +161,7 @@ class MainWindow(QMainWindow):
         self.model_pane.set_sampling_params(self.settings.generation)
         self.model_pane.set_auto_load(self.settings.auto_load)
         self.model_pane.server_box.restore(self.settings.server_enabled, self.settings.server_port)
+        self.model_pane.loaded_models_box.restore(self.settings.models_kept, self.settings.idle_unload_s)
         form = self.model_pane.load_settings_form
         form.set_overflow(self.settings.overflow)
         form.set_repeatable(self.settings.repeatable)
@@ -179,6 +180,8 @@ class MainWindow(QMainWindow):
         self.settings.auto_load = self.model_pane.auto_load()
         self.settings.server_enabled = self.model_pane.server_box.is_on()
         self.settings.server_port = self.model_pane.server_box.port()
+        self.settings.models_kept = self.model_pane.loaded_models_box.models_kept()
+        self.settings.idle_unload_s = self.model_pane.loaded_models_box.idle_unload_s()
         self.settings.overflow = self.model_pane.load_settings_form.overflow()
         self.settings.repeatable = self.model_pane.load_settings_form.is_repeatable()
         self.settings.model_folders = self.models_view.folders

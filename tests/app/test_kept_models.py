@@ -173,3 +173,12 @@ def test_the_settings_keep_the_choices(tmp_path: Path) -> None:
     assert (again.models_kept, again.idle_unload_s) == (3, 300.0)
     with pytest.raises(ValueError, match="1 to 4"):
         again.models_kept = 0
+
+
+def test_the_window_keeps_the_choices_across_a_restart(qtbot: Any, open_window: Any, tmp_path: Path) -> None:
+    first = open_window(tmp_path / "data")
+    first.model_pane.loaded_models_box.restore(3, 300.0)
+    first.save_settings()
+    first.close()
+    again = open_window(tmp_path / "data").model_pane.loaded_models_box
+    assert (again.models_kept(), again.idle_unload_s()) == (3, 300.0)

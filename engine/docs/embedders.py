@@ -132,11 +132,18 @@ def load_embedder(name: str) -> Embedder | None:
         raise ValueError("auto is a choice, not an embedder: call choose_embedder")
     with _cache_lock:
         if name not in _cache:
-            _cache[name] = WordLlamaEmbedder() if name == "wordllama" else _load_model(name)
+            _cache[name] = WordLlamaEmbedder() if name == "wordllama" else open_model_embedder(name)
         return _cache[name]
 
 
-def _load_model(path: str) -> Embedder:
+def open_model_embedder(path: str) -> Embedder:
+    """The embedding model in the folder ``path``, loaded now and not kept (the multi-model server unloads it when
+    idle; :func:`load_embedder` keeps one).
+
+    Raises:
+        ValueError: a folder that holds no embedding model Hearth runs (the reason in words).
+        FileNotFoundError: when the folder does not exist.
+    """
     if not Path(path).exists():
         raise FileNotFoundError(f"no embedding model at {path}")
     from engine.api import ModelLoadError

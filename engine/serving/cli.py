@@ -77,6 +77,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--models-dir", action="append", default=[], type=Path, metavar="DIR",
                         help="serve every model found here and in the usual apps' folders, each loaded when a "
                              "request names it (repeatable)")
+    parser.add_argument("--embedding-model", action="append", default=[], type=Path, metavar="PATH",
+                        help="an embedding model's folder (bge, e5, gte, Qwen3-Embedding...) to serve on /v1/embeddings "
+                             "and Ollama's /api/embed beside the chat model, by its folder name (repeatable; "
+                             "wordllama-l2-256 is always there; with --models-dir, the embedding models found there "
+                             "are served too)")
     parser.add_argument("--keep-alive", default="5m", metavar="DURATION",
                         help="with --models-dir: how long a model stays loaded after its last request "
                              "(seconds or 5m, 1h; negative: for ever; default: 5m)")
@@ -194,6 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.models_dir:
         return _serve_many(args, options, pool_settings, rules, limits, sock)
     model = args.model or "default"
+    from engine.serving.embeddings import LocalEmbeddings
+
+    try:
+        embeddings = LocalEmbeddings(args.embedding_model)
+    except (OSError, ValueError, ImportError) as exc:
+        sock.close()
+        print(f"error: --embedding-model: {exc}", file=sys.stderr)
+        return 2
     try:
         llm = LLM(model, device=args.device, dtype=args.dtype, quantization=args.quantization,
                   start_loop=True, **options)
@@ -203,8 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     name = args.served_model_name or llm.model_name
     app = create_app(AsyncLLMEngine(llm), name, rules, aliases=("default", str(model)),
-                     request_timeout_s=args.request_timeout or None, sampling_defaults=llm.sampling_defaults)
+                     request_timeout_s=args.request_timeout or None, sampling_defaults=llm.sampling_defaults,
+                     embeddings=embeddings)
+    embedders = ", ".join(m.name for m in embeddings.models)
     print(f"Hearth is serving {name} on {llm.device} at http://{args.host}:{args.port}/v1"
+          + (f", and the embedding model(s) {embedders}" if embedders else "")
           + (" (API key required)" if rules.api_key else ""), flush=True)
     try:
         uvicorn_server(app, limits, args.log_level).run(sockets=[sock])
@@ -218,16 +234,30 @@ def _serve_many(args: argparse.Namespace, options: dict[str, Any], pool_settings
                 rules: GuardRules, limits: ConnectionLimits, sock: Any) -> int:
     """Serve every model on disk by name (``--models-dir``) until interrupted."""
     from engine.core.llm import LLM
-    from engine.serving.headless import disk_catalog, log_to_data_folder
+    from engine.docs.embedders import open_model_embedder
+    from engine.serving.headless import disk_catalog, embedding_entries, log_to_data_folder
     from engine.serving.multi_app import create_multi_app
     from engine.serving.pool import Entry, ModelPool
 
-    def load(entry: Entry) -> LLM:
+    try:
+        extra = embedding_entries(args.embedding_model)
+    except (OSError, ValueError) as exc:
+        sock.close()
+        print(f"error: --embedding-model: {exc}", file=sys.stderr)
+        return 2
+
+    def load(entry: Entry) -> Any:
+        if entry.kind == "embedding":
+            return open_model_embedder(entry.path)
         return LLM(entry.path, device=args.device, dtype=args.dtype, quantization=args.quantization,
                    start_loop=True, **options)
 
+    def catalog() -> list[Entry]:
+        named = {e.name for e in extra}
+        return [*extra, *(e for e in disk_catalog(args.models_dir) if e.name not in named)]
+
     log_path = log_to_data_folder(args.log_level)
-    pool = ModelPool(lambda: disk_catalog(args.models_dir), load, default_name=args.model,
+    pool = ModelPool(catalog, load, default_name=args.model,
                      request_timeout_s=args.request_timeout or None, **pool_settings)
     names = [e.name for e in pool.entries()]
     print(f"Hearth is serving {len(names)} model(s) at http://{args.host}:{args.port}/v1, each loaded when a "

@@ -29,8 +29,8 @@ UNIT_NAME = "hearth.service"
 
 
 def disk_catalog(models_dirs: Sequence[Path], home: Path | None = None) -> list[Entry]:
-    """The runnable models discovery finds (the usual apps' folders under ``home`` and ``models_dirs``), and the
-    default model when it is installed; each name once, the first found kept."""
+    """The runnable models discovery finds (the usual apps' folders under ``home`` and ``models_dirs``), chat and
+    embedding models, and the default model when it is installed; each name once, the first found kept."""
     from engine.loading.default_model import source_gguf_path
     from engine.loading.discovery import discover_models
 
@@ -43,8 +43,34 @@ def disk_catalog(models_dirs: Sequence[Path], home: Path | None = None) -> list[
     for found in discover_models(home, extra_dirs=list(models_dirs)):
         if found.runnable and found.name not in entries:
             entries[found.name] = Entry(found.name, str(found.path), found.size_bytes,
-                                        entry_aliases(found.name, Path(found.path)))
+                                        entry_aliases(found.name, Path(found.path)), found.kind, found.model_type)
     return list(entries.values())
+
+
+def embedding_entries(folders: Sequence[Path]) -> list[Entry]:
+    """The embedding model folders named on the command line (``--embedding-model``) as the pool's entries.
+
+    Raises:
+        ValueError: a folder that holds no embedding model Hearth runs (the reason in words).
+        FileNotFoundError: a folder that does not exist.
+    """
+    from engine.api import ModelLoadError
+    from engine.loading.embedding_model import read_embedding_spec
+    from engine.serving.embeddings import folder_size, served_name
+
+    entries = []
+    for folder in folders:
+        path = Path(folder).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"no embedding model at {folder}")
+        try:
+            spec = read_embedding_spec(path)
+        except ModelLoadError as exc:
+            raise ValueError(str(exc)) from exc
+        name = served_name(path.resolve())
+        entries.append(Entry(name, str(path.resolve()), folder_size(path), (f"{name}:latest", str(folder)),
+                             "embedding", spec.model_type))
+    return entries
 
 
 def log_to_data_folder(level: str, folder: Path | None = None) -> Path:

@@ -5,6 +5,12 @@ generation request takes a lease on the model its body names, which loads it if 
 reply has been sent (for a stream, when the stream ends). ``/v1/models`` and Ollama's ``/api/tags`` list every
 model discovery finds, ``/api/ps`` the loaded ones with their memory and when they will be unloaded.
 
+Embedding models found by discovery are served by the embeddings routes (:mod:`engine.serving.embeddings`, over
+:class:`PoolEmbeddings`): the pool loads them by name like the chat models, and ``wordllama-l2-256`` (built in) is
+always there. They are listed with the chat models, with their type as Ollama's family, and ``/api/show`` gives
+them the ``embedding`` capability. A chat request naming one, or an embeddings request naming a chat model, is a
+400 that says so.
+
 Ollama's ``keep_alive`` works as in Ollama: it sets how long the model stays after this request, and a request with
 no messages (or no prompt) only loads the model, or unloads it when ``keep_alive`` is 0.
 """
@@ -14,19 +20,31 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from engine.docs.embedders import Embedder
+from engine.serving.embeddings import (
+    ALIASES,
+    MODEL,
+    BadInput,
+    EmbeddingModelInfo,
+    LocalEmbeddings,
+    embedding_routes,
+)
 from engine.serving.guards import Guard, GuardRules
 from engine.serving.ollama_api import OLLAMA_VERSION, _json
 from engine.serving.openai_app import error_handlers
-from engine.serving.pool import LoadedModel, ModelPool, parse_keep_alive
+from engine.serving.pool import Entry, LoadedModel, ModelPool, parse_keep_alive
 from engine.serving.protocol import APIError, ChatCompletionRequest, CompletionRequest, parse_body
+
+T = TypeVar("T")
 
 
 def _iso(ts: datetime) -> str:
@@ -48,6 +66,51 @@ class _Leased:
             self._release()
 
 
+def _keep_alive(body: dict[str, Any]) -> object:
+    """Ollama's ``keep_alive`` as the pool takes it (seconds or None; ``...``: the server's); a 400 when bad."""
+    if "keep_alive" not in body or body["keep_alive"] is None:
+        return ...
+    try:
+        return parse_keep_alive(body["keep_alive"])
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="keep_alive") from exc
+
+
+class PoolEmbeddings:
+    """The embeddings routes' models on the multi-model server: the pool's embedding models, and WordLlama."""
+
+    def __init__(self, pool: ModelPool) -> None:
+        self.pool = pool
+        self.builtin = LocalEmbeddings()
+
+    def names(self) -> list[str]:
+        return [*(e.name for e in self.pool.entries() if e.kind == "embedding"), MODEL]
+
+    async def run(self, name: str | None, work: Callable[[str, Embedder], T],
+                  keep_alive: object = None) -> tuple[str, T]:
+        if name is None or name in ALIASES:
+            return await self.builtin.run(name, work)
+        ttl = _keep_alive({"keep_alive": keep_alive})
+        try:
+            model = await self.pool.acquire(name, kind="embedding")
+        except APIError as exc:
+            if exc.status == 404:
+                raise BadInput(404, f"no embedding model named {name!r:.200}; embedding models here: "
+                               f"{', '.join(self.names())}", param="model") from exc
+            raise
+        try:
+            result = await run_in_threadpool(work, model.name, model.llm)
+        finally:
+            self.pool.release(model, ttl)
+        return model.name, result
+
+
+def embedding_info(entry: Entry, embedder: Embedder | None = None) -> EmbeddingModelInfo:
+    """An embedding entry as the lists show it (its parameters when it is loaded)."""
+    return EmbeddingModelInfo(entry.name, entry.family, entry.size_bytes,
+                              int(getattr(embedder, "num_parameters", 0) or 0))
+
+
 class MultiModelRoutes:
     """The routes' logic over a pool."""
 
@@ -59,6 +122,9 @@ class MultiModelRoutes:
     # -- leases --------------------------------------------------------------------------------------------------
     async def _answer(self, name: str | None, keep_alive: object, call: Any) -> Response:
         """Run ``call(model)`` on a lease of ``name``'s model; a streamed answer holds the lease until it ends."""
+        if name in ALIASES:
+            raise APIError(400, f"'{name}' is an embedding model; use /v1/embeddings (or Ollama's /api/embed) for it.",
+                           param="model", code="embedding_model")
         model = await self.pool.acquire(name)
         try:
             response = await call(model)
@@ -70,15 +136,6 @@ class MultiModelRoutes:
             return response
         return _Leased(response, lambda: self.pool.release(model, keep_alive))  # type: ignore[return-value]
 
-    @staticmethod
-    def _keep_alive(body: dict[str, Any]) -> object:
-        if "keep_alive" not in body or body["keep_alive"] is None:
-            return ...
-        try:
-            return parse_keep_alive(body["keep_alive"])
-        except ValueError as exc:
-            raise APIError(400, str(exc), param="keep_alive") from exc
-
     # -- OpenAI --------------------------------------------------------------------------------------------------
     async def models(self, _: Request) -> Response:
         data = [{"id": e.name, "object": "model", "created": self._created, "owned_by": "hearth"}
@@ -87,11 +144,11 @@ class MultiModelRoutes:
 
     async def chat(self, request: Request) -> Response:
         body = parse_body(await request.body(), ChatCompletionRequest)
-        return await self._answer(body.model, ..., lambda m: m.server.generate(body, request))
+        return await self._answer(body.model, ..., lambda m: m.chat[0].generate(body, request))
 
     async def completions(self, request: Request) -> Response:
         body = parse_body(await request.body(), CompletionRequest)
-        return await self._answer(body.model, ..., lambda m: m.server.generate(body, request))
+        return await self._answer(body.model, ..., lambda m: m.chat[0].generate(body, request))
 
     # -- Ollama --------------------------------------------------------------------------------------------------
     async def version(self, _: Request) -> Response:
@@ -99,8 +156,7 @@ class MultiModelRoutes:
 
     async def tags(self, _: Request) -> Response:
         models = [{"name": e.name, "model": e.name, "modified_at": self._modified, "size": e.size_bytes,
-                   "digest": "", "details": {"format": "gguf" if e.path.endswith(".gguf") else "safetensors"}}
-                  for e in self.pool.entries(rescan=True)]
+                   "digest": "", "details": _details(e)} for e in self.pool.entries(rescan=True)]
         return JSONResponse({"models": models})
 
     async def ps(self, _: Request) -> Response:
@@ -111,24 +167,28 @@ class MultiModelRoutes:
             remaining = m.keep_alive_s if m.active or m.expires_at is None else max(m.expires_at - now_mono, 0.0)
             expires = now + (timedelta(days=36500) if remaining is None else timedelta(seconds=remaining))
             out.append({"name": m.name, "model": m.name, "size": m.memory_bytes, "digest": "",
-                        "details": {"format": "gguf" if m.entry.path.endswith(".gguf") else "safetensors"},
+                        "details": _details(m.entry, m.llm),
                         "expires_at": _iso(expires), "size_vram": 0, "active_requests": m.active})
         return JSONResponse({"models": out})
 
     async def show(self, request: Request) -> Response:
         body = await _json(request)
         name = body.get("model") or body.get("name")
-        return await self._answer(name, ..., lambda m: m.ollama.show(request))
+        if name not in ALIASES:
+            entry = self.pool.resolve(name)
+            if entry.kind == "embedding":  # shown from its files, as Ollama does, without loading it
+                return JSONResponse(embedding_info(entry).ollama_show(self._modified))
+        return await self._answer(name, ..., lambda m: m.chat[1].show(request))
 
     async def ollama_chat(self, request: Request) -> Response:
-        return await self._ollama(request, "messages", lambda m: m.ollama.chat(request))
+        return await self._ollama(request, "messages", lambda m: m.chat[1].chat(request))
 
     async def ollama_generate(self, request: Request) -> Response:
-        return await self._ollama(request, "prompt", lambda m: m.ollama.generate(request))
+        return await self._ollama(request, "prompt", lambda m: m.chat[1].generate(request))
 
     async def _ollama(self, request: Request, field: str, call: Any) -> Response:
         body = await _json(request)  # Starlette keeps the body: the model's route reads it again
-        name, keep_alive = body.get("model"), self._keep_alive(body)
+        name, keep_alive = body.get("model"), _keep_alive(body)
         if not body.get(field) and keep_alive == 0:
             await self.pool.unload(name)
             reply: dict[str, Any] = {"model": self.pool.resolve(name).name, "created_at": _iso(datetime.now(UTC)),
@@ -140,7 +200,7 @@ class MultiModelRoutes:
 
     # -- service -------------------------------------------------------------------------------------------------
     async def health(self, _: Request) -> Response:
-        dead = [m.name for m in self.pool.loaded() if not m.server.engine.is_alive()]
+        dead = [m.name for m in self.pool.loaded() if m.server is not None and not m.server.engine.is_alive()]
         if dead:
             return APIError(503, f"The engine of {', '.join(dead)} has stopped; restart the server.",
                             "server_error", code="engine_stopped").response()
@@ -157,6 +217,8 @@ def render_metrics(models: list[LoadedModel]) -> bytes:
 
     families: dict[str, Any] = {}
     for model in models:
+        if model.server is None:  # an embedding model: no generation metrics
+            continue
         for family in model.server.metrics.registry.collect():
             kept = families.get(family.name)
             if kept is None:
@@ -171,6 +233,15 @@ def render_metrics(models: list[LoadedModel]) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Merged())
     return bytes(generate_latest(registry))
+
+
+def _details(entry: Entry, loaded: Any = None) -> dict[str, Any]:
+    """Ollama's ``details`` of an entry: its format and type (an embedding model's in full)."""
+    if entry.kind == "embedding":
+        return embedding_info(entry, loaded).ollama_details()
+    family = entry.family
+    return {"format": "gguf" if entry.path.endswith(".gguf") else "safetensors", "family": family,
+            "families": [family] if family else []}
 
 
 def create_multi_app(pool: ModelPool, rules: GuardRules | None = None) -> Starlette:
@@ -190,6 +261,7 @@ def create_multi_app(pool: ModelPool, rules: GuardRules | None = None) -> Starle
             Route("/api/show", routes.show, methods=["POST"]),
             Route("/api/chat", routes.ollama_chat, methods=["POST"]),
             Route("/api/generate", routes.ollama_generate, methods=["POST"]),
+            *embedding_routes(PoolEmbeddings(pool)),
         ],
         exception_handlers=error_handlers(),
     )

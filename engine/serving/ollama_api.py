@@ -6,6 +6,8 @@
 ``presence_penalty``, ``frequency_penalty``, ``seed``, ``stop``); ``format`` is ``"json"`` or a JSON schema;
 ``tools`` in a chat are rendered and parsed as on the OpenAI side. Options that only tune Ollama's own runtime
 (``num_ctx``, ``num_gpu``, ``num_thread``...) are accepted and ignored. Errors are ``{"error": "..."}``.
+The embedding models served beside the chat model are listed by ``/api/tags`` and ``/api/ps`` and shown by
+``/api/show`` (capability ``embedding``); their routes are :mod:`engine.serving.embeddings`'.
 """
 
 from __future__ import annotations
@@ -106,9 +108,22 @@ def check_body_types(body: dict[str, Any]) -> None:
 class OllamaAPI:
     """The routes over an :class:`~engine.serving.openai_app.OpenAIServer` (its engine, name and metrics)."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: Any, embeddings: Any = None) -> None:
         self.server = server
+        #: the embedding models served beside (``engine.serving.embeddings.LocalEmbeddings``), or None
+        self.embeddings = embeddings
         self._modified = _now()
+
+    def _embedding_models(self) -> list[Any]:
+        return list(self.embeddings.models) if self.embeddings is not None else []
+
+    def _embedding_model(self, name: Any) -> Any:
+        """The embedding model ``name`` means (by any of its names), or None."""
+        if (self.embeddings is None or not isinstance(name, str) or name in self.server._names
+                or name not in self.embeddings.names):
+            return None
+        served = self.embeddings.resolve(name)
+        return next((m for m in self._embedding_models() if m.name == served), None)
 
     @property
     def _engine(self) -> Any:
@@ -121,6 +136,10 @@ class OllamaAPI:
                 "parameter_size": "", "quantization_level": ""}
 
     def _check_model(self, name: Any) -> None:
+        if (name is not None and name not in self.server._names and self.embeddings is not None
+                and name in self.embeddings.names):
+            raise APIError(400, f"'{name}' is an embedding model; use /api/embed for it (this server chats with "
+                           f"'{self.server.model_name}')")
         if name is not None and name not in self.server._names and name.split(":")[0] not in self.server._names:
             raise APIError(404, f"model '{name}' not found; this server serves '{self.server.model_name}'")
 
@@ -130,17 +149,23 @@ class OllamaAPI:
 
     async def tags(self, _: Request) -> Response:
         name = self.server.model_name
+        embedders = [{"name": m.name, "model": m.name, "modified_at": self._modified, "size": m.size_bytes,
+                      "digest": "", "details": m.ollama_details()} for m in self._embedding_models()]
         return JSONResponse({"models": [{"name": name, "model": name, "modified_at": self._modified, "size": 0,
-                                         "digest": "", "details": self._details()}]})
+                                         "digest": "", "details": self._details()}, *embedders]})
 
     async def ps(self, _: Request) -> Response:
-        name = self.server.model_name
-        return JSONResponse({"models": [{"name": name, "model": name, "size": 0, "digest": "",
-                                         "details": self._details(), "expires_at": "2999-01-01T00:00:00Z",
-                                         "size_vram": 0}]})
+        models = [(self.server.model_name, 0, self._details())]
+        models += [(m.name, m.size_bytes, m.ollama_details()) for m in self._embedding_models()]
+        return JSONResponse({"models": [{"name": name, "model": name, "size": size, "digest": "",
+                                         "details": details, "expires_at": "2999-01-01T00:00:00Z",
+                                         "size_vram": 0} for name, size, details in models]})
 
     async def show(self, request: Request) -> Response:
         body = await _json(request)
+        embedder = self._embedding_model(body.get("model") or body.get("name"))
+        if embedder is not None:
+            return JSONResponse(embedder.ollama_show(self._modified))
         self._check_model(body.get("model") or body.get("name"))
         template = getattr(self._engine.tokenizer, "chat_template", "") or ""
         caps = ["completion"] + (["tools"] if tools_mod.template_knows_tools(self._engine.tokenizer) else [])
@@ -300,9 +325,9 @@ async def _json(request: Request) -> dict[str, Any]:
     return body
 
 
-def ollama_routes(server: Any) -> list[Route]:
-    """The ``/api/*`` routes over ``server``."""
-    api = OllamaAPI(server)
+def ollama_routes(server: Any, embeddings: Any = None) -> list[Route]:
+    """The ``/api/*`` routes over ``server``, listing ``embeddings``' models too."""
+    api = OllamaAPI(server, embeddings)
     return [
         Route("/api/version", api.version),
         Route("/api/tags", api.tags),

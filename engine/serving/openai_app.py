@@ -37,7 +37,7 @@ from engine.api import CapacityError, SamplingParams, StepOutput, TokenLogprob
 from engine.serving import tools as tools_mod
 from engine.serving.async_engine import AsyncLLMEngine, AsyncRequest
 from engine.serving.choices import Choice, Plan
-from engine.serving.embeddings import embedding_routes
+from engine.serving.embeddings import LocalEmbeddings, embedding_routes
 from engine.serving.guards import Guard, GuardRules, is_loopback
 from engine.serving.limits import check_sampling_limits
 from engine.serving.metrics import METRICS_CONTENT_TYPE, ServerMetrics
@@ -94,12 +94,17 @@ class OpenAIServer:
         self.priority = priority
         self.request_timeout_s = request_timeout_s
         self._names = {model_name, *aliases}
+        #: the names of the embedding models served beside (a chat request naming one gets a 400 saying so)
+        self.embedding_names: frozenset[str] = frozenset()
         self._created = int(time.time())
         self.metrics = ServerMetrics(engine.metrics, model_name)
         self._token_texts: dict[int, str] = {}
 
     # -- helpers ---------------------------------------------------------------------------------------------------
     def _check_model(self, model: str | None) -> None:
+        if model is not None and model not in self._names and model in self.embedding_names:
+            raise APIError(400, f"'{model}' is an embedding model; use /v1/embeddings for it (this server chats "
+                           f"with '{self.model_name}').", param="model", code="embedding_model")
         if model is not None and model not in self._names:
             raise APIError(404, f"The model '{model}' does not exist; this server serves '{self.model_name}'.",
                            param="model", code="model_not_found")
@@ -394,12 +399,17 @@ def error_handlers() -> dict[Any, Any]:
 def create_app(engine: AsyncLLMEngine, model_name: str, rules: GuardRules | None = None,
                aliases: tuple[str, ...] = ("default",), priority: int = 0,
                request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,
-               sampling_defaults: Mapping[str, float] | None = None) -> Starlette:
+               sampling_defaults: Mapping[str, float] | None = None,
+               embeddings: LocalEmbeddings | None = None) -> Starlette:
     """The ASGI app serving ``engine`` under the OpenAI API, behind a :class:`Guard` with ``rules``.
 
     ``request_timeout_s`` is the deadline of a request that names none (``timeout_s``); None: no deadline.
+    ``embeddings`` are the embedding models served beside (default: WordLlama alone).
     """
     server = OpenAIServer(engine, model_name, aliases, priority, request_timeout_s, sampling_defaults)
+    embeddings = embeddings if embeddings is not None else LocalEmbeddings()
+    embeddings.chat_names = frozenset(server._names)
+    server.embedding_names = embeddings.names
 
     async def health(_: Request) -> Response:
         if not engine.is_alive():
@@ -411,7 +421,10 @@ def create_app(engine: AsyncLLMEngine, model_name: str, rules: GuardRules | None
         return Response(server.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     async def models(_: Request) -> Response:
-        return JSONResponse(server.list_models())
+        listing = server.list_models()
+        listing["data"] += [{"id": m.name, "object": "model", "created": server._created, "owned_by": "hearth"}
+                            for m in embeddings.models]
+        return JSONResponse(listing)
 
     async def chat(request: Request) -> Response:
         return await server.generate(parse_body(await request.body(), ChatCompletionRequest), request)
@@ -426,8 +439,8 @@ def create_app(engine: AsyncLLMEngine, model_name: str, rules: GuardRules | None
             Route("/v1/models", models),
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
-            *ollama_routes(server),
-            *embedding_routes(),
+            *ollama_routes(server, embeddings),
+            *embedding_routes(embeddings),
         ],
         exception_handlers=error_handlers(),
     )

@@ -7,6 +7,10 @@ after) rather than guessed. Before a load, idle models are unloaded least recent
 fits the budget and the count limit; a model with requests running is never unloaded, and when the new one cannot
 fit beside those, the request gets a 503 that says what is loaded and why.
 
+Embedding models are entries too (``kind`` "embedding"): the load function returns their embedder, loaded, kept
+and unloaded like the chat models and counted in the same budget; the embeddings routes take them with
+``acquire(name, kind="embedding")``, and a chat request naming one gets a 400 that says where to send it.
+
 Each loaded model stays for its keep-alive after its last request ends (the server's ``--keep-alive``, or Ollama's
 ``keep_alive`` of the request): a negative one keeps it loaded, 0 unloads it as soon as it is idle.
 
@@ -79,12 +83,14 @@ def parse_keep_alive(value: object) -> float | None:
 @dataclass(frozen=True)
 class Entry:
     """A model the server can load: its name, where it is (``"default"`` for the default model), its files' size,
-    and the other names a request may use for it."""
+    the other names a request may use for it, whether it is a chat or an embedding model, and its type."""
 
     name: str
     path: str
     size_bytes: int = 0
     aliases: tuple[str, ...] = ()
+    kind: str = "chat"  # or "embedding"
+    family: str = ""  # the model type ("llama", "bert", "qwen3"...), for Ollama's details
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -102,12 +108,12 @@ def entry_aliases(name: str, path: Path) -> tuple[str, ...]:
 
 @dataclass(eq=False)
 class LoadedModel:
-    """One model in memory, with its servers and what keeps it there."""
+    """One model in memory, with its servers (none for an embedding model) and what keeps it there."""
 
     entry: Entry
-    llm: Any
-    server: OpenAIServer
-    ollama: OllamaAPI
+    llm: Any  # an LLM, or an embedding model's embedder
+    server: OpenAIServer | None
+    ollama: OllamaAPI | None
     memory_bytes: int
     keep_alive_s: float | None
     loaded_at: float
@@ -118,6 +124,14 @@ class LoadedModel:
     @property
     def name(self) -> str:
         return self.entry.name
+
+    @property
+    def chat(self) -> tuple[OpenAIServer, OllamaAPI]:
+        """The model's OpenAI and Ollama servers (a chat model's; ``acquire`` gives no other to chat routes)."""
+        if self.server is None or self.ollama is None:
+            raise APIError(400, f"'{self.name}' is an embedding model; use /v1/embeddings (or /api/embed) for it.",
+                           param="model", code="embedding_model")
+        return self.server, self.ollama
 
 
 class ModelPool:
@@ -185,26 +199,42 @@ class ModelPool:
                            param="model", code="model_not_found")
         return entry
 
+    def _wrong_kind(self, entry: Entry) -> APIError:
+        if entry.kind == "embedding":
+            return APIError(400, f"'{entry.name}' is an embedding model; use /v1/embeddings (or Ollama's /api/embed) "
+                            "for it.", param="model", code="embedding_model")
+        embedders = ", ".join(e.name for e in self.entries() if e.kind == "embedding") or "none"
+        return APIError(400, f"'{entry.name}' is a chat model, not an embedding model; embedding models here: "
+                        f"{embedders}.", param="model", code="not_an_embedding_model")
+
     # -- loaded models ---------------------------------------------------------------------------------------------
     def loaded(self) -> list[LoadedModel]:
         """The loaded models, most recently used first."""
         return sorted(self._loaded.values(), key=lambda m: m.last_used, reverse=True)
 
     @asynccontextmanager
-    async def lease(self, name: str | None, keep_alive_s: object = ...) -> AsyncIterator[LoadedModel]:
+    async def lease(self, name: str | None, keep_alive_s: object = ..., kind: str = "chat"
+                    ) -> AsyncIterator[LoadedModel]:
         """The model ``name`` means, loaded, held for the ``async with`` body; ``keep_alive_s`` (seconds or None)
         replaces the server's for the time after this request."""
-        model = await self.acquire(name)
+        model = await self.acquire(name, kind)
         try:
             yield model
         finally:
             self.release(model, keep_alive_s)
 
-    async def acquire(self, name: str | None) -> LoadedModel:
+    async def acquire(self, name: str | None, kind: str = "chat") -> LoadedModel:
         """Load ``name``'s model if it is not loaded, count one more request on it and return it; pair with
-        :meth:`release`."""
+        :meth:`release`.
+
+        Raises:
+            APIError: 404 for a name no model has; 400 when the model is not of ``kind`` ("chat" or "embedding"),
+                saying which route takes it; 503 when it cannot fit now.
+        """
         self._start_reaper()
         entry = self.resolve(name)
+        if entry.kind != kind:
+            raise self._wrong_kind(entry)
         while True:
             model = self._loaded.get(entry.name)
             if model is not None:
@@ -251,7 +281,7 @@ class ModelPool:
         """Unload every model from outside the event loop (after the server stopped)."""
         for model in list(self._loaded.values()):
             self._loaded.pop(model.name, None)
-            model.llm.close()
+            _close(model.llm)
 
     # -- inside ----------------------------------------------------------------------------------------------------
     def _estimate(self, entry: Entry) -> int:
@@ -298,13 +328,16 @@ class ModelPool:
                            f"The model '{entry.name}' could not be loaded: {exc}", "server_error",
                            code="model_load_failed") from exc
         memory = max(self._measure() - before, 0) or self._estimate(entry)
-        server = OpenAIServer(AsyncLLMEngine(llm), entry.name, entry.aliases,
-                              request_timeout_s=self.request_timeout_s,
-                              sampling_defaults=getattr(llm, "sampling_defaults", None))
+        server: OpenAIServer | None = None
+        if entry.kind == "chat":
+            server = OpenAIServer(AsyncLLMEngine(llm), entry.name, entry.aliases,
+                                  request_timeout_s=self.request_timeout_s,
+                                  sampling_defaults=getattr(llm, "sampling_defaults", None))
         now = self._clock()
         self.loads += 1
         logger.info("loaded %s in %.2f s (%s)", entry.name, now - start, _gib(memory))
-        return LoadedModel(entry, llm, server, OllamaAPI(server), memory, self.keep_alive_s, now, now)
+        return LoadedModel(entry, llm, server, OllamaAPI(server) if server is not None else None, memory,
+                           self.keep_alive_s, now, now)
 
     async def _unload_if_idle(self, model: LoadedModel) -> None:
         if model.active == 0 and self._loaded.get(model.name) is model:
@@ -315,7 +348,7 @@ class ModelPool:
             del self._loaded[model.name]
             self.unloads += 1
             start = self._clock()
-            await asyncio.to_thread(model.llm.close)
+            await asyncio.to_thread(_close, model.llm)
             logger.info("unloaded %s in %.2f s", model.name, self._clock() - start)
 
     def _start_reaper(self) -> None:
@@ -329,6 +362,13 @@ class ModelPool:
             for model in list(self._loaded.values()):
                 if model.active == 0 and model.expires_at is not None and model.expires_at <= now:
                     await self._unload_if_idle(model)
+
+
+def _close(llm: Any) -> None:
+    """Close an engine; an embedder has nothing to close (its memory goes with the last reference)."""
+    close = getattr(llm, "close", None)
+    if close is not None:
+        close()
 
 
 def _gib(size: int) -> str:

@@ -42,6 +42,7 @@ from app.model.discover import show_discover
 from app.model.generation_form import GenerationForm
 from app.model.hardware_box import HardwareBox
 from app.model.load_settings import LoadSettingsForm
+from app.model.load_stage import load_stage_text
 from app.model.loaded_models_box import LoadedModelsBox
 from app.model.model_card import model_card
 from app.model.server_box import ServerBox
@@ -385,8 +386,7 @@ class ModelPane(QWidget):
     @Slot(float, str)
     def _on_model_load_progress(self, fraction: float, stage: str) -> None:
         self._progress.setValue(int(max(0.0, min(fraction, 1.0)) * 1000))
-        stage = stage[:1].upper() + stage[1:]
-        self._stage_label.setText(f"{stage}…" if fraction < 1.0 else stage)
+        self._stage_label.setText(load_stage_text(stage, fraction))
 
     @Slot(object)
     def _on_model_loaded(self, info: ModelInfo) -> None:

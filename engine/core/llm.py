@@ -28,9 +28,10 @@ from engine.core.speculative import SpeculationRefused
 from engine.loading.default_model import sampling_defaults
 from engine.loading.loader import LoadedModel, load_model
 from engine.loading.recommend import recommend
+from engine.model.autotune_progress import reporting
 from engine.model.drafter import same_vocabulary
 from engine.model.kv_cache import kv_bytes_per_token, resolve_kv_dtype
-from engine.model.native import file_problem
+from engine.model.native import EXTENSION, file_problem, native_problem
 from engine.system import hardware
 from engine.system.memory import give_back
 
@@ -115,7 +116,13 @@ class LLM:
         try:
             if level in WEIGHT_LEVELS and progress is not None:
                 progress(0.9, "quantize")
-            self.engine = self._build_engine(loaded, level, quant_backend, draft)
+
+            def tuning(what: str, count: int) -> None:  # each shape measured, named: the lm_head's may take long
+                if progress is not None:
+                    progress(0.9 + 0.05 * count / (count + 1), f"tune {what}")
+
+            with reporting(tuning):
+                self.engine = self._build_engine(loaded, level, quant_backend, draft)
             self.engine.runner.enable_native(self.config.native)
             #: whether decode steps replay from CUDA graphs, and why not (``EngineConfig.cuda_graphs``)
             self.graph_status = "off (cuda_graphs=False)"
@@ -164,9 +171,14 @@ class LLM:
     def _auto_level(model: str | Path, device: str) -> str:
         try:
             rec = recommend(model, device=device)
-            if rec.quantization == "file" and file_problem() is not None:  # the block kernels cannot run here
-                log.info("the GGUF file's blocks cannot run as they are: %s", file_problem())
-                rec = recommend(model, device=device, block_kernels=False)
+            if rec.quantization == "file":
+                # the block kernels need the native extension; while it is still being built in the background this
+                # load runs without them rather than wait for the compiler (a later load finds it built)
+                problem = native_problem(torch.device("cpu"), torch.float32) or EXTENSION.start(wait=False)
+                problem = file_problem() if problem is None else problem
+                if problem is not None:
+                    log.info("the GGUF file's blocks cannot run as they are: %s", problem)
+                    rec = recommend(model, device=device, block_kernels=False)
         except Exception:  # noqa: BLE001 -- the loader will report what is wrong with the model
             return "bf16"
         log.info("quantization auto -> %s: %s", rec.quantization, rec.reason)

@@ -325,7 +325,7 @@ def gguf_tensor_progress(progress: ProgressFn, stage: str) -> Iterator[None]:
         total = max(len(items), 1)
         for i, item in enumerate(items):
             yield item
-            progress((i + 1) / total, stage)
+            progress((i + 1) / total, f"{stage} {i + 1}/{total}")  # "convert 3/272": the tensors done
 
     gguf_utils.tqdm = quiet_tqdm
     try:

@@ -44,6 +44,7 @@ from engine.architectures import (
     execution_path,
     ties_embeddings,
 )
+from engine.loading.content_key import content_key
 from engine.loading.default_model import MARKER_FILENAME
 from engine.loading.formats import FLOAT_TYPES
 from engine.loading.formats.gguf_blocks import dequantize
@@ -58,7 +59,7 @@ log = logging.getLogger("engine")
 
 #: Rope types whose frequencies do not change at run time.
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
-_CACHE_VERSION = "1"
+_CACHE_VERSION = "2"
 
 
 # --- the skeleton ----------------------------------------------------------------------------------------------
@@ -239,9 +240,9 @@ def gguf_side_folder(path: Path) -> Path:
         marker = None
     if isinstance(marker, dict) and marker.get("gguf") == path.name and (path.parent / "config.json").is_file():
         return path.parent
-    stat = path.stat()
-    key = hashlib.sha256(f"{_CACHE_VERSION}|{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
-    folder = cache_dir() / "gguf" / f"{path.stem[:60]}-{key[:16]}"
+    # named by the file's content, not its path: a copy of the same file (under another app's folder) finds it
+    key = hashlib.sha256(f"{_CACHE_VERSION}|{content_key(path)}".encode()).hexdigest()
+    folder = cache_dir() / "gguf" / key[:32]
     if (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file():
         return folder
     from transformers import AutoConfig, AutoTokenizer

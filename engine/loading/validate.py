@@ -65,7 +65,10 @@ def resolve_path(model: str | Path, progress: ProgressFn | None) -> Path:
         if not converting or progress is None:
             return default_model_path(None)
         sub = ProgressSpan(progress, 0.0, 0.6)
-        return default_model_path(lambda fraction, _stage: sub.report(fraction, "convert"))
+        def named(fraction: float, stage: str) -> None:  # "verify" (the file's sha256), then "convert 3/272"
+            sub.report(fraction, stage if stage.startswith(("verify", "convert")) else "convert")
+
+        return default_model_path(named)
     if isinstance(model, str) and not model.strip():
         raise ModelLoadError("No model given. Pass 'default', a model folder or a .gguf file.")
     path = Path(model).expanduser()

@@ -50,6 +50,7 @@ from pathlib import Path
 
 import torch
 
+from engine.model.autotune_progress import announce
 from engine.model.plan_cache import Plan, PlanCache
 from engine.model.row_invariance import Kernel, PaddedRows, row_multiple
 
@@ -386,6 +387,7 @@ class Tuner:
         if plan is not None and (any(name not in kernels for name in plan.kernels) or self._measure_again(plan)):
             noisy_before, plan = plan.noisy_loads, None
         if plan is None:
+            announce(f"{role} {shape[0]}x{shape[1]}")
             if self.deterministic:
                 plan = self._invariant_plan(shape, kernels, preferred)
             else:

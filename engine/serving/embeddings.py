@@ -150,12 +150,12 @@ class LocalEmbeddings:
         return frozenset(self._names)
 
     def resolve(self, name: str | None) -> str:
-        """The served name ``name`` means (None: the first model folder, else WordLlama).
+        """The served name ``name`` means (None or empty: the first model folder, else WordLlama).
 
         Raises:
             BadInput: 400 for the chat model's name, 404 for a name no embedding model has (both list them).
         """
-        if name is None:
+        if name is None or name == "":
             return self._infos[0].name if self._infos else MODEL
         if not isinstance(name, str):
             raise BadInput(400, "'model' must be a string", param="model")

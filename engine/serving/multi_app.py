@@ -88,8 +88,8 @@ class PoolEmbeddings:
 
     async def run(self, name: str | None, work: Callable[[str, Embedder], T],
                   keep_alive: object = None) -> tuple[str, T]:
-        if name is None or name in ALIASES:
-            return await self.builtin.run(name, work)
+        if not name or name in ALIASES:
+            return await self.builtin.run(None, work)
         ttl = _keep_alive({"keep_alive": keep_alive})
         try:
             model = await self.pool.acquire(name, kind="embedding")

@@ -2,7 +2,8 @@
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` and ``POST /v1/completions`` (both streamed as
 server-sent events when ``stream`` is true; logprobs, ``n``, structured output and tools as OpenAI has them),
-Ollama's ``/api/*`` (:mod:`engine.serving.ollama_api`), ``GET /health`` (503 once the engine's loop has died) and
+Ollama's ``/api/*`` (:mod:`engine.serving.ollama_api`), the embeddings routes (:mod:`engine.serving.embeddings`,
+with the embedding models served beside the chat model), ``GET /health`` (503 once the engine's loop has died) and
 ``GET /metrics`` (Prometheus text, vLLM-style names under ``hearth:``). Starlette + uvicorn over
 :class:`~engine.serving.async_engine.AsyncLLMEngine`; requests batch with every other user of the same engine (the
 app's chats when the app serves its loaded model).

@@ -77,12 +77,13 @@ def test_the_ollama_client(base_url: str) -> None:
 
 def test_langchain_openai_embeddings(base_url: str) -> None:
     from langchain_openai import OpenAIEmbeddings
+    from pydantic import SecretStr
 
     embeddings = OpenAIEmbeddings(
         model=MODEL,
         base_url=f"{base_url}/v1",
-        api_key="unused",
-        check_embedding_ctx_length=False,  # type: ignore[arg-type]
+        api_key=SecretStr("unused"),
+        check_embedding_ctx_length=False,
     )
     vectors = embeddings.embed_documents(["a car", "an automobile"])
     assert np.allclose(np.array(vectors), _expected(["a car", "an automobile"]), atol=1e-5)
@@ -177,10 +178,10 @@ def test_langchain_and_the_ollama_client_get_the_same_vectors(
 ) -> None:
     import ollama
     from langchain_openai import OpenAIEmbeddings
+    from pydantic import SecretStr
 
     embeddings = OpenAIEmbeddings(
-        model="tiny-bert", base_url=served.v1, api_key="unused",  # type: ignore[arg-type]
-        check_embedding_ctx_length=False,  # type: ignore[arg-type]
+        model="tiny-bert", base_url=served.v1, api_key=SecretStr("unused"), check_embedding_ctx_length=False
     )
     _assert_same(embeddings.embed_documents(TEXTS), embedder_dirs["tiny-bert"], TEXTS)
     client = ollama.Client(host=served.base_url, timeout=60)

@@ -2,7 +2,9 @@
 within a count limit and a keep-alive, and driven by the real ``ollama`` and ``openai`` clients.
 
 One headless server runs for the module over three tiny random models (llama, qwen2, mistral) with at most two
-loaded at once, so loading, eviction and the 503 of a request that cannot fit all happen for real.
+loaded at once, so loading, eviction and the 503 of a request that cannot fit all happen for real; two tiny random
+embedding models (a BERT encoder, a Qwen3-Embedding-style decoder) sit beside them, served on the embeddings routes
+through the same pool, their vectors the document index's for the same folder.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import ollama
 import openai
 import pytest
@@ -27,8 +30,11 @@ import pytest
 from engine.serving.pool import parse_keep_alive
 from engine.tools.local_server import free_port, stop, wait_until_healthy
 from tests.engine.conftest import build_tiny_model
+from tests.engine.embedding_models import build_tiny_embedder
 
 MODELS = ("tiny-llama", "tiny-qwen2", "tiny-mistral")
+#: The embedding models beside them: name -> (model type, pooling).
+EMBEDDERS = {"tiny-bert-embed": ("bert", "mean"), "tiny-qwen3-embed": ("qwen3", "last")}
 #: Runs the server, then prints which Qt modules its process imported.
 _WRAPPER = ("import sys; from engine.serving.cli import main\ntry: sys.exit(main(sys.argv[1:]))\nfinally: "
             "print('qt-modules:', sorted(m for m in sys.modules if m.startswith(('PySide6', 'shiboken6'))), "
@@ -79,6 +85,8 @@ def headless(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) 
     models = root / "models"
     for family, name in zip(("llama", "qwen2", "mistral"), MODELS, strict=True):
         build_tiny_model(family, models / name, default_model_dir)
+    for name, (model_type, pooling) in EMBEDDERS.items():
+        build_tiny_embedder(model_type, models / name, pooling=pooling)
     with _serve(root, models, max_loaded=2) as server:
         yield server
 
@@ -111,7 +119,7 @@ def test_chat_with_an_unloaded_model_loads_it_and_keep_alive_0_unloads_it(headle
                         options={"num_predict": 6, "temperature": 0})
     assert reply.done and reply.message.role == "assistant" and 1 <= (reply.eval_count or 0) <= 6
     loaded = client.ps().models
-    assert [m.model for m in loaded] == ["tiny-llama"] and loaded[0].size > 0
+    assert [m.model for m in loaded] == ["tiny-llama"] and (loaded[0].size or 0) > 0
     client.chat(model="tiny-llama", messages=[], keep_alive=0)
     assert client.ps().models == []
 
@@ -284,6 +292,84 @@ def test_a_model_that_cannot_fit_beside_busy_ones_gets_a_503_saying_what_is_load
     assert error.status == 503 and error.headers.get("Retry-After")
     assert "tiny-llama" in error.message and "tiny-qwen2" in error.message and "in use" in error.message
     assert sorted(loaded) == ["tiny-mistral", "tiny-qwen2"]
+
+
+TEXTS = ["the keeper of the lighthouse", "rope and oil in the shed", "a ship in the storm"]
+
+
+def _assert_index_vectors(got: object, folder: Path, texts: list[str]) -> None:
+    """``got`` are the vectors the document index's embedder for ``folder`` gives ``texts`` (cosine > 0.9999)."""
+    from engine.docs.embedders import load_embedder
+
+    embedder = load_embedder(str(folder.resolve()))
+    assert embedder is not None
+    want = embedder.embed(texts).astype(np.float64)
+    got_array = np.asarray(got, dtype=np.float64)
+    assert got_array.shape == want.shape
+    cosines = (got_array * want).sum(axis=1) / np.linalg.norm(got_array, axis=1) / np.linalg.norm(want, axis=1)
+    assert cosines.min() > 0.9999, cosines
+
+
+def test_embedding_models_are_listed_with_their_type_and_shown_as_embedders(headless: Headless,
+                                                                             client: ollama.Client) -> None:
+    tags = {m.model: m for m in client.list().models}
+    details = {name: tags[name].details for name in ("tiny-bert-embed", "tiny-qwen3-embed", "tiny-llama")}
+    assert details["tiny-bert-embed"] is not None and details["tiny-bert-embed"].family == "bert"
+    assert details["tiny-qwen3-embed"] is not None and details["tiny-qwen3-embed"].families == ["qwen3"]
+    assert details["tiny-llama"] is not None and details["tiny-llama"].family == "llama"
+    assert (tags["tiny-qwen3-embed"].size or 0) > 0
+    listed = openai.OpenAI(base_url=f"{headless.base_url}/v1", api_key="none").models.list()
+    assert set(EMBEDDERS) <= {m.id for m in listed.data}
+    shown = httpx.post(f"{headless.base_url}/api/show", json={"model": "tiny-bert-embed"}, timeout=30).json()
+    assert shown["capabilities"] == ["embedding"] and "tiny-bert-embed" not in headless.ps()  # shown, not loaded
+
+
+def test_an_embeddings_request_loads_the_model_through_the_pool(headless: Headless, client: ollama.Client) -> None:
+    from langchain_openai import OpenAIEmbeddings
+    from pydantic import SecretStr
+
+    _unload_all(client, headless)
+    folders = {name: headless.models_dir / name for name in EMBEDDERS}
+    with openai.OpenAI(base_url=f"{headless.base_url}/v1", api_key="none", timeout=120) as sdk:
+        batch = sdk.embeddings.create(model="tiny-bert-embed", input=TEXTS)
+        one = sdk.embeddings.create(model="tiny-bert-embed", input=TEXTS[2])
+    assert batch.model == "tiny-bert-embed" and batch.usage.prompt_tokens > 0
+    _assert_index_vectors([d.embedding for d in batch.data], folders["tiny-bert-embed"], TEXTS)
+    _assert_index_vectors([one.data[0].embedding], folders["tiny-bert-embed"], TEXTS[2:])
+    loaded = {m.model: m for m in client.ps().models}
+    assert list(loaded) == ["tiny-bert-embed"] and (loaded["tiny-bert-embed"].size or 0) > 0  # its memory counted
+    langchain = OpenAIEmbeddings(model="tiny-qwen3-embed", base_url=f"{headless.base_url}/v1",
+                                 api_key=SecretStr("none"), check_embedding_ctx_length=False)
+    _assert_index_vectors(langchain.embed_documents(TEXTS), folders["tiny-qwen3-embed"], TEXTS)
+    reply = client.embed(model="tiny-qwen3-embed", input=TEXTS)
+    _assert_index_vectors(reply.embeddings, folders["tiny-qwen3-embed"], TEXTS)
+    assert sorted(headless.ps()) == sorted(EMBEDDERS)
+    client.embed(model="tiny-bert-embed", input="x", keep_alive=0)  # unloaded as soon as it is idle, as in Ollama
+    deadline = time.monotonic() + 30
+    while headless.ps() != ["tiny-qwen3-embed"]:
+        assert time.monotonic() < deadline, headless.ps()
+        time.sleep(0.1)
+
+
+def test_a_request_for_the_wrong_kind_of_model_is_a_400_that_says_so(headless: Headless) -> None:
+    chat = httpx.post(f"{headless.base_url}/v1/chat/completions", timeout=30,
+                      json={"model": "tiny-bert-embed", "messages": [{"role": "user", "content": "Hi"}]})
+    assert chat.status_code == 400
+    assert "'tiny-bert-embed' is an embedding model; use /v1/embeddings" in chat.json()["error"]["message"]
+    ollama_chat = httpx.post(f"{headless.base_url}/api/chat", timeout=30, json={
+        "model": "tiny-qwen3-embed", "messages": [{"role": "user", "content": "Hi"}], "stream": False})
+    assert ollama_chat.status_code == 400 and "is an embedding model" in ollama_chat.text
+    wrong = httpx.post(f"{headless.base_url}/v1/embeddings", json={"model": "tiny-llama", "input": "x"}, timeout=30)
+    message = wrong.json()["error"]["message"]
+    assert wrong.status_code == 400 and "'tiny-llama' is a chat model, not an embedding model" in message
+    assert "tiny-bert-embed" in message and "tiny-qwen3-embed" in message
+    ollama_wrong = httpx.post(f"{headless.base_url}/api/embed", json={"model": "tiny-llama", "input": "x"}, timeout=30)
+    assert ollama_wrong.status_code == 400 and "is a chat model" in ollama_wrong.json()["error"]
+    unknown = httpx.post(f"{headless.base_url}/v1/embeddings", json={"model": "nomic-embed-text", "input": "x"},
+                         timeout=30)
+    message = unknown.json()["error"]["message"]
+    assert unknown.status_code == 404 and "no embedding model named 'nomic-embed-text'" in message
+    assert "tiny-bert-embed" in message and "wordllama-l2-256" in message and "tiny-llama" not in message
 
 
 def test_the_server_logs_to_the_data_folder_and_imports_no_qt(headless: Headless, client: ollama.Client) -> None:

@@ -68,3 +68,20 @@ def test_the_log_goes_to_the_data_folder_and_rotates(tmp_path: Path) -> None:
         root.removeHandler(handler)
         handler.close()
         root.setLevel(level)
+
+
+def test_embedding_model_folders_named_on_the_command_line_become_embedding_entries(tmp_path: Path) -> None:
+    """``--embedding-model`` with ``--models-dir``: each folder an entry of the pool, refused in words when it is
+    not an embedding model."""
+    from tests.engine.embedding_models import build_tiny_embedder
+
+    folder, _ = build_tiny_embedder("bert", tmp_path / "tiny-bert", pooling="cls")
+    (entry,) = headless.embedding_entries([folder])
+    assert (entry.name, entry.kind, entry.family, entry.path) == ("tiny-bert", "embedding", "bert", str(folder))
+    assert "tiny-bert:latest" in entry.aliases and entry.size_bytes > 0
+    with pytest.raises(FileNotFoundError, match="no embedding model at"):
+        headless.embedding_entries([tmp_path / "missing"])
+    (tmp_path / "chat").mkdir()
+    (tmp_path / "chat" / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(ValueError, match="embedding models run as"):
+        headless.embedding_entries([tmp_path / "chat"])

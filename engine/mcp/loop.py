@@ -197,6 +197,10 @@ def run_tool_loop(
             parsed = tc.ToolCallParse(calls=tc.constrained_calls(text, named))
         choice = "auto"
         result.text = parsed.content.strip() if stream is not None else text
+        if schema is not None and parsed.calls:
+            # A forced reply is its call's arguments, not text: kept as the message's content too, the history
+            # would show the model a reply that repeats its arguments beside the call, and a small model copies it.
+            result.text = ""
         if not parsed.calls and not parsed.problems:
             chat.append({"role": "assistant", "content": text if stream is None and schema is None else
                          result.text})

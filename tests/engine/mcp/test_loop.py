@@ -128,6 +128,21 @@ def test_the_loop_stops_at_the_step_limit(host: McpHost, tmp_path: Path) -> None
     assert result.finish_reason == "step_limit" and result.replies == 2 and len(result.steps) == 2
 
 
+def test_a_forced_reply_is_kept_as_its_call_only(host: McpHost, tmp_path: Path) -> None:
+    """The text of a reply forced by tool_choice is the call's arguments: kept as the message's content as well,
+    the next prompt would show a reply that repeats them beside the call, and the default model copies it."""
+    llm = ScriptedLLM(['{"a": 2, "b": 3}', "It is 5."])
+    store = ApprovalStore(tmp_path / "a.json")
+    store.remember("t", "add")
+    result = run_tool_loop(llm, [{"role": "user", "content": "2 + 3?"}], host, lambda r: Decision.DENY, store,
+                           tools=list(host.list_tools("t").result(60)), tool_choice="add")
+    forced = result.messages[1]
+    assert forced["content"] == "" and json.loads(forced["tool_calls"][0]["function"]["arguments"]) == {"a": 2, "b": 3}
+    assert result.steps[0].result.text == "5" and result.text == "It is 5."
+    replayed = next(m["content"] for m in llm.prompts[-1] if m["role"] == "assistant")
+    assert replayed.startswith("<tool_call>"), replayed
+
+
 def test_a_whole_loop_on_a_tiny_model_with_a_forced_call(host: McpHost, tmp_path: Path,
                                                          default_model_dir: Path, request: pytest.FixtureRequest) -> None:
     from engine import LLM

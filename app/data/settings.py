@@ -122,8 +122,9 @@ class Settings:
 
     @property
     def auto_load(self) -> bool:
-        """Whether the last model loads by itself when Hearth starts."""
-        return self._bool("models/auto_load", False)
+        """Whether the last model loads by itself when Hearth starts (on unless the user turned it off: after a
+        restart the chat can answer without a visit to the Models pane)."""
+        return self._bool("models/auto_load", True)
 
     @auto_load.setter
     def auto_load(self, value: bool) -> None:

@@ -106,7 +106,7 @@ def test_settings_persist_across_restarts(qtbot: Any, fake_api: Any, tmp_path: P
     model = tmp_path / "my-model"
     model.mkdir()
     ui_flows.load_model(qtbot, win, str(model))
-    ui_flows.child(win, QCheckBox, "autoLoadCheck").setChecked(True)
+    assert ui_flows.child(win, QCheckBox, "autoLoadCheck").isChecked()  # on by default: a restart loads it again
     ui_flows.child(win, QSpinBox, "servePortSpin").setValue(8123)
     ui_flows.child(win, QCheckBox, "serveCheck").setChecked(True)
     ui_flows.child(win, QSpinBox, "contextLengthSpin").setValue(2048)

@@ -24,6 +24,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
@@ -82,25 +83,31 @@ def monitor(out: Path, idle_s: float, stream_s: float) -> None:
         raise SystemExit(code)
 
 
-def main_window(out: Path, size: tuple[int, int] = (1500, 950), theme: str = "system") -> None:
-    """Load the default model through the model pane, ask two questions, grab the window when both are done."""
-    import tempfile
-
-    from PySide6.QtWidgets import QDoubleSpinBox, QPushButton
-
+def _open_window(data_dir: Path, size: tuple[int, int], theme: str) -> Any:
+    """Hearth's main window on ``data_dir`` with ``theme`` stored as the user's choice, at ``size``, shown."""
     import app as hearth
-    from app.chat.chat_input import ChatInput
-    from app.data.conversations import STATUS_STREAMING
     from app.data.settings import Settings
 
-    qapp = QApplication.instance() or QApplication(sys.argv)
-    data_dir = Path(tempfile.mkdtemp(prefix="hearth-shot-"))
     settings = Settings(data_dir)
     settings.theme = theme
     settings.sync()
     win = hearth.create_window(data_dir=data_dir)
     win.resize(*size)
     win.show()
+    return win
+
+
+def main_window(out: Path, size: tuple[int, int] = (1500, 950), theme: str = "system") -> None:
+    """Load the default model through the model pane, ask two questions, grab the window when both are done."""
+    import tempfile
+
+    from PySide6.QtWidgets import QDoubleSpinBox, QPushButton
+
+    from app.chat.chat_input import ChatInput
+    from app.data.conversations import STATUS_STREAMING
+
+    qapp = QApplication.instance() or QApplication(sys.argv)
+    win = _open_window(Path(tempfile.mkdtemp(prefix="hearth-shot-")), size, theme)
     win.findChild(QDoubleSpinBox, "temperatureSpin").setValue(0.0)
     questions = iter(["What is the capital of France?", "Write a Python function that reverses a string."])
 
@@ -186,8 +193,6 @@ def tools(out_dir: Path, size: tuple[int, int], theme: str) -> None:
     from PySide6.QtCore import QPoint
     from PySide6.QtGui import QColor, QGuiApplication, QPainter, QPen, QPixmap
 
-    import app as hearth
-    from app.data.settings import Settings
     from app.tools.approval_dialog import ApprovalDialog
     from engine.mcp.approvals import ApprovalRequest
 
@@ -195,12 +200,7 @@ def tools(out_dir: Path, size: tuple[int, int], theme: str) -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="hearth-shot-"))
     (data_dir / "mcp.json").write_text(json.dumps({"mcpServers": {"time": _time_server()}}))
     conversation_id = _stored_time_chat(data_dir)
-    settings = Settings(data_dir)
-    settings.theme = theme
-    settings.sync()
-    win = hearth.create_window(data_dir=data_dir)
-    win.resize(*size)
-    win.show()
+    win = _open_window(data_dir, size, theme)
     win.chat_pane.select_conversation(conversation_id)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

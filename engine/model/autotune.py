@@ -14,16 +14,17 @@ and its memory is allowed; kernels that share memory already held (the lm_head r
 and so is a kernel that reads another candidate's bytes (its ``base``: :func:`memory_owner`).
 
 **Deterministic mode** (``Tuner(deterministic=True)``): a greedy reply must not depend on what else shares a
-step, so a row's result must not depend on how many rows share its matmul, nor on the bucket. Each candidate is
-first checked for row invariance (:func:`row_multiple`: probe rows computed alone and inside calls of several
-sizes, bitwise equal), padding calls to a multiple of 2, 4, 8 or 16 rows where that makes it invariant (BLAS
-kernels often treat a partial block of rows differently); only invariant candidates are timed, and one kernel
-runs every bucket.
+step, so a row's result must not depend on how many rows share its matmul, nor on the bucket. One kernel runs
+every bucket: the fastest of the row-invariant candidates (:func:`row_multiple`: probe rows computed alone and
+inside calls of several sizes, bitwise equal), padding calls to a multiple of 2, 4, 8 or 16 rows where that makes
+one invariant (BLAS kernels often treat a partial block of rows differently). Probing is the costlier part on a
+large matrix, so the candidates are timed first and probed fastest first, and a candidate that ranks after one
+found invariant whatever the others is not probed: it could not be chosen (:func:`_cannot_win`).
 
 **Cost.** A large matrix's big buckets (the lm_head's 64 rows) cost most of a load's measuring, so each kernel,
 bucket gets a budget of calls (:func:`time_kernel`: a long call is timed once a round, a short one up to
-:data:`_REPEATS` times; only the first round warms up), and a kernel already several times slower than the fastest at a bucket is not timed there
-again (:func:`outpaced`).
+:data:`_REPEATS` times; only the first round warms up, and a long warm-up call counts as its timed call), and a
+kernel already several times slower than the fastest at a bucket is not timed there again (:func:`outpaced`).
 
 **Noise.** On a shared machine other processes may hold the cores while a load measures, and a plan built on
 timings several times off would be used by every later load. So :func:`measure` keeps every call, and a plan
@@ -40,6 +41,7 @@ nothing. Every plan records its timings, noise and a reason.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import statistics
@@ -53,6 +55,7 @@ import torch
 from engine.model.autotune_progress import announce
 from engine.model.plan_cache import Plan, PlanCache
 from engine.model.row_invariance import Kernel, PaddedRows, row_multiple
+from engine.model.tuned_linear import memory_owner
 
 log = logging.getLogger("engine")
 
@@ -71,6 +74,9 @@ _WARMUP_BUDGET_S, _REPEAT_BUDGET_S = 0.03, 0.1
 #: After the first round, a kernel whose best call at a bucket is :data:`_OUTPACED` times the fastest kernel's
 #: there, and at least :data:`_LONG_CALL_US` long, is not timed at that bucket again: it cannot win it.
 _OUTPACED, _LONG_CALL_US = 3.0, 10_000.0
+#: A warm-up call at least this long (the timed calls' whole budget) is kept as its round's timed call: only one
+#: would follow, and one-off costs and a warm cache are small beside it (they could only make it look slower).
+_LONG_WARM_UP_US = _REPEAT_BUDGET_S * 1e6
 #: Loads that may measure a shape again after its plan was judged too noisy (only when the machine looks quiet).
 MAX_REMEASURES = 2
 
@@ -94,13 +100,7 @@ def choose(timings_us: Mapping[str, list[float]], preferred: str, may_add: Calla
         second for the buckets where another is at least :data:`MIN_GAIN` faster, when ``may_add`` allows.
     """
     names = list(timings_us)
-    best = [min(timings_us[n][b] for n in names) for b in range(len(BUCKETS))]
-
-    def slowdown(name: str) -> float:
-        return sum(t / max(b, 1e-9) for t, b in zip(timings_us[name], best, strict=True))
-
-    ranked = sorted(names, key=lambda n: (round(slowdown(n), 3), n != preferred))
-    main = ranked[0]
+    main = rank(timings_us, preferred)[0]
     plan = [main] * len(BUCKETS)
     second: str | None = None
     gains: dict[str, float] = {}
@@ -126,6 +126,19 @@ def choose(timings_us: Mapping[str, list[float]], preferred: str, may_add: Calla
     return Plan(tuple(plan), {n: [round(t, 1) for t in timings_us[n]] for n in names}, why)
 
 
+def rank(timings_us: Mapping[str, list[float]], preferred: str) -> list[str]:
+    """The candidates by their total slowdown against each bucket's fastest, least first (``preferred`` first
+    among equals): the order in which :func:`choose` would take one kernel for every bucket."""
+    names = list(timings_us)
+    best = [min(timings_us[n][b] for n in names) for b in range(len(BUCKETS))]
+
+    def slowdown(name: str) -> float:
+        return sum(t / max(b, 1e-9) for t, b in zip(timings_us[name], best, strict=True))
+
+    return sorted(names, key=lambda n: (round(slowdown(n), 3), n != preferred))
+
+
+@functools.cache
 def _cache_bytes() -> int:
     """The last-level cache size (Linux sysfs), or 32 MiB where unknown."""
     size = 32 << 20
@@ -175,15 +188,18 @@ def _caller(kernel: Kernel, rows: int, in_features: int, dtype: torch.dtype) -> 
     return call
 
 
-def warm_up(kernel: Kernel, rows: int, in_features: int, dtype: torch.dtype) -> None:
+def warm_up(kernel: Kernel, rows: int, in_features: int, dtype: torch.dtype) -> float:
     """Up to :data:`_WARMUP` untimed calls, until they took :data:`_WARMUP_BUDGET_S` (one at least): the first
-    calls at a row count pay one-off costs (allocations, packing, the kernel's own set-up)."""
-    call, spent = _caller(kernel, rows, in_features, dtype), 0.0
+    calls at a row count pay one-off costs (allocations, packing, the kernel's own set-up). Returns the last
+    call's microseconds."""
+    call, spent, last = _caller(kernel, rows, in_features, dtype), 0.0, 0.0
     with torch.inference_mode():
         for _ in range(_WARMUP):
-            spent += call()
+            last = call()
+            spent += last
             if spent >= _WARMUP_BUDGET_S:
                 break
+    return last * 1e6
 
 
 def time_kernel(kernel: Kernel, rows: int, in_features: int, dtype: torch.dtype) -> list[float]:
@@ -191,12 +207,15 @@ def time_kernel(kernel: Kernel, rows: int, in_features: int, dtype: torch.dtype)
 
     The calls stop once they took :data:`_REPEAT_BUDGET_S` (one runs at least). The caches are flushed before
     every call: a model's layers together outgrow them, so in a real step each weight comes from memory, and a
-    warm-cache timing would flatter small matrices.
+    warm-cache timing would flatter small matrices. Weights twice the last-level cache need no flush: each call
+    reads them from memory anyway (a scan of more bytes than the cache holds leaves none of its start there).
     """
     call, times = _caller(kernel, rows, in_features, dtype), list[float]()
+    flush = kernel.nbytes < 2 * _cache_bytes()
     with torch.inference_mode():
         while len(times) < _REPEATS and sum(times) < _REPEAT_BUDGET_S:
-            _evict_caches()
+            if flush:
+                _evict_caches()
             times.append(call())
     return [t * 1e6 for t in times]
 
@@ -221,7 +240,8 @@ def measure(kernels: Mapping[str, Kernel], in_features: int, dtype: torch.dtype)
     The rounds interleave the candidates, so a passing disturbance does not decide the plan alone; the median
     is taken over the calls of all rounds, so a disturbance lasting most of them shows in it. A kernel outpaced at
     a bucket by the first round (:func:`outpaced`) is not timed there again. Only the first round warms a kernel
-    up (:func:`warm_up`): later ones find its one-off costs paid.
+    up (:func:`warm_up`): later ones find its one-off costs paid; a warm-up call as long as :data:`_LONG_WARM_UP_US`
+    is kept as the first round's timed call.
     """
     samples: dict[str, list[list[float]]] = {name: [[] for _ in BUCKETS] for name in kernels}
     for round_ in range(_ROUNDS):
@@ -229,8 +249,9 @@ def measure(kernels: Mapping[str, Kernel], in_features: int, dtype: torch.dtype)
             for b, rows in enumerate(BUCKETS):
                 if round_ and outpaced(samples, name, b):
                     continue
-                if not round_:
-                    warm_up(kernel, rows, in_features, dtype)
+                if not round_ and (last := warm_up(kernel, rows, in_features, dtype) or 0.0) >= _LONG_WARM_UP_US:
+                    samples[name][b].append(last)  # it stands for the one timed call that would follow
+                    continue
                 samples[name][b].extend(time_kernel(kernel, rows, in_features, dtype))
     _release_flush_buffer()
     best = {name: [min(times) for times in by_bucket] for name, by_bucket in samples.items()}
@@ -271,55 +292,6 @@ def judge(plan: Plan, measured: Measurement, by_median: tuple[str, ...]) -> Plan
             f" the best; by them: {', '.join(by_median)})"
         )
     return plan
-
-
-class TunedLinear:
-    """A linear layer that runs, for each bucket of row counts, the kernel its plan chose.
-
-    A kernel with an ``input_dtype`` (packed fp16 takes fp32) gets its input cast, and its output cast back.
-    A plan with a ``row_multiple`` pads every call to a multiple of that many rows.
-    """
-
-    __slots__ = ("_by_bucket", "_casts", "kernels", "plan", "shared")
-
-    def __init__(self, kernels: dict[str, Kernel], plan: Plan, shared: frozenset[str] = frozenset()) -> None:
-        self.kernels = {name: kernels[name] for name in plan.used}
-        self.plan = plan
-        self.shared = shared
-        pad = plan.row_multiple
-        self._by_bucket = tuple(
-            kernels[name] if pad == 1 else PaddedRows(kernels[name], pad) for name in plan.kernels
-        )
-        self._casts = tuple(getattr(kernels[name], "input_dtype", None) for name in plan.kernels)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.shape[0]
-        b = 0 if rows <= 1 else 1 if rows <= 4 else 2 if rows <= 16 else 3
-        cast = self._casts[b]
-        if cast is not None and x.dtype != cast:
-            return self._by_bucket[b](x.to(cast)).to(x.dtype)
-        return self._by_bucket[b](x)
-
-    def kernel_at(self, bucket: int, padded: bool = False) -> Kernel | None:
-        """The kernel ``bucket`` runs, when it runs with no input cast and (unless ``padded``, which returns the
-        :class:`PaddedRows` wrapper) no row padding; otherwise None."""
-        if self._casts[bucket] is not None or (self.plan.row_multiple != 1 and not padded):
-            return None
-        return self._by_bucket[bucket]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes this layer adds (kernels sharing memory held elsewhere count nothing; kernels over one kernel's
-        bytes count those once, plus what each holds of its own)."""
-        kept = [k for name, k in self.kernels.items() if name not in self.shared]
-        owners = {id(memory_owner(k)): memory_owner(k) for k in kept}
-        return sum(k.nbytes for k in owners.values()) + sum(k.nbytes - memory_owner(k).nbytes for k in kept)
-
-
-def memory_owner(kernel: Kernel) -> Kernel:
-    """The kernel whose memory ``kernel`` reads: its ``base`` where it runs another kernel's bytes, else itself.
-    Such a kernel's ``nbytes`` counts its base's bytes and its own."""
-    return getattr(kernel, "base", kernel)
 
 
 def _extra_bytes(kernels: Mapping[str, Kernel], name: str, beside: str) -> int:
@@ -418,23 +390,59 @@ class Tuner:
         return not plan.trusted and plan.noisy_loads <= MAX_REMEASURES and machine_quiet()
 
     def _invariant_plan(self, shape: tuple[int, int], kernels: dict[str, Kernel], preferred: str) -> Plan:
-        """One row-invariant kernel for every bucket: the fastest overall of those that are (padded if need be)."""
-        multiples = {name: row_multiple(kernels[name], shape[1], self.dtype) for name in sorted(kernels)}
-        ok = {name: m for name, m in multiples.items() if m is not None}
+        """One row-invariant kernel for every bucket: the fastest overall of those that are (padded if need be).
+        Timed, the candidates are probed fastest first, except those that :func:`_cannot_win` against one found
+        invariant; untimed, the preferred kernel is probed first, and the first invariant one runs."""
+        timed = self.timed and len(kernels) > 1
+        measured = measure(kernels, shape[1], self.dtype) if timed else None
+        order = rank(measured.best, preferred) if measured else [preferred, *sorted(set(kernels) - {preferred})]
+        ok: dict[str, int] = {}
+        left_out: list[str] = []
+        not_probed: dict[str, str] = {}
+        for name in order:
+            if ok and not timed:
+                break
+            beater = next((n for n in ok if measured and _cannot_win(measured.best, name, n)), None)
+            if beater is not None:
+                not_probed[name] = beater
+                continue
+            multiple = row_multiple(kernels[name], shape[1], self.dtype)
+            if multiple is None:
+                left_out.append(name)
+                continue
+            ok[name] = multiple
+            if multiple > 1 and measured is not None:  # time it as it would run, padded
+                again = measure({name: PaddedRows(kernels[name], multiple)}, shape[1], self.dtype)
+                measured.best[name], measured.median[name] = again.best[name], again.median[name]
         if not ok:
             log.warning("no row-invariant kernel for %dx%d: greedy replies may vary with batching", *shape)
             return Plan((preferred,) * len(BUCKETS), {}, f"{preferred}; no candidate is row-invariant")
-        first = preferred if preferred in ok else min(ok)
-        measured, by_median = None, first
-        if self.timed and len(ok) > 1:
-            measured = measure({name: PaddedRows(kernels[name], m) for name, m in ok.items()}, shape[1], self.dtype)
-            by_median = choose(measured.median, first, lambda name, main: False).kernels[0]
-            first = choose(measured.best, first, lambda name, main: False).kernels[0]
+        first, invariant = preferred if preferred in ok else min(ok), None
+        if measured is not None:
+            invariant = Measurement({n: measured.best[n] for n in ok}, {n: measured.median[n] for n in ok})
+            by_median = choose(invariant.median, first, lambda name, main: False).kernels[0]
+            first = choose(invariant.best, first, lambda name, main: False).kernels[0]
         pad = ok[first]
-        left_out = sorted(set(kernels) - set(ok))
         why = f"{first} for every bucket (row-invariant{f' on multiples of {pad} rows' if pad > 1 else ''})"
         if left_out:
-            why += f"; {', '.join(left_out)} not row-invariant"
-        timings = {n: [round(t, 1) for t in ts] for n, ts in measured.best.items()} if measured else {}
+            why += f"; {', '.join(sorted(left_out))} not row-invariant"
+        if not_probed:
+            why += "; " + ", ".join(f"{n} not probed (slower than {b} overall)" for n, b in not_probed.items())
+        timings = {n: [round(t, 1) for t in ts] for n, ts in invariant.best.items()} if invariant else {}
         plan = Plan((first,) * len(BUCKETS), timings, why, row_multiple=pad)
-        return plan if measured is None else judge(plan, measured, (by_median,) * len(BUCKETS))
+        return plan if invariant is None else judge(plan, invariant, (by_median,) * len(BUCKETS))
+
+
+def _cannot_win(best: Mapping[str, list[float]], name: str, by: str) -> bool:
+    """Whether ``name`` (timed unpadded: padding only adds rows to a call) ranks after ``by`` (invariant, timed as
+    it runs) in any set of candidates that holds both, however fast each bucket's fastest kernel turns out.
+
+    :func:`choose` ranks by total slowdown against each bucket's fastest call: ``name``'s lead over ``by`` in a
+    bucket counts most when that fastest is the least call timed there, its lag least when ``by`` is the fastest;
+    if ``name`` is still behind by more than the ranking's rounding, it is never chosen.
+    """
+    total = 0.0
+    for b, (mine, theirs) in enumerate(zip(best[name], best[by], strict=True)):
+        least = min(times[b] for times in best.values())
+        total += (mine - theirs) / max(theirs if mine >= theirs else least, 1e-9)
+    return total > 1e-3

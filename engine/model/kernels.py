@@ -35,7 +35,7 @@ import torch
 
 from engine.loading.formats.gguf_blocks import Int4Parts
 from engine.loading.gguf_weights import GgufWeights, matches
-from engine.model.autotune import Kernel, TunedLinear, Tuner
+from engine.model.autotune import Kernel, Tuner
 from engine.model.gguf_linear import GgufLinear
 from engine.model.plan_cache import Plan
 from engine.model.quantization import (
@@ -49,6 +49,7 @@ from engine.model.quantization import (
     PackedFp16Linear,
     make_linear,
 )
+from engine.model.tuned_linear import TunedLinear
 from engine.model.vnni import vnni_problem
 from engine.system.hardware import fbgemm_fp16_available
 

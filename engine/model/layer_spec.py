@@ -18,9 +18,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from engine.model.autotune import PaddedRows, TunedLinear
+from engine.model.autotune import PaddedRows
 from engine.model.gguf_linear import BLOCK_TYPES, GgufLinear
 from engine.model.quantization import DenseLinear, Int4Linear, Int4VnniLinear, Int8Linear
+from engine.model.tuned_linear import TunedLinear
 from engine.system import hardware
 from engine.system.paths import data_dir
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from engine.model import autotune
-from engine.model.autotune import BUCKETS, Measurement, TunedLinear, Tuner, bucket_index, choose
+from engine.model.autotune import BUCKETS, Measurement, Tuner, bucket_index, choose
 from engine.model.plan_cache import CACHE_FILENAME, Plan, PlanCache
+from engine.model.tuned_linear import TunedLinear
 
 
 def _always(name: str, beside: str) -> bool:
@@ -131,6 +132,79 @@ def test_deterministic_plans_run_one_row_invariant_kernel_everywhere(
     # the usual plans are cached apart: they may keep the faster kernel
     usual = Tuner(torch.bfloat16, PlanCache(tmp_path / "autotune.json"), 10_000, 30)
     assert not usual.plan_for("qkv", (8, 4), kernels, "fast", frozenset()).cached
+
+
+def _probing(monkeypatch: pytest.MonkeyPatch, base: dict[str, list[float]], invariant: set[str]) -> list[str]:
+    """Fake timings per kernel (its name is ``list(base)[value]``) and invariance; returns the kernels probed."""
+    probed: list[str] = []
+
+    def fake_time(kernel: _Fake, rows: int, in_features: int, dtype: torch.dtype) -> list[float]:
+        return [base[list(base)[int(getattr(kernel, "kernel", kernel).value)]][BUCKETS.index(rows)]] * 2
+
+    def fake_multiple(kernel: _Fake, in_features: int, dtype: torch.dtype) -> int | None:
+        probed.append(name := list(base)[int(kernel.value)])
+        return 1 if name in invariant else None
+
+    monkeypatch.setattr(autotune, "time_kernel", fake_time)
+    monkeypatch.setattr(autotune, "row_multiple", fake_multiple)
+    return probed
+
+
+def _deterministic_plan(kernels: dict[str, _Fake]) -> Plan:
+    tuner = Tuner(torch.bfloat16, None, 10_000, 30, deterministic=True)
+    return tuner.plan_for("lm_head", (8, 4), kernels, "int8", frozenset())  # type: ignore[arg-type]
+
+
+def test_a_candidate_that_cannot_outrank_an_invariant_one_is_not_probed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Probing the lm_head's slow candidates costs more than timing them: the candidates are timed, then probed
+    fastest first. Once "nibbles" is found invariant, "int8" and "dense" (slower) and "close" (ahead by a hair at
+    one row, far behind elsewhere) cannot outrank it whatever the others: they are not probed."""
+    base = {
+        "int8": [10.0, 20.0, 100.0, 400.0],
+        "dense": [12.0, 40.0, 200.0, 800.0],
+        "close": [9.99, 40.0, 200.0, 800.0],
+        "nibbles": [12.0, 10.0, 105.0, 420.0],
+    }
+    kernels = {name: _Fake(float(i)) for i, name in enumerate(base)}
+    probed = _probing(monkeypatch, base, invariant=set(base))
+    plan = _deterministic_plan(kernels)
+    assert plan.kernels == ("nibbles",) * 4 and probed == ["nibbles"] and set(plan.timings_us) == {"nibbles"}
+    assert all(f"{name} not probed (slower than nibbles overall)" in plan.reason for name in ("int8", "dense", "close"))
+    # the fastest is not invariant: the next one is probed, then only those that might outrank it
+    probed = _probing(monkeypatch, {**base, "nibbles": [1.0] * 4}, invariant={"int8", "dense", "close"})
+    plan = _deterministic_plan(kernels)
+    assert probed == ["nibbles", "int8"] and plan.kernels == ("int8",) * 4
+    assert "nibbles not row-invariant" in plan.reason and "close not probed (slower than int8" in plan.reason
+    # "nibbles" ranks after the invariant "int8" among all candidates, but might outrank it without "fast" (which
+    # holds the best call at 4 rows): it is probed, and it wins among the invariant ones
+    base = {"int8": [10.0, 20.0, 10.0, 10.0], "nibbles": [8.0, 22.0, 10.5, 10.5], "fast": [50.0, 10.0, 50.0, 50.0]}
+    kernels = {name: _Fake(float(i)) for i, name in enumerate(base)}
+    probed = _probing(monkeypatch, base, invariant={"int8", "nibbles"})
+    plan = _deterministic_plan(kernels)
+    assert probed == ["int8", "nibbles"] and plan.kernels == ("nibbles",) * 4
+    assert "fast not probed (slower than int8 overall)" in plan.reason
+
+
+def test_a_candidate_that_ties_an_invariant_one_is_probed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tie goes to the preferred kernel: a candidate no slower than an invariant one might be chosen."""
+    probed = _probing(monkeypatch, {"dense": [5.0] * 4, "int8": [5.0] * 4}, invariant={"dense", "int8"})
+    kernels = {"dense": _Fake(0.0), "int8": _Fake(1.0)}
+    plan = Tuner(torch.bfloat16, None, 10_000, 30, deterministic=True).plan_for(
+        "lm_head", (8, 4), kernels, "dense", frozenset()
+    )
+    assert sorted(probed) == ["dense", "int8"] and plan.kernels == ("dense",) * 4
+
+
+def test_untimed_deterministic_plans_probe_the_preferred_kernel_first_and_stop_at_an_invariant_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    probed = _probing(monkeypatch, {"a": [1.0] * 4, "b": [1.0] * 4, "c": [1.0] * 4}, invariant={"a", "c"})
+    kernels = {"a": _Fake(0.0), "b": _Fake(1.0), "c": _Fake(2.0)}
+    tuner = Tuner(torch.bfloat16, None, 10_000, 30, deterministic=True, timed=False)
+    assert tuner.plan_for("qkv", (8, 4), kernels, "c", frozenset()).kernels == ("c",) * 4 and probed == ["c"]
+    probed.clear()
+    tuner = Tuner(torch.bfloat16, None, 10_000, 30, deterministic=True, timed=False)
+    assert tuner.plan_for("o", (8, 4), kernels, "b", frozenset()).kernels == ("a",) * 4 and probed == ["b", "a"]
 
 
 def test_noise_is_how_far_the_median_call_is_from_the_best() -> None:
@@ -250,6 +324,32 @@ def test_long_calls_are_warmed_up_and_timed_fewer_times(monkeypatch: pytest.Monk
     assert slow.calls == 1 + 2 and len(times) == 2 and min(times) >= 20_000
     slower = _Sleeps(0.04)
     assert len(autotune.time_kernel(slower, 4, 8, torch.float32)) == 1 and slower.calls == 1
+
+
+def test_a_long_warm_up_call_is_kept_as_the_first_rounds_timed_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 64 rows the warm-up call takes the whole timing budget: it is the first round's sample, and only the
+    later rounds time calls there."""
+    long_us = autotune._REPEAT_BUDGET_S * 1e6 * 2
+    monkeypatch.setattr(autotune, "warm_up", lambda kernel, rows, in_features, dtype: long_us if rows == 64 else 5.0)
+    timed: list[int] = []
+
+    def fake_time(kernel: _Fake, rows: int, in_features: int, dtype: torch.dtype) -> list[float]:
+        timed.append(rows)
+        return [long_us / 2]
+
+    monkeypatch.setattr(autotune, "time_kernel", fake_time)
+    measured = autotune.measure({"a": _Fake(1.0)}, 8, torch.float32)
+    assert timed.count(64) == autotune._ROUNDS - 1 and timed.count(16) == autotune._ROUNDS
+    assert measured.best["a"][3] == long_us / 2 and measured.median["a"][3] == long_us / 2
+
+
+def test_weights_twice_the_cache_are_timed_without_flushing_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    flushes: list[None] = []
+    monkeypatch.setattr(autotune, "_evict_caches", lambda: flushes.append(None))
+    monkeypatch.setattr(autotune, "_cache_bytes", lambda: 1000)
+    assert len(autotune.time_kernel(_Fake(1.0, nbytes=1999), 4, 8, torch.float32)) == len(flushes) > 0
+    flushes.clear()
+    assert autotune.time_kernel(_Fake(1.0, nbytes=2000), 4, 8, torch.float32) and not flushes
 
 
 def test_only_the_first_round_warms_up(monkeypatch: pytest.MonkeyPatch) -> None:

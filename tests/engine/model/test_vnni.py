@@ -15,9 +15,10 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.model import autotune, native, plan_cache, vnni
-from engine.model.autotune import Kernel, PaddedRows, TunedLinear, Tuner
+from engine.model.autotune import Kernel, PaddedRows, Tuner
 from engine.model.kernels import KernelBuilder
 from engine.model.quantization import Int4Linear, Int4VnniLinear, Int8Linear, Int8VnniLinear
+from engine.model.tuned_linear import TunedLinear
 
 
 @pytest.fixture(scope="module")

@@ -53,10 +53,11 @@ DEMO_NOTE = ("SmolLM2-135M is a small demo model: quick to load, but it often ge
 #: The ``SamplingParams`` fields a model's ``generation_config.json`` (or a preset) may set.
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty")
 #: Sampling presets for models whose ``generation_config.json`` sets none, by a lower-case name fragment.
-#: SmolLM2-135M-Instruct (the default model, dequantized from Q4_1): "What is the capital of France?" at
-#: temperature 0.7 / top-p 0.95 named Paris in 14 of 20 seeded replies, at 0.2-0.3 / 0.9 / 1.1 in 17-19, and at
-#: 0.3 / 0.3 / 1.1 in 40 of 40. Its first token is a near tie between "The" and "L'" (L'Étoile...); a narrow
-#: nucleus keeps the tie out of the draw while leaving later tokens free.
+#: SmolLM2-135M-Instruct (the default model): chosen by ``python -m engine.tools.eval_defaults``, everyday prompts
+#: run as the app runs the model (int4, n-gram speculation, 512 tokens); no preset tried there answered more of
+#: them right (README.md, "The default sampling preset"; docs/BENCHMARKS.md). On "What is the capital of France?"
+#: its first token is a near tie between "The" and "L'" (L'Étoile...); a narrow nucleus keeps the tie out of the
+#: draw while leaving later tokens free.
 SAMPLING_PRESETS: dict[str, dict[str, float]] = {
     "smollm2-135m": {"temperature": 0.3, "top_p": 0.3, "repetition_penalty": 1.1},
 }

@@ -23,8 +23,9 @@ from engine.tools.eval_defaults import (
 )
 
 LOOPING = ("Mix the flour and the milk in a bowl. " + "Add one egg and stir the batter well. " * 3).split()
-PLAIN = ("Mix the flour, milk and one egg in a bowl. Heat a pan, pour in some batter and cook each side until "
-         "golden. Serve warm with syrup.").split()
+PLAIN_TEXT = ("Mix the flour, milk and one egg in a bowl. Heat a pan, pour in some batter and cook each side until "
+              "golden. Serve warm with syrup.")
+PLAIN = PLAIN_TEXT.split()
 
 
 def test_a_window_repeated_three_times_is_a_loop() -> None:
@@ -79,7 +80,7 @@ def test_the_best_preset_has_most_right_then_fewest_loops() -> None:
 def test_presets_start_with_the_current_one_and_skip_repeats(tmp_path: Path) -> None:
     current = dict(next(iter(CANDIDATES.values())))
     found = presets_for(tmp_path, current)
-    assert list(found)[0] == "hearth" and current not in list(found.values())[1:]
+    assert next(iter(found)) == "hearth" and current not in list(found.values())[1:]
     (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.9}))
     assert presets_for(tmp_path, current)["model's own"] == {"temperature": 0.6, "top_p": 0.9}
     assert list(presets_for(tmp_path, current, only=["hearth"])) == ["hearth"]

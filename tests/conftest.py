@@ -50,6 +50,19 @@ def repo_root() -> Path:
     return REPO_ROOT
 
 
+@pytest.fixture(autouse=True)
+def data_dir_env_kept() -> Iterator[None]:
+    """``HEARTH_DATA_DIR`` as it was before each test. ``main(["--data-dir", ...])`` sets it for the process, as a
+    user's command line should; a test that runs ``main`` in-process would otherwise move every later test's data
+    folder, and its default model, into its own temporary folder."""
+    before = os.environ.get("HEARTH_DATA_DIR")
+    yield
+    if before is None:
+        os.environ.pop("HEARTH_DATA_DIR", None)
+    else:
+        os.environ["HEARTH_DATA_DIR"] = before
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_embedding_models_on_disk(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The document index's ``auto`` embedder looks for embedding models in an empty home, not the user's: what it

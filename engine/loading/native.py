@@ -9,7 +9,7 @@ a heavy import; a warm start should pay for neither, so this path imports none o
 :class:`engine.loading.tokenizer.Tokenizer`.
 
 * **safetensors**: the tensors are read into the skeleton in the load dtype (``load_state_dict(assign=True)``).
-* **GGUF**: config and tokenizer are converted once by transformers and cached in the data folder
+* **GGUF**: config and tokenizer are converted once (:mod:`engine.loading.gguf_convert`) and cached in the data folder
   (:func:`engine.system.paths.cache_dir`); tensors are named and ordered by the registry's GGUF layout
   (:mod:`engine.architectures`: llama's permuted Q/K rows are put back in HF order) and dequantized by
   :func:`engine.loading.formats.gguf_blocks.dequantize` (bitwise as ``gguf``'s numpy code computes them). Nothing
@@ -59,7 +59,7 @@ log = logging.getLogger("engine")
 
 #: Rope types whose frequencies do not change at run time.
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
-_CACHE_VERSION = "2"
+_CACHE_VERSION = "3"
 
 
 # --- the skeleton ----------------------------------------------------------------------------------------------
@@ -228,8 +228,8 @@ def read_config(folder: Path) -> dict[str, Any]:
 
 
 def gguf_side_folder(path: Path) -> Path:
-    """The config.json and tokenizer of a GGUF file: shipped beside it, else converted by transformers once and
-    cached in the data folder.
+    """The config.json and tokenizer of a GGUF file: shipped beside it, else converted once
+    (:func:`engine.loading.gguf_convert.write_side_files`) and cached in the data folder.
 
     "Shipped beside it" means the folder's ``.hearth-converted.json`` names the file under ``"gguf"`` (the bundle
     lays out the default model so, see ``packaging/hearth.spec``).
@@ -245,15 +245,13 @@ def gguf_side_folder(path: Path) -> Path:
     folder = cache_dir() / "gguf" / key[:32]
     if (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file():
         return folder
-    from transformers import AutoConfig, AutoTokenizer
+    from engine.loading.gguf_convert import write_side_files
 
     ensure_private_dir(cache_dir())
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=folder.parent))
     try:
-        where, name = str(path.parent), path.name
-        AutoConfig.from_pretrained(where, gguf_file=name, local_files_only=True).save_pretrained(tmp)
-        AutoTokenizer.from_pretrained(where, gguf_file=name, local_files_only=True).save_pretrained(tmp)
+        write_side_files(path, tmp)
         if folder.exists():
             shutil.rmtree(folder, ignore_errors=True)
         os.replace(tmp, folder)

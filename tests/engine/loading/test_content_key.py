@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -49,36 +48,25 @@ def test_a_copy_has_the_same_key_and_a_change_another(tmp_path: Path, size: int)
         assert content_key(tmp_path / "e" / "model.gguf") != content_key(original)
 
 
-class _Saved:
-    def __init__(self, name: str, calls: list[str]) -> None:
-        self.name, self.calls = name, calls
-
-    def save_pretrained(self, folder: str | Path) -> None:
-        (Path(folder) / self.name).write_text("{}")
-
-
 def test_a_copied_gguf_converts_its_config_and_tokenizer_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import transformers
+    from engine.loading import gguf_convert
 
-    calls: list[str] = []
+    calls: list[Path] = []
 
-    def fake(name: str) -> Any:
-        def from_pretrained(where: str, gguf_file: str, **_: Any) -> _Saved:
-            calls.append(f"{name}:{Path(where) / gguf_file}")
-            return _Saved("config.json" if name == "config" else "tokenizer_config.json", calls)
+    def fake(path: Path, out: Path) -> None:
+        calls.append(path)
+        for name in ("config.json", "tokenizer_config.json"):
+            (out / name).write_text("{}")
 
-        return from_pretrained
-
-    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", fake("config"))
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake("tokenizer"))
+    monkeypatch.setattr(gguf_convert, "write_side_files", fake)
     lm_studio = _file(tmp_path / "lmstudio" / "org" / "model-Q4_0.gguf", 2 * HEAD_BYTES)
     ollama = tmp_path / "ollama" / "blobs" / "sha256-b179c9523d0e"
     ollama.parent.mkdir(parents=True)
     shutil.copyfile(lm_studio, ollama)
     first = native.gguf_side_folder(lm_studio)
-    assert len(calls) == 2
+    assert calls == [lm_studio]
     assert native.gguf_side_folder(ollama) == first  # the same content: the same converted files
-    assert len(calls) == 2
+    assert calls == [lm_studio]
     other = _file(tmp_path / "other" / "model-Q4_0.gguf", 2 * HEAD_BYTES, seed=7)
     assert native.gguf_side_folder(other) != first
-    assert len(calls) == 4
+    assert calls == [lm_studio, other]

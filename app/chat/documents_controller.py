@@ -73,6 +73,7 @@ class DocumentsController(QObject):
         self._waiting: dict[int, list[str]] = {}
         self._progress: dict[int, tuple[int, int, str]] = {}
         self._sources: dict[int, list[Source]] = {}
+        self._questions: dict[int, str] = {}  # a reply's id: the question it answers
         self._composer: Composer | None = None
         self._current_id: Callable[[], int | None] = lambda: None
         #: Takes drops of files on the chat pane, its transcript and its message box.
@@ -302,7 +303,20 @@ class DocumentsController(QObject):
                 return None
             self._sources[message.id] = self._attachments.sources(message.id)
         sources = self._sources[message.id]
-        return shown_sources(message.content, sources) if sources else None
+        return shown_sources(message.content, sources, self._question(message)) if sources else None
+
+    def _question(self, reply: Message) -> str:
+        """The user message ``reply`` answers ("" when it cannot be read): its words credit no source."""
+        if reply.id in self._questions:
+            return self._questions[reply.id]
+        if reply.id is None or reply.parent_id is None or self._attachments.storage.is_closed:
+            return ""
+        try:
+            parent = self._attachments.storage.get_message(reply.parent_id)
+        except ValueError:
+            return ""
+        self._questions[reply.id] = parent.content if parent.role == "user" else ""
+        return self._questions[reply.id]
 
     def open_source(self, message: Message, number: int, parent: QWidget | None = None) -> None:
         """Open source ``number`` of ``message`` in the file's own app; show its passage when the file is gone."""

@@ -55,3 +55,19 @@ def test_only_real_citations_are_listed() -> None:
     assert shown.is_cited and [n for n, _ in shown.entries] == [3, 2]
     uncited = shown_sources("No citation at all [0].", sources)
     assert not uncited.is_cited and [n for n, _ in uncited.entries] == [2, 3, 1]  # best match first
+
+
+def test_sources_a_reply_draws_on_are_listed_with_the_sentence_it_matched() -> None:
+    pages = ["Apples grow in the orchard. Pears do not.", "The lighthouse keeper is Ottoline Brask. She is kind.",
+             "Tides rise four metres."]
+    sources = [Source("/d/a.pdf", p, 0, len(t), t, s) for p, t, s in zip((1, 2, 3), pages, (0.3, 0.2, 0.1), strict=True)]
+    question = "Who keeps the lighthouse?"
+    drawn = shown_sources("Ottoline Brask keeps it.", sources, question)
+    assert drawn.is_cited and drawn.title == "Sources" and [n for n, _ in drawn.entries] == [2]
+    assert drawn.entries[0][1].snippet == "The lighthouse keeper is Ottoline Brask."
+    # the model's own valid [n] first, then what the reply draws on; an invented [9] still never shows
+    both = shown_sources("Ottoline Brask [1][9]. Tides rise four metres.", sources, question)
+    assert [n for n, _ in both.entries] == [1, 2, 3] and both.entries[0][1].snippet == ""
+    # the reply only echoes the question: nothing is drawn on, the best matches are listed as searched
+    echo = shown_sources("I cannot tell who keeps the lighthouse.", sources, question)
+    assert not echo.is_cited and [n for n, _ in echo.entries] == [1, 2, 3]

@@ -47,7 +47,7 @@ class DevicePrecisionForm(QWidget):
         self._quantization_combo.setObjectName("quantizationCombo")
         self._quantization_combo.setToolTip(
             "How the model's weights are stored. Smaller uses less memory and can be faster, at some cost "
-            "in quality. Automatic picks the most exact one that fits; the reason is shown below.")
+            "in quality. Automatic picks the most exact one that fits; \"Why?\" below gives the reason.")
         for level in QUANTIZATION_LEVELS:
             self._quantization_combo.addItem(PRECISION_LABELS[level], level)
         narrow_combo(self._quantization_combo)

@@ -100,7 +100,7 @@ class ModelPane(QWidget):
         content = QWidget()
         layout = QVBoxLayout(content)
         layout.setContentsMargins(8, 8, 8, 8)
-        layout.setSpacing(10)
+        layout.setSpacing(6)
         layout.addWidget(self._build_model_group())
         self._server_box = ServerBox(self._bridge)
         self.loaded_models_box = self._loaded_box = LoadedModelsBox(self._bridge)
@@ -165,8 +165,9 @@ class ModelPane(QWidget):
         self._choices = DevicePrecisionForm()
         self._path_edit.textChanged.connect(lambda _text: self._recommend_timer.start())
         self._choices.device_changed.connect(self._recommend_timer.start)
-        self._auto_load_check = QCheckBox("Load this model when Hearth starts")
+        self._auto_load_check = QCheckBox("Load at start")  # beside the buttons: the pane fits a laptop screen
         self._auto_load_check.setObjectName("autoLoadCheck")
+        self._auto_load_check.setToolTip("Load this model when Hearth starts")
 
         self._load_button = QPushButton("Load model")
         self._load_button.setObjectName("loadModelButton")
@@ -176,6 +177,7 @@ class ModelPane(QWidget):
         self._unload_button.setToolTip("Free the model's memory")
         self._unload_button.clicked.connect(self._on_unload_clicked)
         buttons = QHBoxLayout()
+        buttons.addWidget(self._auto_load_check)
         buttons.addWidget(self._load_button, 1)
         buttons.addWidget(self._unload_button)
 
@@ -186,6 +188,7 @@ class ModelPane(QWidget):
         self._progress.setMaximumHeight(8)
         self._stage_label = QLabel()
         self._stage_label.setObjectName("modelStageLabel")
+        self._stage_label.hide()
         self._error_label = QLabel()
         self._error_label.setObjectName("modelErrorLabel")
         self._error_label.setWordWrap(True)
@@ -205,7 +208,6 @@ class ModelPane(QWidget):
         local_layout.addLayout(path_row)
         local_layout.addWidget(discover_button, 0, Qt.AlignmentFlag.AlignLeft)
         local_layout.addWidget(self._choices)
-        local_layout.addWidget(self._auto_load_check)
 
         layout = QVBoxLayout(group)
         layout.addLayout(source_form)
@@ -288,7 +290,7 @@ class ModelPane(QWidget):
         return self._server_box
 
     def auto_load(self) -> bool:
-        """Whether "Load this model when Hearth starts" is ticked."""
+        """Whether "Load at start" (this model when Hearth starts) is ticked."""
         return self._auto_load_check.isChecked()
 
     def set_auto_load(self, value: bool) -> None:
@@ -309,11 +311,11 @@ class ModelPane(QWidget):
         """
         self._error_label.hide()
         self._progress.setValue(0)
-        self._stage_label.setText("Starting…")
+        self._set_stage("Starting…")
         self._info_label.setText("Loading…")
         self._set_state(loaded=False, loading=True)
         if self.is_remote():
-            self._stage_label.setText("Connecting…")
+            self._set_stage("Connecting…")
             self._bridge.connect_remote(self._remote_url_edit.text(), self._remote_key_edit.text(),
                                         self._remote_model_combo.currentText().strip())
             return
@@ -331,7 +333,7 @@ class ModelPane(QWidget):
     def _on_unload_clicked(self) -> None:
         self._bridge.unload_model()
         self._set_state(loaded=False, loading=False)
-        self._stage_label.setText("Unloading…")
+        self._set_stage("Unloading…")
 
     @Slot()
     def _on_browse_folder_clicked(self) -> None:
@@ -356,6 +358,7 @@ class ModelPane(QWidget):
         remote = self.is_remote()
         self._local_box.setVisible(not remote)
         self._remote_box.setVisible(remote)
+        self._auto_load_check.setVisible(not remote)
         if not remote and self._choices.advice is None:
             self._recommend_timer.start()
         self._set_state(loaded=self._bridge.model_info is not None, loading=self._bridge.is_loading)
@@ -386,7 +389,7 @@ class ModelPane(QWidget):
     @Slot(float, str)
     def _on_model_load_progress(self, fraction: float, stage: str) -> None:
         self._progress.setValue(int(max(0.0, min(fraction, 1.0)) * 1000))
-        self._stage_label.setText(load_stage_text(stage, fraction))
+        self._set_stage(load_stage_text(stage, fraction))
 
     @Slot(object)
     def _on_model_loaded(self, info: ModelInfo) -> None:
@@ -394,12 +397,12 @@ class ModelPane(QWidget):
         self._progress.setValue(1000)
         self._error_label.hide()
         if info.device == REMOTE_DEVICE:
-            self._stage_label.setText(f"Connected in {info.load_s:.1f} s")
+            self._set_stage(f"Connected in {info.load_s:.1f} s")
             self._remote_model_combo.setCurrentText(info.model_name)
             self._info_label.setText(f"<b>{html.escape(info.model_name)}</b> on "
                                      f"<b>{html.escape(info.spec)}</b>")
             return
-        self._stage_label.setText(f"Loaded in {info.load_s:.1f} s")
+        self._set_stage("")  # the card says how long the load took
         self._server_box.start_if_on()
         self._generation_form.apply_model_defaults(info.model_name, info.sampling_defaults)
         self._info_label.setText(model_card(info))
@@ -409,7 +412,7 @@ class ModelPane(QWidget):
         kept = self._bridge.model_info
         self._set_state(loaded=kept is not None, loading=False)
         self._progress.setValue(1000 if kept is not None else 0)
-        self._stage_label.setText("")
+        self._set_stage("")
         self._info_label.setText(model_card(kept) if kept is not None else "No model loaded.")
         verb = "connect to the server" if self.is_remote() else "load the model"
         still = f" {kept.model_name} stays in use." if kept is not None else ""
@@ -420,7 +423,7 @@ class ModelPane(QWidget):
     @Slot()
     def _on_model_unloaded(self) -> None:
         self._progress.setValue(0)
-        self._stage_label.setText("Model unloaded")
+        self._set_stage("Model unloaded")
         self._info_label.setText("No model loaded.")
 
     @Slot(object)
@@ -438,7 +441,12 @@ class ModelPane(QWidget):
         else:
             self._load_button.setText("Loading…" if loading else ("Load another" if loaded else "Load model"))
         self._unload_button.setEnabled(loaded or loading)
-        self._progress.setVisible(loading or loaded)
+        self._progress.setVisible(loading)  # a full bar says nothing the card does not
+
+    def _set_stage(self, text: str) -> None:
+        """The line under the buttons: the load's stage, or nothing (then it takes no room)."""
+        self._stage_label.setText(text)
+        self._stage_label.setVisible(bool(text))
 
     def _browse_start(self) -> str:
         current = Path(self._path_edit.text().strip()).expanduser()

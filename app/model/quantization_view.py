@@ -1,11 +1,15 @@
-"""The advice under the model pane's "Precision" choice: what fits and why, and a warning when the choice won't."""
+"""The advice under the model pane's "Precision" choice: what fits and why, and a warning when the choice won't.
+
+The reason behind a recommendation runs to several lines (the memory it was judged by, the file's own blocks); it
+waits behind a "Why?" link (and in the tooltip), so the model pane fits a 768-pixel-high screen with a model loaded.
+"""
 
 from __future__ import annotations
 
 import html
 from typing import Any
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Slot
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from app.bridge.types import QuantizationAdvice
@@ -17,13 +21,21 @@ def level_name(level: str) -> str:
     return "fp32" if level == "none" else level
 
 
-def describe_recommendation(rec: Any) -> str:
-    """Rich text for an ``engine.api.Recommendation``: the level, the numbers and the reason."""
+#: The link under a recommendation that shows (or hides) its reason.
+WHY_HREF = "why"
+
+
+def describe_recommendation(rec: Any, *, is_reason_shown: bool = True) -> str:
+    """Rich text for an ``engine.api.Recommendation``: the level, the numbers and the reason (or, folded, a "Why?"
+    link to it)."""
     numbers = (f"weights {format_bytes(rec.weights_bytes)} · KV cache {format_bytes(rec.kv_bytes_per_token)} "
                f"per token ({format_bytes(rec.kv_budget_bytes)} for {rec.context_length} tokens) · "
                f"{format_bytes(rec.free_bytes)} free · fits: {html.escape(str(rec.fits))}")
-    return (f"Recommended precision: <b>{html.escape(level_name(rec.quantization))}</b> on "
-            f"{html.escape(str(rec.device))}<br>{numbers}<br>"
+    head = (f"Recommended precision: <b>{html.escape(level_name(rec.quantization))}</b> on "
+            f"{html.escape(str(rec.device))}<br>{numbers}")
+    if not is_reason_shown:
+        return f"{head} · <a href='{WHY_HREF}'>Why?</a>"
+    return (f"{head} · <a href='{WHY_HREF}'>Hide why</a><br>"
             f"<span style='color: #8a8a8a'>{html.escape(str(rec.reason))}</span>")
 
 
@@ -48,10 +60,13 @@ class QuantizationView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._advice: QuantizationAdvice | None = None
+        self._is_reason_shown = False
         self._recommendation_label = QLabel("")
         self._recommendation_label.setObjectName("recommendationLabel")
         self._recommendation_label.setWordWrap(True)
-        self._recommendation_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self._recommendation_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse
+                                                           | Qt.TextInteractionFlag.LinksAccessibleByMouse)
+        self._recommendation_label.linkActivated.connect(self._on_link_activated)
         self._warning_label = QLabel("")
         self._warning_label.setObjectName("quantizationWarning")
         self._warning_label.setWordWrap(True)
@@ -69,21 +84,40 @@ class QuantizationView(QWidget):
         """The advice shown; None while it is asked for (or before)."""
         return self._advice
 
+    @property
+    def is_reason_shown(self) -> bool:
+        """Whether the recommendation's reason is unfolded under its numbers."""
+        return self._is_reason_shown
+
     def show_estimating(self) -> None:
         """Drop the advice shown, saying a new one is on its way."""
         self._advice = None
         self.update_warning("")
         self._recommendation_label.setText("Estimating the memory this model needs…")
+        self._recommendation_label.setToolTip("")
 
     def show_advice(self, advice: QuantizationAdvice) -> None:
-        """Show the recommended level and its numbers, or why there is none."""
+        """Show the recommended level and its numbers (its reason as folded as before), or why there is none."""
         self._advice = advice
         rec = advice.recommendation
         if rec is None:
             self._recommendation_label.setText(
                 f"<span style='color: #8a8a8a'>No recommendation: {html.escape(advice.error)}</span>")
+            self._recommendation_label.setToolTip("")
         else:
-            self._recommendation_label.setText(describe_recommendation(rec))
+            self._recommendation_label.setText(describe_recommendation(rec, is_reason_shown=self._is_reason_shown))
+            self._recommendation_label.setToolTip(str(rec.reason))
+
+    def set_reason_shown(self, is_shown: bool) -> None:
+        """Unfold (or fold) the recommendation's reason under its numbers."""
+        self._is_reason_shown = is_shown
+        if self._advice is not None:
+            self.show_advice(self._advice)
+
+    @Slot(str)
+    def _on_link_activated(self, href: str) -> None:
+        if href == WHY_HREF:
+            self.set_reason_shown(not self._is_reason_shown)
 
     def update_warning(self, level: str) -> None:
         """Warn when ``level`` will not fit (or only just), by the advice shown; else hide the warning."""

@@ -30,9 +30,10 @@ class ServerBox(QGroupBox):
     def __init__(self, bridge: EngineBridge, parent: QWidget | None = None) -> None:
         super().__init__("Serve on localhost", parent)
         self._bridge = bridge
-        self._serve_check = QCheckBox("Serve to other programs (OpenAI API)")
+        self._serve_check = QCheckBox("Serve to programs on this computer (OpenAI API)")
         self._serve_check.setObjectName("serveCheck")
-        self._serve_check.setToolTip("Serve the loaded model to other programs on this computer (OpenAI API)")
+        self._serve_check.setToolTip("Serve the loaded model to other programs on this computer (OpenAI API). Only "
+                                     "programs on this computer can connect (127.0.0.1).")
         self._serve_check.toggled.connect(self._on_serve_toggled)
         self._port_spin = QSpinBox()
         self._port_spin.setObjectName("servePortSpin")
@@ -43,8 +44,9 @@ class ServerBox(QGroupBox):
         self._key_edit.setEchoMode(QLineEdit.EchoMode.Password)
         self._key_edit.setToolTip("Optional: clients must send it as a Bearer token")
         self._key_edit.setPlaceholderText("Optional")
-        self._status_label = QLabel("Off. Only programs on this computer can connect (127.0.0.1).")
+        self._status_label = QLabel("")  # empty while off: the switch's own words say it all
         self._status_label.setObjectName("serveStatusLabel")
+        self._status_label.hide()
         self._status_label.setWordWrap(True)
         self._status_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         address = QHBoxLayout()  # port and key on one line: the pane fits a laptop screen without scrolling
@@ -80,19 +82,24 @@ class ServerBox(QGroupBox):
         if not checked:
             self._bridge.stop_server()
         elif info is not None and info.device != REMOTE_DEVICE:
-            self._status_label.setText("Starting…")
+            self._show_status("Starting…")
             self._bridge.start_server(self._port_spin.value(), self._key_edit.text())
         else:
-            self._status_label.setText("Starts when a model is loaded on this computer.")
+            self._show_status("Starts when a model is loaded on this computer.")
 
     @Slot(object)
     def _on_server_state_changed(self, state: ServerState) -> None:
         if state.is_running:
             key = " with the API key" if self._key_edit.text() else ""
-            self._status_label.setText(f"Serving at <b>{html.escape(state.url)}</b>{key}; "
+            self._show_status(f"Serving at <b>{html.escape(state.url)}</b>{key}; "
                                        "chats here and API clients share the model.")
         elif self._serve_check.isChecked():
-            self._status_label.setText((state.message + " " if state.message else "")
+            self._show_status((state.message + " " if state.message else "")
                                        + "Serving starts again when a model is loaded on this computer.")
         else:
-            self._status_label.setText(state.message or "Off.")
+            self._show_status(state.message)
+
+    def _show_status(self, text: str) -> None:
+        """The line under the switch, or no line (the pane fits a laptop screen without scrolling)."""
+        self._status_label.setText(text)
+        self._status_label.setVisible(bool(text))

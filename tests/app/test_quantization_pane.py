@@ -25,7 +25,10 @@ def test_recommendation_shows_and_preselects(qtbot: Any, window: MainWindow) -> 
     # The fake model has 4 B parameters and 6 GiB free: int8 (3.7 GiB) fits, bf16 (7.5 GiB) does not.
     assert "precision: <b>int8</b>" in text and "weights 3.7 GiB" in text and "128.0 KiB per token" in text
     assert "512.0 MiB for 4096 tokens" in text and "6.0 GiB free" in text and "fits: yes" in text
-    assert "fit in the fake&#x27;s free RAM" in text  # the reason, escaped
+    label = ui_flows.child(window, QLabel, "recommendationLabel")
+    assert "fit in the fake's free RAM" in label.toolTip() and "Why?" in text  # the reason, a click away
+    label.linkActivated.emit("why")
+    assert "fit in the fake&#x27;s free RAM" in label.text()  # the reason, escaped
     combo = ui_flows.child(window, QComboBox, "quantizationCombo")
     assert combo.currentData() == "int8" and combo.currentText().startswith("int8")
     assert not ui_flows.child(window, QLabel, "quantizationWarning").isVisible()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from PySide6.QtGui import QColor, QGuiApplication, QPalette, QTextFrame
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
+    QLabel,
     QListWidget,
     QMessageBox,
     QPushButton,
@@ -114,6 +116,43 @@ def test_opening_the_sampling_and_folded_sections_keeps_the_window_on_a_laptop_s
         qtbot.wait(50)
         _assert_within(window, LAPTOP)
     assert window.model_dock.width() <= 450
+
+
+#: The real default model's recommendation, as long as it is on a machine without a GPU (the fake's is one line).
+DEFAULT_MODEL_REASON = (
+    "int4 weights (0.1 GiB) plus a 4096-token KV cache for 4 chats (0.70 GiB) fit in 13.1 GiB of free RAM; the "
+    "decoder's linear weights are Q4_1 blocks in SmolLM2-135M-Instruct.Q4_1.gguf, and int4 runs those same 4-bit "
+    "values, reading about a third of bf16's bytes per weight (bf16 would only hold them dequantized).")
+
+
+def _content_fits(scroll: QScrollArea) -> bool:
+    content = scroll.widget()
+    return content.heightForWidth(content.width()) <= scroll.viewport().height() \
+        and scroll.verticalScrollBar().maximum() == 0
+
+
+def test_the_model_pane_fits_a_laptop_screen_with_the_default_model_loaded(qtbot: Any, window: MainWindow) -> None:
+    _settle(qtbot, window, LAPTOP)
+    pane = window.model_pane
+    qtbot.wait_until(lambda: pane.findChild(QLabel, "recommendationLabel").text().startswith("Recommended"),
+                     timeout=TIMEOUT_MS)
+    advice = pane._choices.advice
+    assert advice is not None and advice.recommendation is not None
+    long_advice = replace(advice, recommendation=replace(advice.recommendation, reason=DEFAULT_MODEL_REASON))
+    pane._on_recommendation_ready(long_advice)
+    ui_flows.load_model(qtbot, window)
+    ui_flows.child(window, QCheckBox, "autoLoadCheck").setChecked(True)
+    card = ui_flows.child(window, QLabel, "modelInfoLabel")
+    assert "small demo model" in card.text() and "loaded in" in card.text()
+    scroll = pane.findChild(QScrollArea)
+    assert scroll is not None
+    qtbot.wait_until(lambda: _content_fits(scroll), timeout=2000)  # no scrolling with a model loaded
+    label = ui_flows.child(window, QLabel, "recommendationLabel")
+    assert DEFAULT_MODEL_REASON[:40] in label.toolTip() and DEFAULT_MODEL_REASON[:40] not in label.text()
+    label.linkActivated.emit("why")  # "Why?" unfolds the reason (the pane may scroll then)
+    assert DEFAULT_MODEL_REASON[:40] in label.text()
+    label.linkActivated.emit("why")
+    qtbot.wait_until(lambda: _content_fits(scroll), timeout=2000)
 
 
 def test_a_wide_screen_keeps_the_transcript_lines_readable_and_the_titles_whole(

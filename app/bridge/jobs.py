@@ -14,7 +14,7 @@ from PySide6.QtCore import QRunnable
 
 from app import log
 from app.bridge.protocols import BridgedLLM, EngineApi, ResourceSampler
-from app.bridge.types import QuantizationAdvice, ServerState
+from app.bridge.types import NativeBuild, QuantizationAdvice, ServerState
 from engine.api import QUANTIZATION_LEVELS, ModelLoadError
 
 if TYPE_CHECKING:
@@ -36,9 +36,13 @@ def import_engine() -> EngineApi:
     """
     import engine
     from engine.loading import discovery, recommend, validate
+    from engine.model.native import EXTENSION
     from engine.system import hardware, monitor
 
     hardware.configure_threads(reserve=UI_RESERVED_CORES)
+
+    def native_build() -> NativeBuild:
+        return NativeBuild(EXTENSION.state, EXTENSION.problem or "")
 
     return EngineApi(
         LLM=engine.LLM,  # mypy checks here that the real LLM is what the bridge takes it for
@@ -48,6 +52,7 @@ def import_engine() -> EngineApi:
         Sampler=monitor.Sampler,
         inspect_model=validate.inspect_model,
         discover_models=discovery.discover_models,
+        native_build=native_build,
     )
 
 

@@ -47,6 +47,7 @@ from app.bridge.kept_models import (
     victims,
 )
 from app.bridge.loop import Cancel, Command, EngineLoop, Submit
+from app.bridge.native_build import NativeBuildWatch
 from app.bridge.protocols import BridgedLLM, EngineApi
 from app.bridge.remote_backend import RemoteBackend, RemoteError, RemoteEvents, api_root, fetch_models
 from app.bridge.signals import EngineSignals
@@ -107,6 +108,8 @@ class ModelLifecycle:
         self._active: Kept | None = None
         self._parked: list[Kept] = []
         self._evicting: list[BridgedLLM] = []
+        #: Says when the native decode step a load started building is ready (the load does not wait for it).
+        self._native_watch = NativeBuildWatch(signals.native_build_changed.emit, threads.shutdown)
 
     # -- any thread -------------------------------------------------------------------------------
 
@@ -386,6 +389,7 @@ class ModelLifecycle:
             return None
         self._signals.model_load_progress.emit(1.0, "Ready")
         self._signals.model_loaded.emit(info)
+        self._native_watch.after_load(api.native_build)
         return loop
 
     def _load_failed(self, generation: int, message: str) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from app.bridge.types import NativeBuild
 from engine.api import EngineMetrics, HardwareInfo, Recommendation, SamplingParams
 from engine.core.loop import Steppable
 
@@ -137,6 +138,10 @@ class ModelFinder(Protocol):
     def __call__(self, *, extra_dirs: Sequence[Path]) -> Sequence[FoundModel]: ...
 
 
+#: An engine that builds no native decode step.
+NO_NATIVE_BUILD = NativeBuild("absent")
+
+
 @dataclass(frozen=True, slots=True)
 class EngineApi:
     """The engine functions the bridge calls: ``jobs.import_engine()`` for the real engine, or a test fake."""
@@ -149,3 +154,5 @@ class EngineApi:
     #: Raises ``ModelLoadError`` for a model that cannot load, judged from its files.
     inspect_model: Callable[[str], object]
     discover_models: ModelFinder
+    #: The native decode step's build now (``engine.model.native.EXTENSION.state``); reads only.
+    native_build: Callable[[], NativeBuild] = lambda: NO_NATIVE_BUILD

@@ -39,6 +39,8 @@ class EngineSignals(QObject):
         tool_step(request_id, ToolStepRecord): a tools reply's call ran, failed or was denied
             (``app.bridge.tool_runs``).
         tools_measured(key, ToolsMeasure): result of ``measure_tools``: a chat's tools and their prompt tokens.
+        native_build_changed(NativeBuild): after a load, the engine's native decode step is being built (the model
+            runs without it meanwhile), then it is ready or failed (``app.bridge.native_build``).
     """
 
     token_delta = Signal(str, str)
@@ -59,3 +61,4 @@ class EngineSignals(QObject):
     model_folders_unreadable = Signal(object)
     tool_step = Signal(str, object)
     tools_measured = Signal(object, object)
+    native_build_changed = Signal(object)

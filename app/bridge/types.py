@@ -105,6 +105,24 @@ class ModelInfo:
 _FLOAT_LEVEL_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "none": "float32"}
 
 
+#: The states of the native decode step's build (``engine.model.native.EXTENSION.state``).
+NATIVE_BUILD_STATES = ("absent", "building", "ready", "failed")
+
+
+@dataclass(frozen=True, slots=True)
+class NativeBuild:
+    """What ``native_build_changed`` carries: the engine's native decode step, built once per machine in the
+    background while a model runs without it. ``state`` is one of :data:`NATIVE_BUILD_STATES` ("absent": no build
+    was asked for); ``problem`` says why a "failed" one failed."""
+
+    state: str
+    problem: str = ""
+
+    def __post_init__(self) -> None:
+        if self.state not in NATIVE_BUILD_STATES:
+            raise ValueError(f"state must be one of {', '.join(NATIVE_BUILD_STATES)}, got {self.state!r}")
+
+
 @dataclass(slots=True)
 class QuantizationAdvice:
     """What ``recommendation_ready`` carries: the recommended level for a model, and the numbers for each level."""

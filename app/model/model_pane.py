@@ -5,7 +5,8 @@ for a recommendation whenever the path, device or sizing changes, and shows only
 
 The boxes with a role of their own live beside it: :mod:`app.model.device_precision_form` (device, precision and
 the advice under them), :mod:`app.model.model_card` (the line saying what is loaded), :mod:`app.model.server_box`,
-:mod:`app.model.load_settings`, :mod:`app.model.generation_form`, :mod:`app.model.hardware_box`, :mod:`app.model.loaded_models_box`.
+:mod:`app.model.load_settings`, :mod:`app.model.generation_form`, :mod:`app.model.hardware_box`, :mod:`app.model.loaded_models_box`,
+:mod:`app.model.load_status` (the progress, stage, build and error lines).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
-    QProgressBar,
     QPushButton,
     QScrollArea,
     QVBoxLayout,
@@ -35,7 +35,7 @@ from PySide6.QtWidgets import (
 
 from app import log
 from app.bridge.engine_bridge import EngineBridge
-from app.bridge.types import REMOTE_DEVICE, LoadSettings, ModelInfo, QuantizationAdvice
+from app.bridge.types import REMOTE_DEVICE, LoadSettings, ModelInfo, NativeBuild, QuantizationAdvice
 from app.fitting import FoldingSection, narrow_combo
 from app.model.device_precision_form import DevicePrecisionForm
 from app.model.discover import show_discover
@@ -43,6 +43,7 @@ from app.model.generation_form import GenerationForm
 from app.model.hardware_box import HardwareBox
 from app.model.load_settings import LoadSettingsForm
 from app.model.load_stage import load_stage_text
+from app.model.load_status import LoadStatus
 from app.model.loaded_models_box import LoadedModelsBox
 from app.model.model_card import model_card
 from app.model.server_box import ServerBox
@@ -83,6 +84,7 @@ class ModelPane(QWidget):
         """The bridge signals only this pane uses (the shared ones are wired in ``MainWindow``)."""
         self._bridge.signals.remote_models_listed.connect(self._on_remote_models_listed)
         self._bridge.signals.recommendation_ready.connect(self._on_recommendation_ready)
+        self._bridge.signals.native_build_changed.connect(self._on_native_build_changed)
 
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
@@ -181,22 +183,8 @@ class ModelPane(QWidget):
         buttons.addWidget(self._load_button, 1)
         buttons.addWidget(self._unload_button)
 
-        self._progress = QProgressBar()
-        self._progress.setObjectName("modelLoadProgress")
-        self._progress.setRange(0, 1000)
-        self._progress.setTextVisible(False)
-        self._progress.setMaximumHeight(8)
-        self._stage_label = QLabel()
-        self._stage_label.setObjectName("modelStageLabel")
-        self._stage_label.hide()
-        self._error_label = QLabel()
-        self._error_label.setObjectName("modelErrorLabel")
-        self._error_label.setWordWrap(True)
-        self._error_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self._error_label.setStyleSheet(
-            "QLabel { color: #b71c1c; background: #fdecea; border: 1px solid #f5c2c0;"
-            " border-radius: 4px; padding: 6px; }")
-        self._error_label.hide()
+        self.load_status = LoadStatus()
+        self._progress, self._error_label = self.load_status.progress, self.load_status.error_label
         self._info_label = QLabel("No model loaded.")
         self._info_label.setObjectName("modelInfoLabel")
         self._info_label.setWordWrap(True)
@@ -214,9 +202,7 @@ class ModelPane(QWidget):
         layout.addWidget(self._local_box)
         layout.addWidget(self._build_remote_box())
         layout.addLayout(buttons)
-        layout.addWidget(self._progress)
-        layout.addWidget(self._stage_label)
-        layout.addWidget(self._error_label)
+        layout.addWidget(self.load_status)
         layout.addWidget(self._info_label)
         return group
 
@@ -311,11 +297,12 @@ class ModelPane(QWidget):
         """
         self._error_label.hide()
         self._progress.setValue(0)
-        self._set_stage("Starting…")
+        self.load_status.show_build(None)  # a build still under way is told again once this load is done
+        self.load_status.set_stage("Starting…")
         self._info_label.setText("Loading…")
         self._set_state(loaded=False, loading=True)
         if self.is_remote():
-            self._set_stage("Connecting…")
+            self.load_status.set_stage("Connecting…")
             self._bridge.connect_remote(self._remote_url_edit.text(), self._remote_key_edit.text(),
                                         self._remote_model_combo.currentText().strip())
             return
@@ -333,7 +320,7 @@ class ModelPane(QWidget):
     def _on_unload_clicked(self) -> None:
         self._bridge.unload_model()
         self._set_state(loaded=False, loading=False)
-        self._set_stage("Unloading…")
+        self.load_status.set_stage("Unloading…")
 
     @Slot()
     def _on_browse_folder_clicked(self) -> None:
@@ -389,7 +376,7 @@ class ModelPane(QWidget):
     @Slot(float, str)
     def _on_model_load_progress(self, fraction: float, stage: str) -> None:
         self._progress.setValue(int(max(0.0, min(fraction, 1.0)) * 1000))
-        self._set_stage(load_stage_text(stage, fraction))
+        self.load_status.set_stage(load_stage_text(stage, fraction))
 
     @Slot(object)
     def _on_model_loaded(self, info: ModelInfo) -> None:
@@ -397,12 +384,12 @@ class ModelPane(QWidget):
         self._progress.setValue(1000)
         self._error_label.hide()
         if info.device == REMOTE_DEVICE:
-            self._set_stage(f"Connected in {info.load_s:.1f} s")
+            self.load_status.set_stage(f"Connected in {info.load_s:.1f} s")
             self._remote_model_combo.setCurrentText(info.model_name)
             self._info_label.setText(f"<b>{html.escape(info.model_name)}</b> on "
                                      f"<b>{html.escape(info.spec)}</b>")
             return
-        self._set_stage("")  # the card says how long the load took
+        self.load_status.set_stage("")  # the card says how long the load took
         self._server_box.start_if_on()
         self._generation_form.apply_model_defaults(info.model_name, info.sampling_defaults)
         self._info_label.setText(model_card(info))
@@ -412,7 +399,7 @@ class ModelPane(QWidget):
         kept = self._bridge.model_info
         self._set_state(loaded=kept is not None, loading=False)
         self._progress.setValue(1000 if kept is not None else 0)
-        self._set_stage("")
+        self.load_status.set_stage("")
         self._info_label.setText(model_card(kept) if kept is not None else "No model loaded.")
         verb = "connect to the server" if self.is_remote() else "load the model"
         still = f" {kept.model_name} stays in use." if kept is not None else ""
@@ -423,8 +410,13 @@ class ModelPane(QWidget):
     @Slot()
     def _on_model_unloaded(self) -> None:
         self._progress.setValue(0)
-        self._set_stage("Model unloaded")
+        self.load_status.set_stage("Model unloaded")
         self._info_label.setText("No model loaded.")
+
+    @Slot(object)
+    def _on_native_build_changed(self, build: NativeBuild) -> None:
+        info = self._bridge.model_info
+        self.load_status.show_build(build, info.precision if info is not None else "")
 
     @Slot(object)
     def _on_hardware_detected(self, info: Any) -> None:
@@ -442,11 +434,6 @@ class ModelPane(QWidget):
             self._load_button.setText("Loading…" if loading else ("Load another" if loaded else "Load model"))
         self._unload_button.setEnabled(loaded or loading)
         self._progress.setVisible(loading)  # a full bar says nothing the card does not
-
-    def _set_stage(self, text: str) -> None:
-        """The line under the buttons: the load's stage, or nothing (then it takes no room)."""
-        self._stage_label.setText(text)
-        self._stage_label.setVisible(bool(text))
 
     def _browse_start(self) -> str:
         current = Path(self._path_edit.text().strip()).expanduser()

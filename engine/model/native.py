@@ -136,6 +136,15 @@ class _Extension:
         self.ready = False
         self.problem: str | None = None
 
+    @property
+    def state(self) -> str:
+        """"ready", "failed" (:attr:`problem` says why), "building", or "absent" (not asked for yet); reads only."""
+        if self.ready:
+            return "ready"
+        if self.problem is not None:
+            return "failed"
+        return "building" if self._thread is not None else "absent"
+
     def op(self) -> Callable[..., torch.Tensor]:
         return torch.ops.hearth.decode_layers
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import psutil
 
 from app.bridge.protocols import EngineApi, LLMFactory
+from app.bridge.types import NativeBuild
 from app.chat.token_counter import COUNT_THREAD
 from engine.api import (
     BYTES_PER_PARAM,
@@ -369,8 +370,22 @@ class FakeSampler:
                 return
 
 
-def make_fake_api(load_delay_s: float = 0.0, step_delay_s: float = 0.01) -> EngineApi:
-    """Return the engine's functions, with an LLM that loads and steps with the given delays."""
+class FakeNativeBuild:
+    """Same role as ``engine.model.native.EXTENSION``'s state: a test sets :attr:`state` (and :attr:`problem`) as the
+    build would go; the bridge reads them by calling it."""
+
+    def __init__(self, state: str = "absent", problem: str = "") -> None:
+        self.state = state
+        self.problem = problem
+
+    def __call__(self) -> NativeBuild:
+        return NativeBuild(self.state, self.problem)
+
+
+def make_fake_api(load_delay_s: float = 0.0, step_delay_s: float = 0.01,
+                  native_build: FakeNativeBuild | None = None) -> EngineApi:
+    """Return the engine's functions, with an LLM that loads and steps with the given delays, and a native decode
+    step that is never asked for unless ``native_build`` says otherwise."""
 
     def llm(model: str, **options: Any) -> FakeLLM:
         return FakeLLM(model, load_delay_s=load_delay_s, step_delay_s=step_delay_s, **options)
@@ -383,6 +398,7 @@ def make_fake_api(load_delay_s: float = 0.0, step_delay_s: float = 0.01) -> Engi
         Sampler=FakeSampler,
         inspect_model=inspect_model,
         discover_models=discover_models,
+        native_build=native_build or FakeNativeBuild(),
     )
 
 

@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.bridge.types import NativeBuild
 from app.chat.chat_input import ChatInput
 from app.chat.markdown import split_reasoning
 from app.chat.message_view import MessageView
@@ -147,6 +148,9 @@ def test_the_model_pane_fits_a_laptop_screen_with_the_default_model_loaded(qtbot
     scroll = pane.findChild(QScrollArea)
     assert scroll is not None
     qtbot.wait_until(lambda: _content_fits(scroll), timeout=2000)  # no scrolling with a model loaded
+    window.bridge.signals.native_build_changed.emit(NativeBuild("building"))  # a first start's extra line
+    qtbot.wait_until(ui_flows.child(window, QLabel, "nativeBuildLabel").isVisible, timeout=2000)
+    qtbot.wait_until(lambda: _content_fits(scroll), timeout=2000)
     label = ui_flows.child(window, QLabel, "recommendationLabel")
     assert DEFAULT_MODEL_REASON[:40] in label.toolTip() and DEFAULT_MODEL_REASON[:40] not in label.text()
     label.linkActivated.emit("why")  # "Why?" unfolds the reason (the pane may scroll then)

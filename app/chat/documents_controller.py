@@ -39,6 +39,15 @@ DEFAULT_CONTEXT = 4096
 DEFAULT_REPLY_TOKENS = 512
 
 
+def sources_budget(history: list[dict[str, str]], params: dict[str, Any], context_length: int) -> int:
+    """The tokens a prompt's sources may take: the context less the reply's room (at most half of it), the chat's
+    turns and a margin (the context meter counts the same sources a send gives)."""
+    context = context_length or DEFAULT_CONTEXT
+    reply_room = int(params.get("max_tokens") or DEFAULT_REPLY_TOKENS)
+    used = sum(estimate_tokens(m.get("content", "")) for m in history)
+    return context - min(reply_room, context // 2) - used - MARGIN_TOKENS
+
+
 class DocumentsController(QObject):
     """Attachments, their indexing and the replies' sources, for every conversation.
 
@@ -257,6 +266,11 @@ class DocumentsController(QObject):
 
     # -- sources ----------------------------------------------------------------------------------
 
+    def uses_documents(self, conversation_id: int) -> bool:
+        """Whether the chat has document collections or a readable attached file (GUI thread: reads the database)."""
+        return bool(self.chat_collections(conversation_id)) or \
+            any(not a.reason for a in self.attachments(conversation_id))
+
     def prepare(self, conversation_id: int, history: list[dict[str, str]], params: dict[str, Any],
                 context_length: int) -> tuple[list[dict[str, str]], list[Source]]:
         """``history`` with the chat's documents put before its last turn, and the numbered sources given.
@@ -264,12 +278,9 @@ class DocumentsController(QObject):
         Unchanged (and no sources) when the chat has no readable documents, or the context has no room for them.
         """
         collections = self.chat_collections(conversation_id)
-        if not (collections or any(not a.reason for a in self.attachments(conversation_id))) or not history:
+        if not self.uses_documents(conversation_id) or not history:
             return history, []
-        context = context_length or DEFAULT_CONTEXT
-        reply_room = int(params.get("max_tokens") or DEFAULT_REPLY_TOKENS)
-        used = sum(estimate_tokens(m.get("content", "")) for m in history)
-        budget = context - min(reply_room, context // 2) - used - MARGIN_TOKENS
+        budget = sources_budget(history, params, context_length)
         try:
             prepared = self.index.prepare(conversation_id, history[-1].get("content", ""), budget, collections)
         except Exception as exc:  # noqa: BLE001 (the reply goes on without documents, and says so)

@@ -70,8 +70,9 @@ bundle: install ## build the offline bundle dist/Hearth/ (PyInstaller, ~6 min)
 	PYTHON=$(PY) packaging/build.sh
 
 .PHONY: smoke
-smoke: install ## bundle: answer one prompt offline, open its window under Xvfb (builds it if missing; ~1 min)
+smoke: install ## bundle: answer offline, open its window under Xvfb, then the same on a bare Debian 12 chroot (root; ~2 min)
 	packaging/smoke.sh
+	packaging/chroot_smoke.sh
 
 .PHONY: install-desktop-entry
 install-desktop-entry: ## add dist/Hearth to the app menu (~/.local/share/applications)

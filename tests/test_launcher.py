@@ -8,6 +8,9 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Self
+
+import pytest
 
 LAUNCHER = Path(__file__).resolve().parent.parent / "packaging" / "launcher.py"
 
@@ -77,3 +80,45 @@ def test_other_import_errors_are_not_hidden() -> None:
     assert launcher.missing_library_message(
         ImportError("libxkbcommon.so.0: cannot open shared object file: No such file or directory")
     ) is not None
+
+
+def test_the_self_test_sizes_its_kv_cache_as_the_load_estimate(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One chat of the recommendation's context, not the engine's default of every concurrent chat at the model's
+    full context (which reserved 5.7 GiB for the default model where the load advice said 0.18 GiB)."""
+    import types
+
+    import engine
+    from engine.loading.recommend import recommend
+    from engine.tools import self_test
+
+    seen: dict[str, object] = {}
+
+    class RecordingLLM:
+        path = "/models/default"
+
+        def __init__(self, model: str, **kwargs: object) -> None:
+            self.sampling_defaults: dict[str, object] = {}
+            seen.update(kwargs, model=model)
+
+        def chat(self, messages: object, params: object) -> types.SimpleNamespace:
+            return types.SimpleNamespace(text="Paris.")
+
+        def __enter__(self) -> Self:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    monkeypatch.setattr(engine, "LLM", RecordingLLM, raising=False)
+    assert self_test.run_self_test("What is the capital of France?") == 0
+    config = {"model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+              "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+              "max_position_embeddings": 8192, "tie_word_embeddings": True}  # the default model's
+    estimate = recommend(config, device="cpu")
+    assert (seen["max_batch_size"], seen["max_model_len"]) == (1, estimate.context_length)
+    assert estimate.kv_budget_bytes == estimate.context_length * estimate.kv_bytes_per_token
+    assert estimate.kv_budget_bytes / 2**30 < 0.2
+    err = capsys.readouterr().err
+    assert "self-test: load stages:" in err

@@ -18,6 +18,38 @@ from typing import Any
 
 MAX_TOKENS = 32
 SEED = 0
+#: One chat of this many tokens: the KV cache the load recommendation estimates for one chat
+#: (``engine/loading/recommend.py``), not the engine's default of every concurrent chat at the model's full context.
+CONTEXT_TOKENS = 4096
+
+
+class StageClock:
+    """A load's ``progress(fraction, stage)`` callback that keeps how long each stage took ("convert 3/272" counts
+    as "convert"; each shape tuned is a stage of its own), so a slow load says where its time went."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.stages: dict[str, float] = {}
+        self._current: tuple[str, float] | None = None
+
+    def __call__(self, fraction: float, stage: str) -> None:
+        name = stage.split(" ")[0] if stage.split(" ")[-1].count("/") == 1 else stage
+        if self._current is not None and self._current[0] == name:
+            return
+        self.stop()
+        self._current = (name, time.monotonic())
+
+    def stop(self) -> None:
+        """End the stage running now."""
+        if self._current is not None:
+            name, since = self._current
+            self.stages[name] = self.stages.get(name, 0.0) + time.monotonic() - since
+            self._current = None
+
+    def summary(self) -> str:
+        """The stages in order with their seconds, those under 0.05 s left out: ``verify 0.2 s, warm up 1.1 s``."""
+        shown = [f"{name} {seconds:.1f} s" for name, seconds in self.stages.items() if seconds >= 0.05]
+        return ", ".join(shown) or "none over 0.05 s"
 
 
 def run_self_test(prompt: str, *, max_tokens: int = MAX_TOKENS) -> int:
@@ -35,10 +67,13 @@ def run_self_test(prompt: str, *, max_tokens: int = MAX_TOKENS) -> int:
     """
     from engine import LLM, SamplingParams
 
-    started = time.monotonic()
+    clock = StageClock()
+    started = clock.started
     try:
-        with LLM("default", start_loop=False) as llm:
+        with LLM("default", start_loop=False, progress=clock, max_batch_size=1, max_model_len=CONTEXT_TOKENS) as llm:
+            clock.stop()
             loaded = time.monotonic()
+            load_facts = _load_facts(llm)
             options: dict[str, Any] = {**llm.sampling_defaults, "max_tokens": max_tokens, "seed": SEED}
             params = SamplingParams(**options)
             out = llm.chat([{"role": "user", "content": prompt}], params)
@@ -50,11 +85,28 @@ def run_self_test(prompt: str, *, max_tokens: int = MAX_TOKENS) -> int:
         f"self-test: loaded {llm.path} in {loaded - started:.1f} s, answered in {time.monotonic() - loaded:.1f} s",
         file=sys.stderr,
     )
+    print(f"self-test: load stages: {clock.summary()}", file=sys.stderr)
+    print(f"self-test: {load_facts}", file=sys.stderr)
     print(reply, flush=True)
     if not reply:
         print("self-test failed: the model's reply was empty", file=sys.stderr)
         return 1
     return 0
+
+
+def _load_facts(llm: Any) -> str:
+    """The KV cache's size and where this load's kernel plans came from: ``kernel plans: tuned 0 shapes, 7 from
+    the cache, 0 provisional``. A second load on the same data folder tunes none, except provisional plans (timed
+    too noisily to trust, ``engine/model/autotune.py``) that it measures again on a quiet machine."""
+    runner = getattr(getattr(llm, "engine", None), "runner", None)
+    if runner is None:
+        return "kernel plans: unknown"
+    plans = [choice.plan for choice in getattr(runner, "kernel_choices", [])]
+    cached = sum(1 for plan in plans if plan.cached)
+    provisional = sum(1 for plan in plans if not plan.trusted)
+    kv = getattr(getattr(runner, "kv", None), "nbytes", 0)
+    return (f"KV cache {kv / 2**20:.0f} MiB ({CONTEXT_TOKENS} tokens, 1 chat); "
+            f"kernel plans: tuned {len(plans) - cached} shapes, {cached} from the cache, {provisional} provisional")
 
 
 def main(argv: list[str]) -> int:

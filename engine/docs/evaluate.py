@@ -2,13 +2,19 @@
 
 The set is a folder holding documents and ``questions.jsonl``: one question a line, with the ``file`` that answers
 it, its ``page`` where the file has pages, an ``expect`` substring that only the right passage holds, and whether the
-question is a ``paraphrase`` (worded unlike the passage, so BM25 cannot simply match its words). A retrieved chunk
-answers a question when it comes from that file (and page) and holds the substring, whitespace and case aside.
+question is a ``paraphrase`` (worded unlike the passage, so BM25 cannot simply match its words) or ``exact`` (it
+names a code, a setting or a person the passage holds word for word: a fusion that buries BM25's exact matches under
+the vectors' near misses shows there). A retrieved chunk answers a question when it comes from that file (and page)
+and holds the substring, whitespace and case aside.
 
 Each embedder indexes the documents the questions name into a fresh temporary home; every question is then searched
 with each mode the collection supports (``bm25``; ``vector`` and ``hybrid`` where it has vectors), and the run
 reports recall@5 (the share of questions with an answering chunk in the top 5), MRR@10 (the mean of 1/rank of the
-first answering chunk in the top 10, 0 without one) and recall@5 over the paraphrased questions alone.
+first answering chunk in the top 10, 0 without one) and recall@5 over the paraphrased and the exact questions alone.
+
+``--sweep`` chooses the fusion by cross-validation: hybrid search with each RRF constant of :data:`SWEEP_KS` and
+each vector weight of :data:`SWEEP_WEIGHTS` is scored on the odd-numbered questions and on the even-numbered ones;
+the pair best on one half (recall@5, then MRR@10) is reported on the other half, against the vectors alone there.
 """
 
 from __future__ import annotations
@@ -19,14 +25,18 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.docs import store
 from engine.docs.indexer import index_collection
-from engine.docs.search import Hit, search
+from engine.docs.search import BM25_MARGIN, RRF_K, VECTOR_WEIGHT, Hit, search
 
 #: The set in the repository: ``tests/data/retrieval`` next to the ``engine`` package.
 DEFAULT_SET = Path(__file__).resolve().parents[2] / "tests" / "data" / "retrieval"
 EMBEDDERS = ("bm25", "wordllama")
+#: The RRF constants and vector weights ``--sweep`` tries.
+SWEEP_KS = (1, 2, 3, 5, 10, 20, 60)
+SWEEP_WEIGHTS = (1.0, 1.25, 1.5, 2.0)
 RECALL_AT = 5
 MRR_AT = 10
 COLLECTION = "eval"
@@ -39,6 +49,7 @@ class Question:
     page: int | None
     expect: str
     paraphrase: bool
+    exact: bool = False
 
 
 def _norm(text: str) -> str:
@@ -67,6 +78,7 @@ def load_questions(folder: Path) -> list[Question]:
                 None if raw.get("page") is None else int(raw["page"]),
                 str(raw["expect"]),
                 bool(raw.get("paraphrase", False)),
+                bool(raw.get("exact", False)),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}, line {number}: not a question ({exc})") from exc
@@ -101,6 +113,7 @@ def _scores(ranks: list[int | None], questions: list[Question]) -> dict[str, flo
         f"recall@{RECALL_AT}": round(recall(pairs), 3),
         f"mrr@{MRR_AT}": round(sum(1 / r for r in ranks if r is not None) / len(ranks), 3),
         f"recall@{RECALL_AT}_paraphrased": round(recall([p for p in pairs if p[1].paraphrase]), 3),
+        f"recall@{RECALL_AT}_exact": round(recall([p for p in pairs if p[1].exact]), 3),
     }
 
 
@@ -143,18 +156,76 @@ def evaluate(folder: Path = DEFAULT_SET, embedders: tuple[str, ...] = EMBEDDERS)
         "chunks": chunks,
         "questions": len(questions),
         "paraphrased": sum(q.paraphrase for q in questions),
+        "exact": sum(q.exact for q in questions),
         "results": rows,
         "misses": misses,
     }
+
+
+def _pair(scores: dict[str, float]) -> tuple[float, float]:
+    return scores[f"recall@{RECALL_AT}"], scores[f"mrr@{MRR_AT}"]
+
+
+def sweep(folder: Path = DEFAULT_SET, ks: tuple[int, ...] = SWEEP_KS,
+          weights: tuple[float, ...] = SWEEP_WEIGHTS) -> dict[str, Any]:
+    """Hybrid search (WordLlama) with each RRF constant in ``ks`` and vector weight in ``weights``, scored on all,
+    the odd-numbered and the even-numbered questions, and the pair each half chooses, scored on the other half; and
+    the default fusion without its BM25 margin guard."""
+    questions = load_questions(folder)
+    parts = {"all": range(len(questions)), "odd": range(0, len(questions), 2), "even": range(1, len(questions), 2)}
+    with tempfile.TemporaryDirectory(prefix="hearth-docs-sweep-") as tmp:
+        conn = store.connect(Path(tmp) / "wordllama")
+        try:
+            index_collection(conn, COLLECTION, [folder / d for d in sorted({q.file for q in questions})], "wordllama")
+
+            def scores(mode: str, k: float = RRF_K, weight: float = VECTOR_WEIGHT,
+                       margin: float | None = BM25_MARGIN) -> dict[str, dict[str, float]]:
+                ranks = [first_rank(search(conn, COLLECTION, q.question, MRR_AT, mode, k, weight, margin), q)
+                         for q in questions]
+                return {name: _scores([ranks[i] for i in part], [questions[i] for i in part])
+                        for name, part in parts.items()}
+
+            vector = scores("vector")
+            unguarded = scores("hybrid", margin=None)
+            rows: list[dict[str, Any]] = [{"k": k, "weight": w, **scores("hybrid", k, w)} for k in ks for w in weights]
+        finally:
+            conn.close()
+    chosen = {}
+    for tune, test in (("odd", "even"), ("even", "odd")):
+        best = max(rows, key=lambda r: _pair(r[tune]))  # the first (smallest k) of equals
+        chosen[tune] = {"k": best["k"], "weight": best["weight"], "held_out": test, "hybrid": best[test],
+                        "vector": vector[test]}
+    return {"questions": len(questions), "vector": vector, "hybrid": rows, "chosen": chosen,
+            "default_without_margin": unguarded}
+
+
+def sweep_table(result: dict[str, Any]) -> str:
+    """The sweep as a Markdown table: recall@5 / MRR@10 on all, odd and even questions for each fusion."""
+    def cell(scores: dict[str, float]) -> str:
+        return f"{scores[f'recall@{RECALL_AT}']:.3f} / {scores[f'mrr@{MRR_AT}']:.3f}"
+
+    vector, rows = result["vector"], result["hybrid"]
+    body = [["vector", "", *(cell(vector[h]) for h in ("all", "odd", "even"))]]
+    body += [["hybrid", f"k={r['k']:g}, w={r['weight']:g}", *(cell(r[h]) for h in ("all", "odd", "even"))]
+             for r in rows]
+    unguarded = result["default_without_margin"]
+    body.append(["hybrid", f"k={RRF_K:g}, w={VECTOR_WEIGHT:g}, no margin", *(cell(unguarded[h])
+                                                                           for h in ("all", "odd", "even"))])
+    return _markdown(["mode", "fusion", "all", "odd", "even"], body)
 
 
 def table(result: dict[str, object]) -> str:
     """The results as an aligned Markdown table."""
     rows = result["results"]
     assert isinstance(rows, list)
-    head = ["embedder", "mode", f"recall@{RECALL_AT}", f"MRR@{MRR_AT}", f"recall@{RECALL_AT} paraphrased"]
-    keys = [f"recall@{RECALL_AT}", f"mrr@{MRR_AT}", f"recall@{RECALL_AT}_paraphrased"]
-    body = [[str(r["embedder"]), str(r["mode"]), *(f"{r[k]:.3f}" for k in keys)] for r in rows]
+    head = ["embedder", "mode", f"recall@{RECALL_AT}", f"MRR@{MRR_AT}", f"recall@{RECALL_AT} paraphrased",
+            f"recall@{RECALL_AT} exact"]
+    keys = [f"recall@{RECALL_AT}", f"mrr@{MRR_AT}", f"recall@{RECALL_AT}_paraphrased", f"recall@{RECALL_AT}_exact"]
+    return _markdown(head, [[str(r["embedder"]), str(r["mode"]), *(f"{r[k]:.3f}" for k in keys)] for r in rows])
+
+
+def _markdown(head: list[str], body: list[list[str]]) -> str:
+    """An aligned Markdown table: the first two columns to the left, numbers to the right."""
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
 
     def line(cells: list[str]) -> str:
@@ -177,7 +248,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--misses", action="store_true", help="list the questions each mode misses in its top 5"
     )
+    parser.add_argument("--sweep", action="store_true",
+                        help="choose RRF's constant by cross-validation over the odd and even questions")
     args = parser.parse_args(argv)
+    if args.sweep:
+        try:
+            swept = sweep(args.set)
+        except (FileNotFoundError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(swept, indent=1) if args.json else sweep_table(swept))
+        if not args.json:
+            for tune, pick in swept["chosen"].items():
+                print(f"chosen on the {tune} questions: k={pick['k']:g}, w={pick['weight']:g}; on the"
+                      f" {pick['held_out']} questions hybrid"
+                      f" {_pair(pick['hybrid'])}, vector {_pair(pick['vector'])} (recall@5, MRR@10)")
+        return 0
     try:
         result = evaluate(args.set, tuple(args.embedder or EMBEDDERS))
     except (FileNotFoundError, ValueError) as exc:
@@ -193,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     documents = result["documents"]
     assert isinstance(documents, list)
     print(
-        f"{result['questions']} questions ({result['paraphrased']} paraphrased), {len(documents)}"
+        f"{result['questions']} questions ({result['paraphrased']} paraphrased, {result['exact']} exact),"
+        f" {len(documents)}"
         f" documents, {result['chunks']} chunks"
     )
     print(table(result))

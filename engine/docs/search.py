@@ -1,8 +1,22 @@
 """Retrieval: BM25 through FTS5, exact vector search with numpy, and the two fused by reciprocal rank fusion.
 
-Reciprocal rank fusion (Cormack et al., 2009) scores a chunk ``sum(1 / (K + rank))`` over the rankings it appears
-in. It needs no calibration between BM25's scores and cosine similarities, which live on unrelated scales, and it is
-what GPT4All's LocalDocs uses. A collection indexed without an embedder is searched by BM25 alone.
+Reciprocal rank fusion (Cormack et al., 2009) scores a chunk ``sum(weight / (k + rank))`` over the rankings it
+appears in. It needs no calibration between BM25's scores and cosine similarities, which live on unrelated scales,
+and it is what GPT4All's LocalDocs uses. A collection indexed without an embedder is searched by BM25 alone.
+
+The paper's k = 60 flattens the first ranks (1/61 against 1/62), so a chunk both rankings put around their 60th
+place outranks one that either puts first: on the retrieval set that made hybrid worse than the vectors alone, and
+it buried the chunk BM25 alone finds for a code or a name (``F-204``, ``dry_run_delay``) under the vectors' near
+misses. With k = 10 a chunk either ranking puts first (1/11) is still outranked only by a chunk both rankings
+place high (1/(10 + a) + 1/(10 + b) > 1/11: both within about their first dozen), never by one that only one
+ranking holds. :data:`RRF_K` was chosen by cross-validation over RRF constants and ranking weights
+(``python -m engine.docs eval --sweep``; docs/BENCHMARKS.md, "Documents: retrieval quality"); equal weights won.
+
+One guard on top: when BM25's first chunk scores at least :data:`BM25_MARGIN` times its second (or is its only
+match), the query named something only that chunk holds (a code among many alike, where every chunk shares the
+question's other words and the vectors see near-identical passages), and the fused ranking puts that chunk first.
+On the retrieval set the guard changes no ranking that mattered; on a manual of sixty look-alike fault codes it
+lifts the named code from fifth to first (tests/engine/docs/test_retrieval.py).
 """
 
 from __future__ import annotations
@@ -17,7 +31,11 @@ from engine.docs import store
 from engine.docs.embedders import embed_query, load_embedder
 
 #: RRF's constant: larger values flatten the advantage of the very first ranks (60 is the paper's value).
-RRF_K = 60
+RRF_K = 10
+#: The vector ranking's weight in the fusion (BM25's is 1).
+VECTOR_WEIGHT = 1.0
+#: How many times its second's score BM25's first must reach to be put first in the fused ranking.
+BM25_MARGIN = 2.0
 #: How many candidates each ranking contributes to the fusion, at least.
 CANDIDATES = 50
 MODES = ("hybrid", "bm25", "vector")
@@ -131,25 +149,45 @@ def vector_ranking(
 
 
 def reciprocal_rank_fusion(
-    rankings: list[list[tuple[int, float]]], k: int = RRF_K
+    rankings: list[list[tuple[int, float]]], k: float = RRF_K, weights: list[float] | None = None
 ) -> list[tuple[int, float]]:
-    """Fuse rankings (ids best first) into one: score ``sum(1 / (k + rank))``, rank counted from 1."""
+    """Fuse rankings (ids best first) into one: score ``sum(weight / (k + rank))``, rank counted from 1, each
+    ranking's weight 1 unless ``weights`` gives one per ranking."""
+    if weights is not None and len(weights) != len(rankings):
+        raise ValueError(f"{len(weights)} weights for {len(rankings)} rankings")
     scores: dict[int, float] = {}
-    for ranking in rankings:
+    for ranking, weight in zip(rankings, weights or [1.0] * len(rankings), strict=True):
         for rank, (chunk_id, _) in enumerate(ranking, start=1):
-            scores[chunk_id] = scores.get(chunk_id, 0.0) + 1.0 / (k + rank)
+            scores[chunk_id] = scores.get(chunk_id, 0.0) + weight / (k + rank)
     return sorted(scores.items(), key=lambda item: (-item[1], item[0]))
 
 
+def fuse(
+    bm25: list[tuple[int, float]], vector: list[tuple[int, float]], k: float = RRF_K,
+    vector_weight: float = VECTOR_WEIGHT, bm25_margin: float | None = BM25_MARGIN,
+) -> list[tuple[int, float]]:
+    """Hybrid search's ranking: RRF of the two rankings (ids best first), then BM25's first put first when it
+    stands out by ``bm25_margin`` (None: never). The chunk put first takes the first's score."""
+    fused = reciprocal_rank_fusion([bm25, vector], k, [1.0, vector_weight])
+    if bm25_margin is None or not bm25 or not fused or bm25[0][1] <= 0:
+        return fused
+    top_id = bm25[0][0]
+    if fused[0][0] == top_id or (len(bm25) > 1 and bm25[0][1] < bm25_margin * bm25[1][1]):
+        return fused
+    return [(top_id, fused[0][1])] + [(i, score) for i, score in fused if i != top_id]
+
+
 def search(
-    conn: sqlite3.Connection, collection: str, query: str, top_k: int = 5, mode: str = "hybrid"
+    conn: sqlite3.Connection, collection: str, query: str, top_k: int = 5, mode: str = "hybrid",
+    rrf_k: float = RRF_K, vector_weight: float = VECTOR_WEIGHT, bm25_margin: float | None = BM25_MARGIN,
 ) -> list[Hit]:
     """The ``top_k`` chunks of ``collection`` for ``query``.
 
     Args:
-        mode: ``hybrid`` (BM25 and vectors fused by RRF; BM25 alone for a collection without vectors), ``bm25``
-            or ``vector``. Scores are RRF scores for ``hybrid``, BM25 scores for ``bm25`` and cosine
+        mode: ``hybrid`` (BM25 and vectors fused by :func:`fuse`; BM25 alone for a collection without vectors),
+            ``bm25`` or ``vector``. Scores are RRF scores for ``hybrid``, BM25 scores for ``bm25`` and cosine
             similarities for ``vector``.
+        rrf_k, vector_weight, bm25_margin: the fusion's settings for ``hybrid`` (the eval's sweep tries others).
 
     Raises:
         KeyError: for an unknown collection.
@@ -174,7 +212,10 @@ def search(
     if mode in ("hybrid", "vector") and embedder is not None:
         ids, matrix = _collection_vectors(conn, cid, int(row["generation"]))
         rankings.append(vector_ranking(ids, matrix, embed_query(embedder, query), limit))
-    ranked = reciprocal_rank_fusion(rankings) if len(rankings) > 1 else rankings[0]
+    if len(rankings) > 1:
+        ranked = fuse(rankings[0], rankings[1], rrf_k, vector_weight, bm25_margin)
+    else:
+        ranked = rankings[0]
     return _hits(conn, ranked[:top_k])
 
 

@@ -1,6 +1,7 @@
 """The retrieval eval on the set in tests/data/retrieval, with the real WordLlama weights: its report's structure,
-the set's own rules (60+ questions, half of them paraphrased, a PDF with pages, a docx and Markdown), and a floor
-well below the README's targets so that only a broken index or search fails it."""
+the set's own rules (60+ questions, half of the worded ones paraphrased, exact-name and code questions, a PDF with
+pages, a docx and Markdown), a floor well below the README's targets so that only a broken index or search fails
+it, hybrid at least as good as its parts, and the cross-validated sweep that chose the fusion."""
 
 from __future__ import annotations
 
@@ -21,7 +22,10 @@ def report() -> dict[str, object]:
 def test_the_set_has_enough_paraphrased_questions_over_every_format() -> None:
     questions = evaluate.load_questions(evaluate.DEFAULT_SET)
     assert len(questions) >= 60
-    assert sum(q.paraphrase for q in questions) * 2 >= len(questions)
+    worded = [q for q in questions if not q.exact]  # a code or a name cannot be paraphrased
+    assert len(worded) >= 60 and sum(q.paraphrase for q in worded) * 2 >= len(worded)
+    exact = [q for q in questions if q.exact]
+    assert len(exact) >= 10 and not any(q.paraphrase for q in exact)
     suffixes = {Path(q.file).suffix for q in questions}
     assert {".pdf", ".docx", ".md"} <= suffixes
     assert len({q.page for q in questions if q.file.endswith(".pdf")}) >= 5
@@ -39,7 +43,7 @@ def test_the_report_scores_every_mode_of_every_embedder(report: dict[str, object
         ("wordllama", "hybrid"),
     ]
     for row in rows:
-        for key in ("recall@5", "mrr@10", "recall@5_paraphrased"):
+        for key in ("recall@5", "mrr@10", "recall@5_paraphrased", "recall@5_exact"):
             assert 0.0 <= row[key] <= 1.0
     assert report["questions"] == len(evaluate.load_questions(evaluate.DEFAULT_SET))
     assert report["chunks"] > 30
@@ -54,6 +58,30 @@ def test_a_modest_floor(report: dict[str, object]) -> None:
     assert scores[("wordllama", "vector")]["recall@5"] >= 0.7
     assert scores[("wordllama", "hybrid")]["recall@5"] >= 0.75
     assert scores[("wordllama", "hybrid")]["recall@5_paraphrased"] >= 0.6
+
+
+def test_hybrid_is_at_least_as_good_as_each_of_its_parts(report: dict[str, object]) -> None:
+    """The fusion's target (the eval is deterministic): recall@5 and MRR@10 no lower than BM25's or the vectors',
+    and no exact-name or code question lost that BM25 alone finds."""
+    scores = {r["mode"]: r for r in report["results"] if r["embedder"] == "wordllama"}  # type: ignore[union-attr]
+    for key in ("recall@5", "mrr@10"):
+        assert scores["hybrid"][key] >= max(scores["bm25"][key], scores["vector"][key]), (key, scores)
+    assert scores["hybrid"]["recall@5_exact"] >= scores["bm25"]["recall@5_exact"]
+    assert scores["hybrid"]["recall@5_paraphrased"] >= scores["vector"]["recall@5_paraphrased"]
+
+
+def test_the_sweep_scores_each_fusion_on_both_halves_and_crosses_them() -> None:
+    swept = evaluate.sweep(ks=(10, 60), weights=(1.0,))
+    assert [(r["k"], r["weight"]) for r in swept["hybrid"]] == [(10, 1.0), (60, 1.0)]
+    for row in [*swept["hybrid"], swept["vector"], swept["default_without_margin"]]:
+        assert set(row) >= {"all", "odd", "even"}
+    chosen = swept["chosen"]
+    assert chosen["odd"]["held_out"] == "even" and chosen["even"]["held_out"] == "odd"
+    for tune, pick in chosen.items():  # each half's choice is its best, scored on the other half
+        best = max(swept["hybrid"], key=lambda r: (r[tune]["recall@5"], r[tune]["mrr@10"]))
+        assert (pick["k"], pick["hybrid"]) == (best["k"], best[pick["held_out"]])
+    lines = evaluate.sweep_table(swept).splitlines()
+    assert len(lines) == 2 + 1 + 2 + 1 and len({len(line) for line in lines}) == 1
 
 
 def test_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

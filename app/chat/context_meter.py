@@ -1,8 +1,11 @@
 """The context meter under the message box: "1,234 / 4,096 tokens" and a thin bar, per chat.
 
 It counts the chat as the next send would give it to the model: the system prompt, the chat template's tokens, the
-turns of the shown branch (up to the message being edited) and the draft as the last turn. Attached documents and
-tools are not counted: which passages a reply is given is only known when it is sent.
+turns of the shown branch (up to the message being edited) and the draft as the last turn; the sources block the
+chat's documents put before that turn, chosen for the draft as a send chooses them (``DocumentsController``'s
+budget and ``DocumentIndex.prepare``: the documents whole when they fit, else the passages retrieved for the
+draft); and the prompt tokens the definitions of the chat's tools add (``ChatTools.prompt_tokens``, measured by the
+engine's tool loop with the model's chat template).
 
 :class:`ContextMeterController` recounts after each reply, when another chat or branch is shown, when the model
 changes, and while the user types (after a pause of ``DEBOUNCE_MS``). The counting runs on a Python thread of its
@@ -23,6 +26,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QWidget
 
 from app import log
 from app.chat.token_counter import COUNT_THREAD, TokenCounter, Tokenize
+from app.docs.index import DocumentIndex, sources_budget, with_sources
 
 if TYPE_CHECKING:
     from app.chat.chat_pane import ChatPane
@@ -44,6 +48,9 @@ class Count:
     context_length: int
     #: Tokens the chat may take before the engine leaves turns out: the context less the room kept for the reply.
     budget: int
+    #: Of ``num_tokens``: the sources block of the chat's documents, and the definitions of its tools.
+    num_document_tokens: int = 0
+    num_tool_tokens: int = 0
 
 
 class ContextMeter(QWidget):
@@ -83,8 +90,12 @@ class ContextMeter(QWidget):
         if is_over != self._is_over:
             self._is_over = is_over
             self.bar.setStyleSheet(f"QProgressBar::chunk {{ background: {OVER_COLOUR}; }}" if is_over else "")
-        tip = ("This chat as the next message would send it: the system prompt, the chat template, the turns shown "
-               "and your draft (attached documents and tools come on top).")
+        tip = ("This chat as the next message would send it: the system prompt, the chat template, the turns shown, "
+               "your draft, the sources from the chat's documents and the definitions of its tools.")
+        extras = [f"{n:,} tokens {what}" for n, what in ((count.num_document_tokens, "of document sources"),
+                                                          (count.num_tool_tokens, "of tool definitions")) if n]
+        if extras:
+            tip += f" Of these, {' and '.join(extras)}."
         if context:
             tip += (f" {count.budget:,} of the {context:,} tokens of context are for the chat; the rest is kept for "
                     "the reply (Max tokens, up to half the context).")
@@ -104,14 +115,9 @@ class CountJob(QObject):
 
     finished = Signal(object)
 
-    def __init__(self, count: Callable[[list[dict[str, str]], bool], tuple[int, bool]],
-                 messages: list[dict[str, str]], has_draft: bool, context_length: int, budget: int) -> None:
+    def __init__(self, count: Callable[[], Count]) -> None:
         super().__init__()  # no parent: the thread keeps it alive until it has emitted
         self._count = count
-        self._messages = messages
-        self._has_draft = has_draft
-        self._context_length = context_length
-        self._budget = budget
         self._thread = threading.Thread(target=self._run, name=COUNT_THREAD, daemon=True)
 
     def start(self) -> None:
@@ -119,12 +125,23 @@ class CountJob(QObject):
 
     def _run(self) -> None:
         try:
-            num_tokens, is_exact = self._count(self._messages, self._has_draft)
-            result: Count | None = Count(num_tokens, is_exact, self._context_length, self._budget)
+            result: Count | None = self._count()
         except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
             log.ui.warning("counting the chat's tokens failed: %s: %s", type(exc).__name__, exc)
             result = None
         self.finished.emit(result)
+
+
+@dataclass(frozen=True, slots=True)
+class Extras:
+    """What comes into a prompt beside the chat's turns, gathered on the GUI thread for a count: the chat's
+    documents (the index and its collections; None when it has none) and its tools' prompt tokens."""
+
+    conversation_id: int
+    index: DocumentIndex | None
+    collections: tuple[str, ...]
+    params: dict[str, object]
+    num_tool_tokens: int
 
 
 class ContextMeterController(QObject):
@@ -141,6 +158,8 @@ class ContextMeterController(QObject):
         self._pane = pane
         self._replies = replies
         self.meter = meter
+        #: The prompt tokens a chat's tool definitions add (set by ``ChatTools.attach``; 0 while none are counted).
+        self.tool_tokens: Callable[[int], int] = lambda _conversation_id: 0
         # The counts of one model's tokenizer, and that model's engine (a weak reference: an unloaded model goes).
         # Worker threads only, one at a time.
         self._counter = TokenCounter()
@@ -160,6 +179,7 @@ class ContextMeterController(QObject):
         pane.settings_bar.preset_chosen.connect(self._on_changed)
         replies.streaming_changed.connect(self._on_changed)
         replies.model_changed.connect(self._on_changed)
+        pane.documents.attachments_changed.connect(self._on_changed)
 
     @property
     def is_counting(self) -> bool:
@@ -174,7 +194,7 @@ class ContextMeterController(QObject):
             return
         self._is_pending = False
         conversation = self._pane.current_conversation
-        if conversation is None:
+        if conversation is None or self._pane.store.storage.is_closed:  # a closed window's last count came in
             return
         editing = self._pane.composer.editing_index
         messages = conversation.prompt_messages(upto=editing)
@@ -182,11 +202,38 @@ class ContextMeterController(QObject):
         if draft:
             messages.append({"role": "user", "content": draft})
         context = self._replies.context_length
-        max_tokens = int(self._pane.sampling_params(conversation).get("max_tokens") or 0)
+        params = self._pane.sampling_params(conversation)
+        max_tokens = int(params.get("max_tokens") or 0)
         budget = context - min(max_tokens, context // 2)
-        self._job = CountJob(self._count, messages, bool(draft), context, budget)
+        documents = self._pane.documents
+        uses_documents = documents.uses_documents(conversation.id)
+        extras = Extras(conversation.id, documents.index if uses_documents else None,
+                        tuple(documents.chat_collections(conversation.id)) if uses_documents else (), params,
+                        0 if conversation.is_json_reply else self.tool_tokens(conversation.id))
+
+        def count() -> Count:
+            return self._count_all(messages, bool(draft), extras, context, budget)
+
+        self._job = CountJob(count)
         self._job.finished.connect(self._on_counted)
         self._job.start()
+
+    def _count_all(self, messages: list[dict[str, str]], has_draft: bool, extras: Extras, context: int,
+                   budget: int) -> Count:
+        """The chat, the sources its documents give the draft (a send's choice, for a send's budget) and its tools'
+        definitions (worker thread: ``DocumentIndex`` opens a connection of its own)."""
+        num_tokens, is_exact = self._count(messages, has_draft)
+        num_document_tokens = 0
+        if extras.index is not None:
+            # Without a draft the next send's turn is still to come: the sources are counted before an empty one.
+            asked = messages if has_draft else [*messages, {"role": "user", "content": ""}]
+            prepared = extras.index.prepare(extras.conversation_id, asked[-1]["content"],
+                                            sources_budget(asked, extras.params, context), extras.collections)
+            if prepared is not None:
+                with_docs, is_exact = self._count(with_sources(asked, prepared.block), True)
+                num_document_tokens = max(with_docs - num_tokens, 0)
+        return Count(num_tokens + num_document_tokens + extras.num_tool_tokens, is_exact, context, budget,
+                     num_document_tokens, extras.num_tool_tokens)
 
     def _count(self, messages: list[dict[str, str]], has_draft: bool) -> tuple[int, bool]:
         """Count with the model in use (worker thread: the bridge's model lookup takes a lock)."""
@@ -203,6 +250,13 @@ class ContextMeterController(QObject):
     @Slot()
     def _on_changed(self, *args: object) -> None:
         self._timer.start(0)
+
+    @Slot(int)
+    def on_tools_changed(self, conversation_id: int) -> None:
+        """A chat's tools or their measure changed: recount if it is the chat shown."""
+        conversation = self._pane.current_conversation
+        if conversation is not None and conversation.id == conversation_id:
+            self._timer.start(0)
 
     @Slot(object)
     def _on_counted(self, count: Count | None) -> None:

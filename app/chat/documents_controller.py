@@ -31,21 +31,7 @@ from app.data.storage import Storage
 from app.docs.attach_job import AttachJob, AttachResult
 from app.docs.citations import ShownSources, shown_sources, snippet
 from app.docs.collection_watcher import CollectionWatcher
-from app.docs.index import MARGIN_TOKENS, DocumentIndex, estimate_tokens, with_sources
-
-#: The context assumed when the model's is not known (a remote server).
-DEFAULT_CONTEXT = 4096
-#: The room kept for a reply whose chat sets no token limit.
-DEFAULT_REPLY_TOKENS = 512
-
-
-def sources_budget(history: list[dict[str, str]], params: dict[str, Any], context_length: int) -> int:
-    """The tokens a prompt's sources may take: the context less the reply's room (at most half of it), the chat's
-    turns and a margin (the context meter counts the same sources a send gives)."""
-    context = context_length or DEFAULT_CONTEXT
-    reply_room = int(params.get("max_tokens") or DEFAULT_REPLY_TOKENS)
-    used = sum(estimate_tokens(m.get("content", "")) for m in history)
-    return context - min(reply_room, context // 2) - used - MARGIN_TOKENS
+from app.docs.index import DocumentIndex, sources_budget, with_sources
 
 
 class DocumentsController(QObject):

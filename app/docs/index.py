@@ -14,9 +14,10 @@ its own files and those collections together, whole when they all fit, else each
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from app.data.attachments import Source
 from engine.docs import store
@@ -30,6 +31,10 @@ TOP_K = 4
 CHARS_PER_TOKEN = 3
 #: Tokens kept free beyond the reply's room: the chat template's own tokens and the question's framing.
 MARGIN_TOKENS = 128
+#: The context assumed when the model's is not known (a remote server).
+DEFAULT_CONTEXT = 4096
+#: The room kept for a reply whose chat sets no token limit.
+DEFAULT_REPLY_TOKENS = 512
 
 Progress = Callable[[int, int, str], None]
 
@@ -42,6 +47,15 @@ def collection_name(conversation_id: int) -> str:
 def estimate_tokens(text: str) -> int:
     """A token count for budgeting, without the model's tokenizer."""
     return len(text) // CHARS_PER_TOKEN + 1
+
+
+def sources_budget(history: Sequence[dict[str, str]], params: Mapping[str, Any], context_length: int) -> int:
+    """The tokens a prompt's sources may take: the context less the reply's room (at most half of it), the chat's
+    turns and a margin. A send (``DocumentsController.prepare``) and the context meter both budget by it."""
+    context = context_length or DEFAULT_CONTEXT
+    reply_room = int(params.get("max_tokens") or DEFAULT_REPLY_TOKENS)
+    used = sum(estimate_tokens(m.get("content", "")) for m in history)
+    return context - min(reply_room, context // 2) - used - MARGIN_TOKENS
 
 
 @dataclass

@@ -9,7 +9,8 @@ No widgets but the Tools button it fills (:class:`~app.tools.tools_button.ToolsB
 * each chat's choice (:mod:`app.data.tool_steps`): tools on or off, and the servers and single tools turned off
   for it (the button's menu lists each server's tools, checkable);
 * what the chat's tools cost: their count and their definitions' prompt tokens, measured with the loaded model's
-  chat template (``tools_measured``), shown on the button; a tool turned off is neither counted nor offered;
+  chat template (``tools_measured``), shown on the button and added to the context meter's count; a tool turned
+  off is neither counted nor offered;
 * the step limit and the tool-call timeout of Settings → Tools (MCP) (``settings.ini``), read as each reply
   starts;
 * one :class:`~app.tools.approval_dialog.GuiApprover` per chat, so that stopping one chat's reply denies only its
@@ -101,6 +102,8 @@ class ChatTools(QObject):
         pane.view.set_steps_provider(self.steps_for)
         pane.conversation_shown.connect(self.show)
         replies.tool_spec = self.spec_for
+        pane.context_meter.tool_tokens = self.prompt_tokens
+        self.changed.connect(pane.context_meter.on_tools_changed)
         self._bridge.signals.tool_step.connect(replies._on_tool_step)  # as the window connects the other deltas
         current = pane.current_conversation
         self.show(current.id if current is not None else None)
@@ -138,6 +141,14 @@ class ChatTools(QObject):
 
     def measure_of(self, conversation_id: int) -> ToolsMeasure | None:
         return self._measures.get(conversation_id)
+
+    def prompt_tokens(self, conversation_id: int) -> int:
+        """The prompt tokens the definitions of the chat's tools add to its replies, as the engine's tool loop
+        renders them with the loaded model's chat template; 0 when it uses none, or before they are counted."""
+        measure = self._measures.get(conversation_id)
+        if measure is None or not measure.prompt_tokens or not self.active_servers(conversation_id):
+            return 0
+        return measure.prompt_tokens
 
     def measure(self, conversation_id: int) -> None:
         """Start the chat's servers and count its tools' prompt tokens, in the background (``changed`` follows)."""

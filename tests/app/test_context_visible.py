@@ -104,6 +104,52 @@ def test_the_meter_counts_the_chat_and_the_draft_and_follows_each_reply(qtbot: A
     assert not pane.composer.context_meter.is_over
 
 
+HARBOUR = ("Harbour guide. The lighthouse keeper is named Ottoline Brask and she has kept the light since 1987. "
+           "The harbour opens at dawn and closes at dusk.")
+
+
+def test_the_meter_counts_the_sources_a_send_gives_the_draft(qtbot: Any, window: MainWindow, tmp_path: Path) -> None:
+    """The documents' sources block is counted as the send builds it: the count before sending is the count of the
+    prompt the engine was then given."""
+    pane = window.chat_pane
+    ui_flows.load_model(qtbot, window)
+    alone = wait_count(qtbot, window, lambda c: c.is_exact)
+    assert alone.num_document_tokens == 0
+    doc = tmp_path / "harbour.txt"
+    doc.write_text(HARBOUR, encoding="utf-8")
+    pane.attach_files([str(doc)])
+    cid = pane.current_conversation.id
+    qtbot.wait_until(lambda: not pane.documents.is_indexing(cid), timeout=20_000)
+    with_documents = wait_count(qtbot, window, lambda c: c.num_document_tokens > 0)  # whole, before any draft
+    assert with_documents.num_tokens > alone.num_tokens + len(HARBOUR) // 8
+    pane.composer.set_text("Who keeps the lighthouse?")
+    before = wait_count(qtbot, window, lambda c: c.num_tokens > with_documents.num_tokens
+                        and c.num_document_tokens > 0)
+    assert "of document sources" in pane.composer.context_meter.toolTip()
+    engine = FakeLLM.instances[-1].engine
+    pane.composer.clear()
+    reply = ui_flows.send(qtbot, window, "Who keeps the lighthouse?")  # typed and sent as a user would
+    ui_flows.wait_finished(qtbot, reply, TIMEOUT_MS)
+    sent = engine.submitted[-1]
+    assert "Ottoline Brask" in sent[-1]["content"]  # the sources went in ...
+    assert TokenCounter().count(sent, engine.tokenize) == (before.num_tokens, True)  # ... as the meter counted them
+
+
+def test_the_meter_counts_the_chats_tool_definitions(qtbot: Any, open_window: Any, tmp_path: Path) -> None:
+    from tests.app.test_chat_tools import open_with_tools
+
+    win = open_with_tools(qtbot, open_window, tmp_path)
+    cid = win.chat_pane.current_conversation.id
+    tokens = win.tools.measure_of(cid).prompt_tokens
+    count = wait_count(qtbot, win, lambda c: c.num_tool_tokens == tokens)
+    assert tokens and count.num_tokens >= tokens
+    assert "of tool definitions" in win.chat_pane.composer.context_meter.toolTip()
+    win.tools.button.action("use").trigger()  # tools off: not counted
+    qtbot.wait_until(lambda: not win.tools.choice(cid).enabled, timeout=2000)
+    off = wait_count(qtbot, win, lambda c: c.num_tool_tokens == 0)
+    assert off.num_tokens == count.num_tokens - tokens
+
+
 def test_the_meter_warns_when_the_chat_outgrows_the_context(qtbot: Any, window: MainWindow) -> None:
     ui_flows.child(window, QSpinBox, "contextLengthSpin").setValue(512)
     ui_flows.load_model(qtbot, window)

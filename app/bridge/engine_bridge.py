@@ -344,7 +344,7 @@ class EngineBridge(QObject):
             self._fail_soon(request_id, str(exc))
             return request_id
         self._tool_runs = {rid: run for rid, run in self._tool_runs.items() if run.thread.is_alive()}
-        run = ToolRun(request_id, conversation_id, llm, list(messages), sampling, spec, self.signals)
+        run = ToolRun(request_id, conversation_id, llm, list(messages), sampling, spec, self.signals, self._overflow)
         self._tool_runs[request_id] = run
         run.start()
         return request_id

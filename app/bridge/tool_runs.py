@@ -4,7 +4,8 @@ per reply.
 The tool loop blocks: it waits for the model's replies, for the user's answer to each call (``approve``, which
 shows the approval dialog on the GUI thread) and for each tool. So each reply runs on a ``threading.Thread`` of
 its own (a Python callable handed to ``QThreadPool.start`` once crashed this app), and reports as a plain reply
-does, through :class:`~app.bridge.signals.EngineSignals`: ``token_delta`` for the replies' text (the final answer
+does, through :class:`~app.bridge.signals.EngineSignals`: ``context_fitted`` when the chat was cut to fit the
+context (by the engine's own fit, as a plain reply's is), ``token_delta`` for the replies' text (the final answer
 streams in as a normal reply), ``tool_step`` for each call's outcome, then ``request_finished`` or
 ``request_failed``, exactly once. The model's requests go straight to its engine (``LLMEngine.submit`` is
 thread-safe); the app's engine loop steps them along with every other chat's.
@@ -151,7 +152,8 @@ class ToolRun:
     """One reply through the tool loop, on a thread of its own; see the module docstring."""
 
     def __init__(self, request_id: str, conversation_id: str, llm: BridgedLLM, messages: list[dict[str, Any]],
-                 params: SamplingParams, spec: ToolRunSpec, signals: EngineSignals) -> None:
+                 params: SamplingParams, spec: ToolRunSpec, signals: EngineSignals,
+                 overflow: str | None = None) -> None:
         self.request_id, self.conversation_id = request_id, conversation_id
         self.spec = spec
         self.lock = threading.Lock()
@@ -159,6 +161,7 @@ class ToolRun:
         self.handle: Any = None
         self._llm = _LLM(_Engine(llm.engine, self))
         self._messages, self._params, self._signals = messages, params, signals
+        self._overflow = overflow
         self._ended = False
         self._has_text = self._after_step = False
         self.thread = threading.Thread(target=self._run, name=f"hearth-tools-{request_id}", daemon=True)
@@ -210,7 +213,7 @@ class ToolRun:
             for problem in problems:
                 log.bridge.warning("tools reply %s goes on without a server: %s", rid, problem)
             tools = [t for t in tools if (t.server, t.name) not in self.spec.tools_off]
-            result = run_tool_loop(self._llm, self._messages, host, self._approve, self.spec.approvals,
+            result = run_tool_loop(self._llm, self._fitted(), host, self._approve, self.spec.approvals,
                                    tools=tools, params=self._params, max_steps=self.spec.max_steps,
                                    call_timeout_s=self.spec.call_timeout_s, on_text=self._on_text,
                                    on_step=self._on_step)
@@ -232,6 +235,17 @@ class ToolRun:
         info = RequestInfo(rid, self.conversation_id, "length" if reason == "length" else
                            "abort" if reason == "abort" else "stop", metrics)
         self._end(lambda: self._signals.request_finished.emit(rid, info))
+
+    def _fitted(self) -> list[dict[str, Any]]:
+        """The chat cut to fit the context by the overflow policy, as the engine cuts a plain reply's
+        (``LLMEngine.fit_context``), the cut told as ``context_fitted``; a chat the "stop" policy refuses raises, in
+        words. Unchanged without a policy."""
+        if self._overflow is None:
+            return self._messages
+        fitted = list(self._llm.engine.fit_context(self._messages, self._params, self._overflow))
+        if (dropped := len(self._messages) - len(fitted)) > 0:
+            self._signals.context_fitted.emit(self.request_id, dropped)
+        return fitted
 
     def _end(self, emit: Callable[[], None]) -> None:
         with self.lock:

@@ -6,8 +6,9 @@ or :data:`FOLD_MAX_CHARS` characters a user message shows its start and a "Show 
 the view folds: the stored text, Copy and Edit keep all of it.
 
 When the engine leaves turns out to fit the context, the chat says so over the reply ("2 earlier turns are left out
-(context 512 tokens)"), as it happens; the counts ride in the reply's in-memory ``stats`` under :data:`LEFT_OUT_KEY`
-and :data:`CONTEXT_KEY` (``ReplyController`` puts them there), so a redraw keeps the line.
+(context 512 tokens)"), for a plain reply and a tools reply alike; the counts ride in the reply's ``stats`` under
+:data:`LEFT_OUT_KEY` and :data:`CONTEXT_KEY` (``ReplyController`` puts them there through
+``ConversationStore.set_left_out``, which keeps them in the database too), so a redraw and a restart keep the line.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from PySide6.QtGui import QColor, QTextBlockFormat, QTextCharFormat, QTextCursor
 
 from app.chat.markdown import close_open_fence
+from app.data.conversations import CONTEXT_KEY, LEFT_OUT_KEY
 
 #: The link action that folds or unfolds a long message (``hearth:fold/<message>``); the view handles it itself.
 FOLD_ACTION = "fold"
@@ -26,9 +28,6 @@ FOLD_MAX_CHARS = 2000
 #: How much of a folded message shows: its first lines, at most this many characters.
 FOLDED_LINES = 12
 FOLDED_CHARS = 1000
-#: The keys of a reply's ``stats`` that say how many messages the engine left out, and of what context.
-LEFT_OUT_KEY = "num_dropped_messages"
-CONTEXT_KEY = "context_length"
 
 
 def is_long(text: str) -> bool:

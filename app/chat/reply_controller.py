@@ -21,7 +21,6 @@ from PySide6.QtCore import QObject, QTimer, Signal, Slot
 from app import log
 from app.bridge.engine_bridge import EngineBridge
 from app.bridge.types import ModelInfo, RequestInfo
-from app.chat.message_extras import CONTEXT_KEY, LEFT_OUT_KEY
 from app.data.conversations import CONTINUE_PROMPT, Conversation, ConversationStore, Message
 from app.data.storage_errors import storage_error_text
 from app.data.tool_steps import ToolStepRecord, ToolStepStore
@@ -193,7 +192,7 @@ class ReplyController(QObject):
         entry = self._requests.get(request_id)
         if entry is None:
             return
-        entry[1].stats = {**(entry[1].stats or {}), LEFT_OUT_KEY: num_dropped, CONTEXT_KEY: self.context_length}
+        self._saved(self._store.set_left_out, entry[1], num_dropped, self.context_length)  # live even if unsaved
         self._announce(request_id)
 
     @Slot(str, object)

@@ -41,6 +41,10 @@ FINISH_ERROR = "error"
 CONTINUE_PROMPT = "Continue exactly where your previous reply stopped. Do not repeat anything."
 
 _METRIC_KEYS = ("num_prompt_tokens", "num_generated_tokens", "ttft_s", "tok_s")
+#: The stats keys of a reply whose chat was cut to fit the context: the messages left out, and the context (tokens)
+#: they were left out of (the ``reply_context`` table keeps them).
+LEFT_OUT_KEY = "num_dropped_messages"
+CONTEXT_KEY = "context_length"
 
 
 @dataclass(slots=True)
@@ -165,9 +169,12 @@ def _reply_format(record: db.Conversation) -> tuple[bool, dict[str, Any] | None]
     return record.response_format == "json", schema if isinstance(schema, dict) else None
 
 
-def _message(row: db.Message, branch_index: int, branch_count: int) -> Message:
+def _message(row: db.Message, branch_index: int, branch_count: int,
+             left_out: tuple[int, int] | None = None) -> Message:
     status, finish_reason, error = _status(row)
-    stats = {key: getattr(row, key) for key in _METRIC_KEYS if getattr(row, key) is not None}
+    stats: dict[str, Any] = {key: getattr(row, key) for key in _METRIC_KEYS if getattr(row, key) is not None}
+    if left_out is not None:
+        stats[LEFT_OUT_KEY], stats[CONTEXT_KEY] = left_out
     return Message(row.role, row.content, status, stats=stats or None, finish_reason=finish_reason,
                    error=error, id=row.id, parent_id=row.parent_id, model=row.model,
                    quantization=row.quantization, branch_index=branch_index, branch_count=branch_count)
@@ -281,6 +288,17 @@ class ConversationStore:
         if message.id is not None:
             self.storage.update_message(message.id, is_complete=False)
 
+    def set_left_out(self, message: Message, num_dropped: int, context_length: int) -> None:
+        """Note on a reply that its chat was cut to fit the context: ``num_dropped`` messages left out of
+        ``context_length`` tokens (0: not known); kept with the reply, so its line shows after a restart too."""
+        if num_dropped < 1 or context_length < 0:
+            raise ValueError(f"a cut chat leaves out at least 1 message of a context >= 0, got {num_dropped} of "
+                             f"{context_length}")
+        message.stats = {**(message.stats or {}), LEFT_OUT_KEY: num_dropped, CONTEXT_KEY: context_length}
+        if message.id is not None:
+            self.storage._write("INSERT OR REPLACE INTO reply_context (message_id, num_dropped_messages, "
+                                "context_length) VALUES (?, ?, ?)", (message.id, num_dropped, context_length))
+
     def save_partial(self, message: Message) -> None:
         """Save the text a streaming reply has so far."""
         if message.id is not None:
@@ -356,6 +374,9 @@ class ConversationStore:
             return []
         rows = self.storage.messages(record.id)
         by_id = {row.id: row for row in rows}
+        left_out = {int(r[0]): (int(r[1]), int(r[2])) for r in self.storage._all(
+            "SELECT c.message_id, c.num_dropped_messages, c.context_length FROM reply_context c"
+            " JOIN messages m ON m.id = c.message_id WHERE m.conversation_id = ?", (record.id,))}
         siblings: dict[int | None, list[int]] = defaultdict(list)
         for row in rows:
             siblings[row.parent_id].append(row.id)
@@ -363,7 +384,7 @@ class ConversationStore:
         node: db.Message | None = by_id.get(record.active_leaf_id)
         while node is not None:
             group = siblings[node.parent_id]
-            path.append(_message(node, group.index(node.id), len(group)))
+            path.append(_message(node, group.index(node.id), len(group), left_out.get(node.id)))
             node = by_id.get(node.parent_id) if node.parent_id is not None else None
         return path[::-1]
 

@@ -179,6 +179,18 @@ def _migrate_6_tool_steps(conn: sqlite3.Connection) -> None:
     )
 
 
+def _migrate_7_reply_context(conn: sqlite3.Connection) -> None:
+    """Add the replies whose chat was cut to fit the context: how many messages were left out, and the context
+    (in tokens) they were left out of, so the line over such a reply shows again after a restart."""
+    conn.execute(
+        """CREATE TABLE reply_context (
+            message_id INTEGER PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
+            num_dropped_messages INTEGER NOT NULL,
+            context_length INTEGER NOT NULL
+        )"""
+    )
+
+
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     _migrate_1_initial_schema,
     _migrate_2_message_search_index,
@@ -186,6 +198,7 @@ MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     _migrate_4_documents,
     _migrate_5_chat_collections,
     _migrate_6_tool_steps,
+    _migrate_7_reply_context,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

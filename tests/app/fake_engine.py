@@ -148,8 +148,8 @@ class FakeEngine:
             messages = self.prompts[messages[0]]  # token ids from tokenize()
         words = _WORDS.findall(self.replies.popleft() if self.replies else reply_for(messages))
         num_sent = len(messages)
-        if overflow is not None and not isinstance(messages, str):  # the fake's context: 200 words
-            messages = fit_messages(messages, 200, lambda ms: sum(len(m["content"].split()) for m in ms), overflow)
+        if overflow is not None and not isinstance(messages, str):
+            messages = self.fit_context(messages, params, overflow)
         with self._lock:
             self.submitted.append(messages if isinstance(messages, str) else [dict(m) for m in messages])
             request = Request(f"eng-{next(self._ids)}", words, params)
@@ -158,6 +158,11 @@ class FakeEngine:
         handle = FakeHandle(self._lock, request)
         handle.num_dropped_messages = num_sent - len(messages)
         return handle
+
+    @staticmethod
+    def fit_context(messages: list[dict[str, str]], params: SamplingParams, overflow: str) -> list[dict[str, str]]:
+        """Same role as ``LLMEngine.fit_context``: the chat cut to the fake's context, 200 words."""
+        return fit_messages(messages, 200, lambda ms: sum(len(m["content"].split()) for m in ms), overflow)
 
     def has_work(self) -> bool:
         with self._lock:

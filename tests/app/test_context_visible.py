@@ -195,6 +195,52 @@ def test_the_chat_says_how_many_earlier_turns_were_left_out(qtbot: Any, window: 
     assert "left out" not in view.message_text(1)
 
 
+def _last_line(window: MainWindow) -> str:
+    view = window.chat_pane.view
+    return view.message_text(view.message_count - 1).splitlines()[0]
+
+
+def test_the_left_out_line_is_kept_with_the_reply_after_a_restart(qtbot: Any, open_window: Any,
+                                                                 tmp_path: Path) -> None:
+    window = open_window(tmp_path)
+    ui_flows.child(window, QSpinBox, "contextLengthSpin").setValue(512)
+    ui_flows.load_model(qtbot, window)
+    fill_chat(window, 12)
+    reply = ui_flows.send(qtbot, window, ui_flows.FRANCE_QUESTION)
+    ui_flows.wait_finished(qtbot, reply, TIMEOUT_MS)
+    line = _last_line(window)
+    assert line.startswith("↳ ") and line.endswith("earlier turns are left out (context 512 tokens)")
+    cid = window.chat_pane.current_conversation.id
+    window.close()
+    again = open_window(tmp_path)
+    again.chat_pane.select_conversation(cid)
+    assert _last_line(again) == line  # from the database, no model loaded
+    assert again.chat_pane.current_conversation.messages[-1].stats["num_dropped_messages"] >= 2
+
+
+def test_a_tools_reply_says_how_many_turns_were_left_out(qtbot: Any, open_window: Any, tmp_path: Path) -> None:
+    """A chat with tools is cut to fit as a plain one is (the engine's fit), before the tool loop sees it."""
+    from tests.app.test_chat_tools import open_with_tools
+
+    window = open_with_tools(qtbot, open_window, tmp_path)
+    fill_chat(window, 12)  # longer than the fake engine's context
+    reply = ui_flows.send(qtbot, window, ui_flows.FRANCE_QUESTION)
+    ui_flows.wait_finished(qtbot, reply, TIMEOUT_MS)
+    assert reply.status == STATUS_DONE and "Paris" in reply.content
+    conversation = window.chat_pane.current_conversation
+    chat = conversation.prompt_messages(upto=len(conversation.messages) - 1)
+    dropped = reply.stats["num_dropped_messages"]
+    engine = FakeLLM.instances[-1].engine
+    turns = [m for m in engine.prompts[-1] if m["role"] != "system"]  # the tools' instructions come as a system turn
+    assert dropped >= 2 and len(turns) == len(chat) - dropped  # the loop was given the cut chat
+    assert _last_line(window) == f"↳ {dropped} earlier turns are left out (context 4,096 tokens)"
+    cid = conversation.id
+    window.close()
+    again = open_window(tmp_path)
+    again.chat_pane.select_conversation(cid)
+    assert _last_line(again).startswith(f"↳ {dropped} earlier turns are left out")
+
+
 def test_the_left_out_line_reads_well() -> None:
     assert left_out_note(None) == "" and left_out_note({"num_dropped_messages": 0}) == ""
     assert left_out_note({"num_dropped_messages": 2, "context_length": 512}) == \

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from app.data.conversations import ConversationStore
 from app.data.migrations import DEFAULT_PRESETS, SCHEMA_VERSION, migrate, schema_version
 from app.data.records import DEFAULT_TITLE, MAX_TITLE_CHARS, make_title
 from app.data.storage import Storage
@@ -312,7 +313,7 @@ def test_schema_1_database_is_migrated_with_rows_intact(tmp_path: Path) -> None:
     finally:
         conn.close()
     with Storage(path) as storage:
-        assert storage.schema_version == SCHEMA_VERSION == 6
+        assert storage.schema_version == SCHEMA_VERSION == 7
         [old] = storage.list_conversations()
         assert (old.title, old.created_at, old.active_leaf_id) == ("Old chat", 1.0, 1)
         assert [m.content for m in storage.active_path(old.id)] == ["an ancient quasar question"]
@@ -320,6 +321,33 @@ def test_schema_1_database_is_migrated_with_rows_intact(tmp_path: Path) -> None:
         # rows written under schema 1 are in the new search index (when this SQLite has FTS5)
         assert [c.id for c, _ in storage.search("quasar")] == [old.id]
         assert storage.check_integrity() == []
+
+
+def test_schema_6_database_gains_the_replies_left_out_context(tmp_path: Path) -> None:
+    path = tmp_path / "six.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert migrate(conn, target=6) == 6
+        conn.execute("INSERT INTO conversations (id, title, created_at, updated_at) VALUES (1, 'Chat', 1.0, 1.0)")
+        conn.execute("INSERT INTO messages (id, conversation_id, parent_id, role, content, created_at) "
+                     "VALUES (1, 1, NULL, 'user', 'hi', 1.0), (2, 1, 1, 'assistant', 'hello', 1.1)")
+        conn.execute("UPDATE conversations SET active_leaf_id = 2 WHERE id = 1")
+    finally:
+        conn.close()
+    with Storage(path) as storage:
+        assert storage.schema_version == 7
+        store = ConversationStore(storage)
+        reply = store.get(1).messages[1]
+        assert reply.content == "hello" and not (reply.stats or {}).get("num_dropped_messages")
+        store.set_left_out(reply, 3, 512)
+        with pytest.raises(ValueError, match="at least 1 message"):
+            store.set_left_out(reply, 0, 512)
+    with Storage(path) as storage:
+        again = ConversationStore(storage).get(1).messages[1]
+        assert again.stats == {"num_dropped_messages": 3, "context_length": 512}
+        storage.delete_conversation(1)
+        assert storage.purge_deleted() == 1
+        assert storage._all("SELECT * FROM reply_context") == []  # gone with its reply
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:

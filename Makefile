@@ -7,6 +7,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.hearth-installed
 MODEL_STAMP := $(VENV)/.hearth-default-model
 TORCH_VERSION := 2.13.0
+TEST_WORKERS ?= 2
 # the npm MCP servers the tests start (tests/engine/mcp/test_real_servers.py), in the venv's own npm folder
 NPM_MCP_SERVERS := @modelcontextprotocol/server-filesystem@2026.8.31 @modelcontextprotocol/server-everything@2026.8.31
 
@@ -59,7 +60,9 @@ check: $(STAMP) ## ruff, import-linter layer contracts, mypy on engine/, app/ an
 
 .PHONY: test
 test: install check ## the checks, then the whole suite offscreen
-	QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+	@# two worker processes (pytest-xdist): most tests wait on a window, a server or one torch thread, so two
+	@# processes keep both cores busy; TEST_WORKERS=0 runs the suite in this one process
+	QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS)
 
 .PHONY: bench
 bench: install ## engine benchmark against HF generate (JSON)

@@ -249,7 +249,7 @@ class ChatTools(QObject):
 
     @Slot()
     def _refresh(self) -> None:
-        if self._current is None:
+        if self._current is None or self._store.storage.is_closed:  # a late count after the window closed
             return
         choice = self.choice(self._current)
         servers = [(n, n not in choice.servers_off) for n in self.server_names()]

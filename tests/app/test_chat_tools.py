@@ -278,3 +278,14 @@ def test_the_first_tools_chat_imports_the_mcp_sdk_off_the_gui_thread(tmp_path: P
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["before"] is False and seen["tools"] == 6, seen
     assert seen["importers"] and seen["main"] not in seen["importers"], seen  # loaded by a worker thread
+
+
+def test_a_tools_count_that_arrives_after_the_window_closed_reads_no_database(
+        qtbot: Any, open_window: Callable[[Path], Any], tmp_path: Path) -> None:
+    win = open_with_tools(qtbot, open_window, tmp_path)
+    conversation_id = win.chat_pane.current_conversation.id
+    measure = win.tools.measure_of(conversation_id)
+    assert measure is not None
+    win.close()
+    win.tools._on_measured(conversation_id, measure)  # a count still running when the window closed lands now
+    assert win.tools.measure_of(conversation_id) is measure

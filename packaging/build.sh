@@ -7,7 +7,8 @@
 # It installs PyInstaller (packaging/build-requirements.txt) into the venv, converts the default model
 # if that has not happened yet, and runs PyInstaller on packaging/hearth.spec. On Linux it then checks with
 # ldd that the bundle carries every library its Qt plugins load (packaging/check_libs.py) and fails, printing
-# the apt-get command, when one is missing on the build machine. See docs/PACKAGING.md.
+# the apt-get command, when one is missing on the build machine, and that it holds only what
+# packaging/bundle-contents.txt declares (packaging/check_contents.py). See docs/PACKAGING.md.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -29,6 +30,10 @@ started=$SECONDS
 "$PYTHON" -m PyInstaller --noconfirm --log-level WARN --distpath "$DIST" --workpath "$WORK" packaging/hearth.spec
 if [[ $(uname -s) == Linux ]] && ! "$PYTHON" packaging/check_libs.py "$DIST/Hearth"; then
     echo "error: $DIST/Hearth is incomplete (see above); it was left in place for inspection" >&2
+    exit 1
+fi
+if [[ $(uname -s) == Linux ]] && ! "$PYTHON" packaging/check_contents.py "$DIST/Hearth"; then
+    echo "error: $DIST/Hearth holds what packaging/bundle-contents.txt does not declare (see above); it was left in place for inspection" >&2
     exit 1
 fi
 echo "built $DIST/Hearth in $((SECONDS - started)) s: $(du -sh "$DIST/Hearth" | cut -f1)"

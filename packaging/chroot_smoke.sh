@@ -11,8 +11,8 @@
 #   xvfb           + xvfb, xauth (which bring libGL, but not libEGL)
 #   xvfb-egl       + libegl1 and its Mesa vendor library, as `apt install libegl1` adds them
 # Each check runs with the bundle bind-mounted read-only at /opt/Hearth, as the user nobody, with an empty
-# environment (PATH without a compiler), a fresh data folder, in its own mount and network namespaces
-# (`unshare -m -n`: no network at all):
+# environment (PATH without a compiler), a fresh data folder, in its own mount, network and PID namespaces
+# (`unshare -m -n -p`: no network at all, and nothing outlives the check):
 #   1. minbase: `Hearth --self-test "What is the capital of France?"` exits 0 with "Paris" in the reply, without a
 #      display library present; then again with the same data folder, where the kernel plans come from the
 #      cache (the self-test's "tuned N shapes" may count only the first load's provisional plans, those timed too
@@ -119,12 +119,13 @@ bundle=$(cd "$BUNDLE" && pwd)
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 
-# in_root NAME SCRIPT: runs SCRIPT (bash) in new mount and network namespaces with the root NAME prepared at $root: a
-# fresh tmpfs /tmp, /proc, /sys, /dev, the bundle read-only at $root/opt/Hearth. SCRIPT runs on the host's filesystem and
-# enters the root with `as_user` (chroot as nobody, empty environment plus its arguments of the form VAR=VALUE).
+# in_root NAME SCRIPT: runs SCRIPT (bash) in new mount, network and PID namespaces with the root NAME prepared at $root:
+# a fresh tmpfs /tmp, /proc, /sys, /dev, the bundle read-only at $root/opt/Hearth. SCRIPT runs on the host's filesystem
+# and enters the root with `as_user` (chroot as nobody, empty environment plus its arguments of the form VAR=VALUE).
+# When SCRIPT ends, the kernel ends every process it left (the app, Xvfb): SCRIPT is the PID namespace's init.
 in_root() {
     local root=$CACHE/$1
-    unshare --mount --net --fork -- bash -c '
+    unshare --mount --net --pid --fork -- bash -c '
         set -euo pipefail
         root=$1; bundle=$2; shift 2
         mount --make-rprivate /

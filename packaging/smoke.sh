@@ -13,6 +13,9 @@
 #    otherwise: it must map (xwininfo finds a viewable top-level window named "Hearth") within
 #    WINDOW_TIMEOUT seconds (default 90), stay up 10 s more without a traceback, and is then closed.
 #    Needs xvfb-run and xwininfo: `apt-get install -y xvfb x11-utils` (Debian/Ubuntu).
+# 3. `Hearth serve` (the headless server) the same way, offline: a chat request constrained by a JSON schema must
+#    finish with "stop" and a reply naming the key "capital" (grammar-constrained output runs in the bundle).
+#    Needs curl.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -109,4 +112,41 @@ if [[ $status != 0 ]] || grep -q "Traceback" "$out"; then
 fi
 grep "smoke: window" "$out"
 echo "smoke: window opened on X11 (Xvfb), stayed up and was closed; $((SECONDS - t0)) s"
+
+# The server, with a reply constrained by a JSON schema: llguidance (and its package metadata) work in the bundle.
+if ! command -v curl >/dev/null; then
+    echo "smoke: FAIL (curl not found; install it with: sudo apt-get install -y curl)" >&2
+    exit 1
+fi
+port=${SMOKE_PORT:-48371}
+body='{"model": "default", "max_tokens": 40, "temperature": 0,
+  "messages": [{"role": "user", "content": "Give the capital of France as JSON."}],
+  "response_format": {"type": "json_schema", "json_schema": {"name": "capital", "schema": {"type": "object",
+    "properties": {"capital": {"type": "string"}}, "required": ["capital"]}}}}'
+# Runs in the offline namespace (its loopback brought up, where it is a new one); $1 the port, $2 the body, the rest
+# the command that starts the server. Prints the reply; exit 3 when the server never came up.
+check_server='
+    port=$1; body=$2; shift 2
+    ip link set lo up 2>/dev/null || true
+    "$@" &
+    server=$!
+    for ((i = 0; i < 120; i++)); do
+        curl -sf -m 2 "http://127.0.0.1:$port/v1/models" >/dev/null && break
+        kill -0 $server 2>/dev/null || { echo "the server exited"; exit 3; }
+        sleep 1
+    done
+    curl -s -m 120 "http://127.0.0.1:$port/v1/chat/completions" -H "content-type: application/json" -d "$body"
+    kill -TERM $server; wait $server || true
+'
+t0=$SECONDS
+status=0
+"${offline[@]}" bash -c "$check_server" check_server "$port" "$body" "${clean_env[@]}" "$exe" serve \
+    --host 127.0.0.1 --port "$port" >"$out" 2>&1 || status=$?
+reply=$(grep -o '"content":"[^"]*\(\\"[^"]*\)*"' "$out" | head -n 1 || true)
+if [[ $status != 0 ]] || ! grep -q '"finish_reason":"stop"' "$out" || [[ $reply != *capital* ]]; then
+    cat "$out" >&2
+    echo "smoke: FAIL (the server's JSON-schema reply; status $status)" >&2
+    exit 1
+fi
+echo "smoke: server answered a JSON-schema request offline in $((SECONDS - t0)) s: $reply"
 echo "smoke: PASS in $((SECONDS - started)) s"

@@ -42,3 +42,92 @@ def test_a_plugin_without_its_qt_libraries_fails(tmp_path: Path, capsys: pytest.
     err = capsys.readouterr().err
     assert "libQt6XcbQpa.so.6" in err
     assert "apt-get install" in err
+
+
+_contents_spec = importlib.util.spec_from_file_location("check_contents", ROOT / "packaging" / "check_contents.py")
+assert _contents_spec is not None and _contents_spec.loader is not None
+check_contents = importlib.util.module_from_spec(_contents_spec)
+_contents_spec.loader.exec_module(check_contents)
+
+
+def _fake_bundle(root: Path, *entries: str) -> Path:
+    bundle = root / "Hearth"
+    (bundle / "_internal").mkdir(parents=True)
+    (bundle / "Hearth").write_bytes(b"")
+    for entry in entries:
+        path = bundle / "_internal" / entry
+        if entry.endswith("/"):
+            path.mkdir()
+        else:
+            path.write_bytes(b"")
+    return bundle
+
+
+def test_the_declared_list_flags_what_the_build_machine_added(tmp_path: Path) -> None:
+    """GTK copied in because the build machine had it, and a listed part the bundle lacks, both fail the build."""
+    listed = tmp_path / "contents.txt"
+    listed.write_text("[files]\nHearth\n_internal\n_internal/torch  # comment\n_internal/libQt6Core.so.6\n"
+                      "_internal/numpy-*.dist-info\n_internal/native\n[modules]\nengine\ntorch\n")
+    bundle = _fake_bundle(tmp_path, "torch/", "libQt6Core.so.6", "numpy-2.4.6.dist-info/", "libgtk-3.so.0")
+
+    problems = check_contents.check(check_contents.bundle_files(bundle), ["engine", "torch", "gi"],
+                                    check_contents.read_list(listed))
+
+    assert problems == [
+        "file _internal/libgtk-3.so.0 is not in the declared list",
+        "file pattern '_internal/native' matches nothing in the bundle",
+        "module gi is not in the declared list",
+    ]
+
+
+def test_a_bundle_that_matches_its_list_passes(tmp_path: Path) -> None:
+    listed = tmp_path / "contents.txt"
+    listed.write_text("[files]\nHearth\n_internal\n_internal/torch\n[modules]\ntorch\n")
+    bundle = _fake_bundle(tmp_path, "torch/")
+    assert check_contents.check(check_contents.bundle_files(bundle), ["torch"], check_contents.read_list(listed)) == []
+
+
+def test_the_declared_list_parses(tmp_path: Path) -> None:
+    declared = check_contents.read_list(check_contents.DEFAULT_LIST)
+    assert "_internal/torch" in declared["files"] and "torch" in declared["modules"]
+    assert not any("gtk" in pattern.lower() for pattern in declared["files"])
+    broken = tmp_path / "broken.txt"
+    broken.write_text("torch\n")
+    with pytest.raises(ValueError, match="before any section"):
+        check_contents.read_list(broken)
+
+
+def test_the_bundles_torch_compile_imports_nothing() -> None:
+    """The runtime hook makes ``torch.compile`` a no-op that needs neither TorchDynamo nor sympy, which the bundle
+    leaves out: llguidance's torch helpers apply it at import, and every constrained request failed without it."""
+    import subprocess
+
+    code = f"""
+import runpy, sys
+runpy.run_path({str(ROOT / "packaging" / "rthook_no_compile.py")!r})
+import torch
+def double(x):
+    return 2 * x
+assert torch.compile(dynamic=True)(double) is double and torch.compile(double) is double
+assert "torch._dynamo" not in sys.modules and "sympy" not in sys.modules, "torch.compile imported its compiler"
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_the_bundles_openmp_threads_sleep_while_waiting(
+    monkeypatch: pytest.MonkeyPatch, given: str | None, expected: str
+) -> None:
+    """Spinning OpenMP threads made loads several times slower on a busy machine; a user's own setting wins."""
+    import runpy
+
+    if given is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", given)
+    runpy.run_path(str(ROOT / "packaging" / "rthook_threads.py"))
+    import os
+
+    assert os.environ["OMP_WAIT_POLICY"] == expected

@@ -61,9 +61,8 @@ check: $(STAMP) ## ruff, import-linter layer contracts, mypy on engine/, app/ an
 .PHONY: test
 test: install check ## the checks, then the whole suite offscreen
 	@# two worker processes (pytest-xdist): most tests wait on a window, a server or one torch thread, so two
-	@# processes keep both cores busy; TEST_WORKERS=0 runs the suite in this one process. Two workers' torch threads
-	@# share the cores, so OpenMP's idle threads sleep instead of spinning (they took the other worker's turns)
-	QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1 OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -n $(TEST_WORKERS)
+	@# processes keep both cores busy; TEST_WORKERS=0 runs the suite in this one process
+	QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS)
 
 .PHONY: bench
 bench: install ## engine benchmark against HF generate (JSON)

@@ -157,6 +157,10 @@ class SamplingParams:
     json_schema: dict[str, Any] | None = None
     #: A Lark grammar (llguidance's dialect) the reply must match; exclusive with ``json_schema``.
     grammar: str | None = None
+    #: How many of the latest tokens (prompt then reply) the repetition, presence and frequency penalties read:
+    #: None or -1 = all of them (Hugging Face's ``generate``), 0 = none (the penalties are off), n > 0 = the last n
+    #: (llama.cpp's and Ollama's ``repeat_last_n``, 64 there). Presence and frequency still count reply tokens only.
+    repeat_last_n: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -201,6 +205,11 @@ class SamplingParams:
             raise ValueError(f"logit_bias must map token ids to values in [-100, 100], got {self.logit_bias!r}")
         if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be between 0 and 1, got {self.min_p!r}")
+        if self.repeat_last_n is not None and (
+            not isinstance(self.repeat_last_n, int) or isinstance(self.repeat_last_n, bool) or self.repeat_last_n < -1
+        ):
+            raise ValueError("repeat_last_n must be a number of tokens: -1 (or None) for all of them, 0 to turn the "
+                             f"penalties off, or a positive count; got {self.repeat_last_n!r}")
         if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= MAX_N:
             raise ValueError(f"n must be an integer between 1 and {MAX_N}, got {self.n!r}")
         if type(self.logprobs) is not bool:
@@ -232,10 +241,15 @@ class SamplingParams:
         return self.response_format == "json" or self.grammar is not None
 
     @property
+    def is_penalised(self) -> bool:
+        """A penalty reads the tokens so far: repetition, presence or frequency, over a window that is not 0."""
+        return self.repeat_last_n != 0 and (
+            self.repetition_penalty != 1.0 or bool(self.presence_penalty) or bool(self.frequency_penalty))
+
+    @property
     def is_plain_greedy(self) -> bool:
         """Greedy with nothing to adjust or report: the batch may take one vectorised argmax."""
-        return (self.is_greedy and self.repetition_penalty == 1.0 and not self.presence_penalty
-                and not self.frequency_penalty and not self.logit_bias and not self.logprobs
+        return (self.is_greedy and not self.is_penalised and not self.logit_bias and not self.logprobs
                 and not self.is_constrained)
 
 

@@ -90,10 +90,7 @@ class BatchExecutor:
             if pending is not None:
                 by_id = dict(zip(pending[0], pending[1].result(), strict=True))
                 masks = [by_id.get(s.request_id) for s in seqs]
-            penalised = any(
-                s.params.repetition_penalty != 1.0 or s.params.presence_penalty or s.params.frequency_penalty
-                for s in seqs
-            )
+            penalised = any(s.params.is_penalised for s in seqs)
             result = self.sampler.sample(
                 logits, [s.params for s in seqs], [s.request_id for s in seqs],
                 [s.token_ids if penalised else [] for s in seqs], [s.num_prompt_tokens for s in seqs], masks,
@@ -130,9 +127,8 @@ class BatchExecutor:
             seq, draft = drafts[i]
             req = self.requests[seq.request_id]
             p = seq.params
-            penalised = p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
             tokens = self.sampler.verify(
-                logits[at : at + len(draft) + 1], p, seq.request_id, seq.token_ids + draft if penalised else [],
+                logits[at : at + len(draft) + 1], p, seq.request_id, seq.token_ids + draft if p.is_penalised else [],
                 seq.num_prompt_tokens, draft, spec.draft_probs.get(seq.request_id),
             )
             at += len(draft) + 1

@@ -97,8 +97,7 @@ class ModelDrafter:
     def _draw(self, seq: DraftSequence, tokens: list[int], row: torch.Tensor) -> tuple[int, torch.Tensor | None]:
         p = seq.params
         row = _fit_vocab(row.float(), self.target_vocab)
-        penalised = p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
-        q, best = target_probs(row, p, tokens if penalised else [], seq.num_prompt_tokens)
+        q, best = target_probs(row, p, tokens if p.is_penalised else [], seq.num_prompt_tokens)
         if q is None:
             return best, None
         gen = self.sampler.draft_generator(seq.request_id, p.seed)

@@ -2,7 +2,7 @@
 grammar masks, logprobs and seeds.
 
 Per row, in order: repetition penalty (over prompt and reply), presence and frequency penalties (over the reply,
-OpenAI's semantics), logit biases, the grammar mask, temperature. Logprobs come from that distribution (the one the
+OpenAI's semantics), both over the last ``SamplingParams.repeat_last_n`` tokens only when that is set, logit biases, the grammar mask, temperature. Logprobs come from that distribution (the one the
 token is drawn from), before top-k, top-p and min-p truncate it. A row that fails (NaN logits, a grammar that
 allows nothing) is reported in :attr:`SampleResult.errors`; the other rows still get their tokens.
 """
@@ -197,7 +197,9 @@ def target_probs(row: torch.Tensor, p: SamplingParams, history: list[int],
 
 
 def adjusted_logits(row: torch.Tensor, p: SamplingParams, history: list[int], num_prompt: int) -> torch.Tensor:
-    """``row`` after the repetition penalty, presence and frequency penalties and logit biases."""
+    """``row`` after the repetition penalty, presence and frequency penalties (over ``p.repeat_last_n``'s window
+    of ``history``) and logit biases."""
+    history, num_prompt = penalty_window(history, num_prompt, p.repeat_last_n)
     if p.repetition_penalty != 1.0 and history:
         row = apply_repetition_penalty(row, history, p.repetition_penalty)
     if (p.presence_penalty or p.frequency_penalty) and len(history) > num_prompt:
@@ -230,6 +232,17 @@ def _bias_tensors(bias: dict[int, float], vocab: int, device: torch.device) -> t
         _BIAS_CACHE.pop(next(iter(_BIAS_CACHE)))
     _BIAS_CACHE[key] = (bias, idx, values)
     return idx, values
+
+
+def penalty_window(history: list[int], num_prompt: int, last_n: int | None) -> tuple[list[int], int]:
+    """The tokens the penalties read, and how many of them are the prompt's: the last ``last_n`` of ``history``
+    (all of it for None or -1, none for 0), as llama.cpp's and Ollama's ``repeat_last_n``."""
+    if last_n is None or last_n < 0 or last_n >= len(history):
+        return history, num_prompt
+    if last_n == 0:
+        return [], 0
+    start = len(history) - last_n
+    return history[start:], max(num_prompt - start, 0)
 
 
 def apply_repetition_penalty(row: torch.Tensor, history: list[int], penalty: float) -> torch.Tensor:

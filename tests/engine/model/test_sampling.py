@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -40,6 +41,9 @@ from engine.model.sampler import Sampler, filtered_probs
         ("n", 9),
         ("top_logprobs", 21),
         ("json_schema", "not a schema"),
+        ("repeat_last_n", -2),
+        ("repeat_last_n", 1.5),
+        ("repeat_last_n", True),
     ],
 )
 def test_invalid_sampling_values_name_the_field(field: str, value: object) -> None:
@@ -83,6 +87,64 @@ def test_repetition_penalty_discourages_seen_tokens() -> None:
     logits = torch.tensor([[2.0, 1.9, 0.0]])
     greedy = SamplingParams(temperature=0.0, repetition_penalty=1.5)
     assert Sampler().sample(logits, [greedy], ["r"], [[0]]).tokens == [1]
+
+
+WINDOW_ROW = [2.0, 1.0, -1.0, 0.5, 3.0]
+WINDOW_HISTORY = [0, 2, 4, 4, 1]  # two prompt tokens, then the reply 4, 4, 1
+
+
+@pytest.mark.parametrize(("last_n", "expected"), [
+    # all five tokens: 0, 1, 2 and 4 penalised (/2 above 0, *2 below), then the reply's 4, 4, 1 lose
+    # 0.25 * count + 0.5: 4 -> 3/2 - 1 = 0.5, 1 -> 1/2 - 0.75 = -0.25
+    (None, [1.0, -0.25, -2.0, 0.5, 0.5]),
+    (-1, [1.0, -0.25, -2.0, 0.5, 0.5]),
+    (5, [1.0, -0.25, -2.0, 0.5, 0.5]),
+    (100, [1.0, -0.25, -2.0, 0.5, 0.5]),
+    (4, [2.0, -0.25, -2.0, 0.5, 0.5]),  # 2, 4, 4, 1: the first prompt token (0) is out of the window
+    (3, [2.0, -0.25, -1.0, 0.5, 0.5]),  # 4, 4, 1: the reply alone
+    (1, [2.0, -0.25, -1.0, 0.5, 3.0]),  # 1: one token of the reply, the 4s are out
+    (0, WINDOW_ROW),  # off
+])
+def test_the_penalty_window_reads_only_the_last_tokens(last_n: int | None, expected: list[float]) -> None:
+    """Repetition 2, frequency 0.25, presence 0.5 over the last ``repeat_last_n`` tokens, computed by hand."""
+    from engine.model.sampler import adjusted_logits
+
+    params = SamplingParams(temperature=0.0, repetition_penalty=2.0, frequency_penalty=0.25, presence_penalty=0.5,
+                            repeat_last_n=last_n)
+    row = adjusted_logits(torch.tensor(WINDOW_ROW), params, WINDOW_HISTORY, 2)
+    assert row.tolist() == pytest.approx(expected)
+    # the sampler picks from the same row, and verifying a draft reads the same window
+    token = int(torch.tensor(expected).argmax())
+    assert Sampler().sample(torch.tensor([WINDOW_ROW]), [params], ["w"], [WINDOW_HISTORY], [2]).tokens == [token]
+    assert Sampler().verify(torch.tensor([WINDOW_ROW]), params, "w", WINDOW_HISTORY, 2, []) == [token]
+
+
+def test_a_zero_window_makes_penalised_greedy_plain_greedy() -> None:
+    penalised = SamplingParams(temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.5)
+    assert penalised.is_penalised and not penalised.is_plain_greedy
+    off = SamplingParams(temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.5, repeat_last_n=0)
+    assert not off.is_penalised and off.is_plain_greedy
+    assert SamplingParams(repeat_last_n=64).repeat_last_n == 64 and SamplingParams().repeat_last_n is None
+
+
+def test_greedy_penalised_decoding_with_a_window_over_the_whole_history_is_unchanged(default_llm: Any) -> None:
+    """A window at least as long as prompt and reply gives the tokens the whole-history penalty gives (Hugging Face's
+    semantics); a short one reads less, and 0 decodes as no penalty."""
+    prompt = "List the days of the week, then list them again, and again."
+    max_tokens = 32
+    num_prompt = len(default_llm.generate([prompt], SamplingParams(max_tokens=1))[0].prompt_token_ids)
+    # the last token is drawn after prompt + max_tokens - 1 others: a window of that many reads everything
+    windows: list[dict[str, Any]] = [{}, {"repeat_last_n": num_prompt + max_tokens - 1}, {"repeat_last_n": -1},
+                                     {"repeat_last_n": 0}, {"repeat_last_n": 4}, {"repetition_penalty": 1.0}]
+    handles = [default_llm.engine.submit(prompt, SamplingParams(
+        max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **{"repetition_penalty": 1.3, **w}))
+        for w in windows]  # stepped together: greedy rows do not depend on their batch
+    while not all(h.done() for h in handles):
+        default_llm.engine.step()
+    whole, everything, minus_one, off, short, plain = (list(h.result().token_ids) for h in handles)
+    assert everything == whole and minus_one == whole
+    assert whole != plain  # the penalty changes this reply: the comparison means something
+    assert off == plain and short != whole
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,7 @@ LOOP_TIMES = 3
 #: The presets tried besides the model's own (its ``generation_config.json``) and Hearth's current one.
 CANDIDATES: dict[str, dict[str, float]] = {
     "t0.3 p0.3 r1.1": {"temperature": 0.3, "top_p": 0.3, "repetition_penalty": 1.1},
+    "t0.3 p0.3 r1.1 w64": {"temperature": 0.3, "top_p": 0.3, "repetition_penalty": 1.1, "repeat_last_n": 64},
     "t0.7 p0.95": {"temperature": 0.7, "top_p": 0.95, "repetition_penalty": 1.0},
     "t0.2 p0.9": {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.0},
     "t0.2 p0.9 r1.1": {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1},
@@ -196,7 +197,8 @@ def run(prompts: Sequence[Prompt], seeds: Sequence[int], only: Sequence[str] = (
         presets = presets_for(Path(llm.path), dict(llm.sampling_defaults), only)
         handles: list[tuple[str, int, Any]] = []
         for name, params in presets.items():
-            options: dict[str, Any] = {"repetition_penalty": 1.0, "top_p": 1.0, **params}  # as the app's Generation form fills them
+            # as the app's Generation form fills them (a penalty window of -1: the whole history)
+            options: dict[str, Any] = {"repetition_penalty": 1.0, "top_p": 1.0, "repeat_last_n": -1, **params}
             for seed in seeds:
                 for index, prompt in enumerate(prompts):
                     sampling = SamplingParams(max_tokens=max_tokens, seed=seed, **options)
@@ -228,16 +230,22 @@ def run(prompts: Sequence[Prompt], seeds: Sequence[int], only: Sequence[str] = (
 
 def markdown(report: dict[str, Any]) -> str:
     """The report's table in Markdown: one row per preset."""
-    lines = [("| preset | temperature | top-p | repetition | freq. penalty | right | loops | cut at limit | "
-              "median tokens |"), "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [("| preset | temperature | top-p | repetition | penalty window | freq. penalty | right | loops | "
+              "cut at limit | median tokens |"), "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in report["presets"]:
         p = s["params"]
         mark = " (best)" if s["name"] == report["best"] else ""
         lines.append(f"| {s['name']}{mark} | {p.get('temperature', 1.0):g} | {p.get('top_p', 1.0):g} | "
-                     f"{p.get('repetition_penalty', 1.0):g} | {p.get('frequency_penalty', 0.0):g} | "
+                     f"{p.get('repetition_penalty', 1.0):g} | {_window(p.get('repeat_last_n'))} | "
+                     f"{p.get('frequency_penalty', 0.0):g} | "
                      f"{s['right']}/{s['graded']} | {s['loops']}/{s['replies']} | {s['cut']}/{s['replies']} | "
                      f"{s['median_tokens']:g} |")
     return "\n".join(lines)
+
+
+def _window(last_n: Any) -> str:
+    """A penalty window as the table writes it: its token count, or "all" for the whole history."""
+    return "all" if last_n is None or last_n < 0 else str(last_n)
 
 
 def main(argv: list[str] | None = None) -> int:

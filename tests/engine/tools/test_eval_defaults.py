@@ -69,11 +69,14 @@ def test_the_best_preset_has_most_right_then_fewest_loops() -> None:
     b = Score("b", {}, right=10, loops=1, cut=2)
     c = Score("c", {}, right=9, loops=0, cut=0)
     assert best([a, b, c]).name == "b"
-    report = {"best": "b", "presets": [{"name": s.name, "params": {"temperature": 0.2}, "right": s.right,
-                                        "graded": 12, "loops": s.loops, "cut": s.cut, "replies": 14,
-                                        "median_tokens": 40.0} for s in (a, b, c)]}
+    windows = {"a": {"repeat_last_n": 64}, "b": {}, "c": {"repeat_last_n": -1}}
+    report = {"best": "b", "presets": [{"name": s.name, "params": {"temperature": 0.2, **windows[s.name]},
+                                        "right": s.right, "graded": 12, "loops": s.loops, "cut": s.cut,
+                                        "replies": 14, "median_tokens": 40.0} for s in (a, b, c)]}
     table = markdown(report)
-    assert "| b (best) | 0.2 | 1 | 1 | 0 | 10/12 | 1/14 | 2/14 | 40 |" in table
+    assert "| b (best) | 0.2 | 1 | 1 | all | 0 | 10/12 | 1/14 | 2/14 | 40 |" in table
+    assert "| a | 0.2 | 1 | 1 | 64 | 0 | 10/12 | 3/14 | 3/14 | 40 |" in table
+    assert "| c | 0.2 | 1 | 1 | all | 0 | 9/12 | 0/14 | 0/14 | 40 |" in table
     assert len(table.splitlines()) == 5
 
 

@@ -19,6 +19,7 @@ from PySide6.QtGui import QColor, QTextBlockFormat, QTextCharFormat, QTextCursor
 
 from app.chat.markdown import close_open_fence
 from app.data.conversations import CONTEXT_KEY, LEFT_OUT_KEY
+from app.data.reply_context import LeftOut, left_out_words
 
 #: The link action that folds or unfolds a long message (``hearth:fold/<message>``); the view handles it itself.
 FOLD_ACTION = "fold"
@@ -88,6 +89,4 @@ def left_out_note(stats: dict[str, Any] | None) -> str:
     num = int((stats or {}).get(LEFT_OUT_KEY) or 0)
     if num <= 0:
         return ""
-    context = int((stats or {}).get(CONTEXT_KEY) or 0)
-    turns = "1 earlier turn is" if num == 1 else f"{num} earlier turns are"
-    return f"{turns} left out" + (f" (context {context:,} tokens)" if context else " (to fit the context)")
+    return left_out_words(LeftOut(num, int((stats or {}).get(CONTEXT_KEY) or 0)))

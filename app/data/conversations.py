@@ -21,6 +21,7 @@ from typing import Any
 
 from app.data import records as db
 from app.data.records import DEFAULT_TITLE, ROLES, make_title
+from app.data.reply_context import LeftOut, conversation_left_out, set_left_out
 from app.data.storage import Storage
 
 __all__ = [
@@ -291,13 +292,10 @@ class ConversationStore:
     def set_left_out(self, message: Message, num_dropped: int, context_length: int) -> None:
         """Note on a reply that its chat was cut to fit the context: ``num_dropped`` messages left out of
         ``context_length`` tokens (0: not known); kept with the reply, so its line shows after a restart too."""
-        if num_dropped < 1 or context_length < 0:
-            raise ValueError(f"a cut chat leaves out at least 1 message of a context >= 0, got {num_dropped} of "
-                             f"{context_length}")
+        left_out = LeftOut(num_dropped, context_length).check()
         message.stats = {**(message.stats or {}), LEFT_OUT_KEY: num_dropped, CONTEXT_KEY: context_length}
         if message.id is not None:
-            self.storage._write("INSERT OR REPLACE INTO reply_context (message_id, num_dropped_messages, "
-                                "context_length) VALUES (?, ?, ?)", (message.id, num_dropped, context_length))
+            set_left_out(self.storage, message.id, left_out)
 
     def save_partial(self, message: Message) -> None:
         """Save the text a streaming reply has so far."""
@@ -374,9 +372,7 @@ class ConversationStore:
             return []
         rows = self.storage.messages(record.id)
         by_id = {row.id: row for row in rows}
-        left_out = {int(r[0]): (int(r[1]), int(r[2])) for r in self.storage._all(
-            "SELECT c.message_id, c.num_dropped_messages, c.context_length FROM reply_context c"
-            " JOIN messages m ON m.id = c.message_id WHERE m.conversation_id = ?", (record.id,))}
+        left_out = conversation_left_out(self.storage, record.id)
         siblings: dict[int | None, list[int]] = defaultdict(list)
         for row in rows:
             siblings[row.parent_id].append(row.id)

@@ -3,8 +3,10 @@
 The JSON is OpenAI's chat format (``{"messages": [{"role", "content"}, ...]}``, the shown branch)
 plus a ``"hearth"`` section with what that format lacks: title, sampling parameters, per-message
 metrics and the whole branch tree, with each reply's tool steps (``"tool_steps"``, in
-:mod:`app.data.tool_steps`' form), so that :func:`from_json` restores every branch. A file with
-only ``"messages"`` imports as a single-branch conversation.
+:mod:`app.data.tool_steps`' form) and, for a reply whose chat was cut to fit the context, what was left out
+(``"left_out": {"num_dropped_messages", "context_length"}``, :mod:`app.data.reply_context`), so that
+:func:`from_json` restores every branch. A file with only ``"messages"`` imports as a single-branch conversation.
+The Markdown says a cut reply's line as the chat shows it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from app.data.records import DEFAULT_TITLE, ROLES, Conversation, Message, MessageNode
+from app.data.reply_context import LeftOut, conversation_left_out, left_out_words, set_left_out
 from app.data.storage import Storage
 from app.data.tool_steps import ToolStepRecord, ToolStepStore, steps_from_json, steps_to_json
 
@@ -71,8 +74,11 @@ def to_markdown(storage: Storage, conversation_id: int) -> str:
     if conversation.system_prompt:
         lines += ["## System prompt", "", conversation.system_prompt, ""]
     steps = ToolStepStore(storage).conversation_steps(conversation_id)
+    left_out = conversation_left_out(storage, conversation_id)
     for message in storage.active_path(conversation_id):
         lines += [f"## {message.role.capitalize()}", ""]
+        if message.id in left_out:
+            lines += [f"*{left_out_words(left_out[message.id])}*", ""]
         for step in steps.get(message.id or 0, []):
             server = f" (server {step.server})" if step.server else ""
             lines += [f"- *Tool {step.tool}{server}: {step.outcome}*"]
@@ -88,6 +94,10 @@ def _message_meta(message: Message) -> dict[str, Any]:
     return {name: getattr(message, name) for name in (*_STR_META, *_INT_META, *_FLOAT_META)}
 
 
+def _left_out_json(left_out: LeftOut) -> dict[str, int]:
+    return {"num_dropped_messages": left_out.num_dropped, "context_length": left_out.context_length}
+
+
 def to_json(storage: Storage, conversation_id: int) -> dict[str, Any]:
     """Export a conversation as a JSON-ready dict: OpenAI ``messages`` plus a ``hearth`` section.
 
@@ -100,6 +110,7 @@ def to_json(storage: Storage, conversation_id: int) -> dict[str, Any]:
         messages.append({"role": "system", "content": conversation.system_prompt})
     messages += [{"role": m.role, "content": m.content} for m in storage.active_path(conversation_id)]
     steps = ToolStepStore(storage).conversation_steps(conversation_id)
+    left_out = conversation_left_out(storage, conversation_id)
     tree = [
         {
             "id": m.id,
@@ -110,6 +121,7 @@ def to_json(storage: Storage, conversation_id: int) -> dict[str, Any]:
             "is_complete": m.is_complete,
             "metadata": _message_meta(m),
             **({"tool_steps": steps_to_json(steps[m.id])} if m.id in steps else {}),
+            **({"left_out": _left_out_json(left_out[m.id])} if m.id in left_out else {}),
         }
         for m in storage.messages(conversation_id)
     ]
@@ -262,6 +274,25 @@ def _tool_steps(tree: object) -> dict[object, list[ToolStepRecord]]:
     return steps
 
 
+def _left_out(tree: object) -> dict[object, LeftOut]:
+    """What was left out of the context of ``hearth.tree``'s cut replies, by message id (the tree itself is
+    checked by :func:`_nodes_from_tree`)."""
+    found = {}
+    for index, entry in enumerate(tree if isinstance(tree, list) else []):
+        if not isinstance(entry, dict) or entry.get("left_out") is None:
+            continue
+        where = f"hearth.tree[{index}].left_out"
+        value = _expect(entry["left_out"], dict, where)
+        num = _expect(value.get("num_dropped_messages"), int, f"{where}.num_dropped_messages")
+        context = _expect(value.get("context_length", 0), int, f"{where}.context_length")
+        if num < 1:
+            raise ValueError(f"{where}.num_dropped_messages must be at least 1, got {_short(num)}")
+        if context < 0:
+            raise ValueError(f"{where}.context_length must not be negative, got {_short(context)}")
+        found[entry.get("id")] = LeftOut(num, context)
+    return found
+
+
 def _nodes_from_tree(tree: object) -> list[MessageNode]:
     """Read the ``hearth.tree`` list and order it so that every parent precedes its children.
 
@@ -334,6 +365,7 @@ def from_json(storage: Storage, data: object) -> Conversation:
     if hearth is None:
         system_prompt, nodes = _nodes_from_openai(messages)
         steps: dict[object, list[ToolStepRecord]] = {}
+        left_out: dict[object, LeftOut] = {}
         title, created_at, sampling, active_key = DEFAULT_TITLE, None, {}, (nodes[-1].key if nodes else None)
         reply_format, schema = None, None
     else:
@@ -357,6 +389,7 @@ def from_json(storage: Storage, data: object) -> Conversation:
         schema = _expect(raw_format.get("json_schema"), dict, "hearth.reply_format.json_schema", optional=True)
         nodes = _nodes_from_tree(hearth.get("tree", []))
         steps = _tool_steps(hearth.get("tree", []))
+        left_out = _left_out(hearth.get("tree", []))
         active_key = _expect(hearth.get("active_leaf_id"), (int, str), "hearth.active_leaf_id", optional=True)
         if active_key is not None and active_key not in {n.key for n in nodes}:
             raise ValueError(f"hearth.active_leaf_id {_short(active_key)} is not in hearth.tree")
@@ -370,11 +403,13 @@ def from_json(storage: Storage, data: object) -> Conversation:
         if reply_format is not None or schema is not None:
             storage.set_reply_format(conversation.id, reply_format, None if schema is None else json.dumps(schema))
         conversation = storage.add_message_tree(conversation.id, nodes, active_key)
-        if steps:  # the tree's messages were given ids in the order of nodes
+        if steps or left_out:  # the tree's messages were given ids in the order of nodes
             store = ToolStepStore(storage)
             for node, message in zip(nodes, storage.messages(conversation.id), strict=True):
                 if node.key in steps:
                     store.add_all(message.id or 0, steps[node.key])
+                if node.key in left_out:
+                    set_left_out(storage, message.id or 0, left_out[node.key])
         return conversation
 
 

@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
+from app.data.conversations import ConversationStore
 from app.data.export import from_json, to_json, to_markdown
 from app.data.records import Message
+from app.data.reply_context import LeftOut, conversation_left_out, set_left_out
 from app.data.storage import Storage
 
 
@@ -132,6 +134,42 @@ def test_plain_openai_messages_import_as_one_branch(storage: Storage) -> None:
     ]
 
 
+def test_left_out_counts_travel_with_their_replies_on_every_branch(
+    storage: Storage, branched: int, tmp_path: Path
+) -> None:
+    """A reply whose chat was cut to fit the context keeps its line through export and import: the JSON carries it
+    with its message on every branch, the Markdown says it as the chat does."""
+    from app.chat.message_extras import left_out_note  # the words the chat shows
+
+    by_content = {m.content: m for m in storage.messages(branched)}
+    set_left_out(storage, by_content["5"].id or 0, LeftOut(2, 512))  # on the branch not shown
+    set_left_out(storage, by_content["9, so far"].id or 0, LeftOut(1, 0))
+    data = json.loads(json.dumps(to_json(storage, branched)))
+    carried = {entry["content"]: entry.get("left_out") for entry in data["hearth"]["tree"]}
+    assert carried["5"] == {"num_dropped_messages": 2, "context_length": 512}
+    assert carried["9, so far"] == {"num_dropped_messages": 1, "context_length": 0}
+    assert carried["4"] is None and carried["6"] is None
+
+    text = to_markdown(storage, branched)
+    line = left_out_note({"num_dropped_messages": 1, "context_length": 0})
+    assert line == "1 earlier turn is left out (to fit the context)"
+    assert f"## Assistant\n\n*{line}*\n\n9, so far" in text
+    assert "earlier turns are" not in text  # the cut reply on the other branch is not shown
+
+    with Storage(tmp_path / "other.db") as other:
+        imported = from_json(other, data)
+        restored = {m.content: conversation_left_out(other, imported.id).get(m.id or 0)
+                    for m in other.messages(imported.id)}
+        assert restored == {"What is 2+2?": None, "5": LeftOut(2, 512), "4": None, "And 3+3?": None, "6": None,
+                            "And 3*3?": None, "9, so far": LeftOut(1, 0)}
+        assert to_markdown(other, imported.id) == text
+        root = other.active_path(imported.id)[0]
+        other.set_active_leaf(imported.id, other.children(root.id)[0].id)  # show the reply "5"
+        shown = ConversationStore(other).get(imported.id).messages[-1]
+        assert (shown.content, left_out_note(shown.stats)) == ("5", "2 earlier turns are left out (context 512 tokens)")
+        assert "*2 earlier turns are left out (context 512 tokens)*\n\n5" in to_markdown(other, imported.id)
+
+
 def _broken(data: dict[str, Any], change: str) -> dict[str, Any]:
     bad = copy.deepcopy(data)
     hearth, tree = bad["hearth"], bad["hearth"]["tree"]
@@ -157,6 +195,12 @@ def _broken(data: dict[str, Any], change: str) -> dict[str, Any]:
         hearth["sampling"]["top_p"] = 7.0
     elif change == "blank title":
         hearth["title"] = "  "
+    elif change == "left out not counted":
+        tree[1]["left_out"] = {"context_length": 512}
+    elif change == "left out none":
+        tree[1]["left_out"] = {"num_dropped_messages": 0, "context_length": 512}
+    elif change == "left out negative context":
+        tree[1]["left_out"] = {"num_dropped_messages": 2, "context_length": -1}
     elif change == "future format":
         hearth["format_version"] = 99
     return bad
@@ -177,6 +221,9 @@ def _broken(data: dict[str, Any], change: str) -> dict[str, Any]:
         ("bad sampling", "top_p"),
         ("blank title", "title"),
         ("future format", "format_version 99"),
+        ("left out not counted", r"hearth.tree\[1\].left_out.num_dropped_messages must be int"),
+        ("left out none", r"hearth.tree\[1\].left_out.num_dropped_messages must be at least 1"),
+        ("left out negative context", r"hearth.tree\[1\].left_out.context_length must not be negative"),
     ],
 )
 def test_bad_hearth_section_raises_value_error_and_writes_nothing(

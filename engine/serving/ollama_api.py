@@ -3,7 +3,7 @@
 ``GET /api/version``, ``GET /api/tags``, ``POST /api/show``, ``POST /api/chat`` and ``POST /api/generate``
 (streamed as NDJSON unless ``"stream": false``), plus ``GET /api/ps``. Ollama's ``options`` map onto
 ``SamplingParams`` (``num_predict``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``repeat_penalty``,
-``presence_penalty``, ``frequency_penalty``, ``seed``, ``stop``); ``format`` is ``"json"`` or a JSON schema;
+``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``, ``seed``, ``stop``); ``format`` is ``"json"`` or a JSON schema;
 ``tools`` in a chat are rendered and parsed as on the OpenAI side. Options that only tune Ollama's own runtime
 (``num_ctx``, ``num_gpu``, ``num_thread``...) are accepted and ignored. Errors are ``{"error": "..."}``.
 The embedding models served beside the chat model are listed by ``/api/tags`` and ``/api/ps`` and shown by
@@ -31,7 +31,8 @@ from engine.serving.protocol import APIError
 #: The Ollama API version reported; clients check it only for display.
 OLLAMA_VERSION = "0.6.3"
 _SAMPLING_OPTIONS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
-                     "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
+                     "repeat_penalty": "repetition_penalty", "repeat_last_n": "repeat_last_n",
+                     "presence_penalty": "presence_penalty",
                      "frequency_penalty": "frequency_penalty", "seed": "seed", "stop": "stop"}
 _NUMBER = (int, float)
 #: The types of the body fields Hearth reads or accepts; a field of another type is a 400 naming it.

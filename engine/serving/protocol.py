@@ -179,6 +179,8 @@ class GenerationRequest(_Body):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
     ignore_eos: bool = False
+    # llama-server's: how many of the latest tokens the penalties read (-1: all of them, 0: penalties off).
+    repeat_last_n: int | None = Field(default=None, ge=-1)
     # Hearth's extension: seconds until the request ends with finish_reason "timeout" (default: the server's).
     timeout_s: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
 
@@ -213,7 +215,8 @@ class GenerationRequest(_Body):
         ``generation_config.json`` or Hearth's preset for it), as LM Studio and Ollama do, else the API's.
         """
         own = with_model_defaults({"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-                                   "min_p": self.min_p, "repetition_penalty": self.repetition_penalty},
+                                   "min_p": self.min_p, "repetition_penalty": self.repetition_penalty,
+                                   "repeat_last_n": self.repeat_last_n},
                                   model_defaults)
         return SamplingParams(
             max_tokens=max_tokens or default_max_tokens,
@@ -222,6 +225,7 @@ class GenerationRequest(_Body):
             top_k=own["top_k"] or 0,
             min_p=own["min_p"] or 0.0,
             repetition_penalty=own["repetition_penalty"] or 1.0,
+            repeat_last_n=own["repeat_last_n"],
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             logit_bias={int(k): v for k, v in (self.logit_bias or {}).items()},

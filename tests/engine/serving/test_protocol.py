@@ -69,7 +69,7 @@ def test_a_401_asks_for_a_bearer_token() -> None:
     ("temperature", -0.1), ("temperature", 2.5), ("top_p", 0), ("top_p", 1.5), ("max_tokens", 0),
     ("max_completion_tokens", -1), ("n", 0), ("n", MAX_N + 1), ("seed", -1), ("seed", MAX_SEED + 1),
     ("presence_penalty", 2.5), ("frequency_penalty", -3), ("top_k", -1), ("min_p", 1.5),
-    ("repetition_penalty", 0), ("timeout_s", 0), ("top_logprobs", 21),
+    ("repetition_penalty", 0), ("timeout_s", 0), ("top_logprobs", 21), ("repeat_last_n", -2),
 ])
 def test_impossible_parameters_name_the_field(field: str, value: Any) -> None:
     error = refused({"messages": USER, field: value})
@@ -147,8 +147,10 @@ def test_defaults_become_the_engines_neutral_parameters() -> None:
 
 def test_given_fields_reach_the_engine() -> None:
     body = chat(temperature=0, top_p=0.5, top_k=4, min_p=0.1, seed=7, n=2, stop="END", logit_bias={"42": -100},
-                presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.2, ignore_eos=True)
+                presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.2, ignore_eos=True,
+                repeat_last_n=16)
     params = body.sampling_params(30, 64)
+    assert params.repeat_last_n == 16 and chat(repeat_last_n=-1).sampling_params(None, 8).repeat_last_n == -1
     assert (params.max_tokens, params.temperature, params.top_p, params.top_k, params.min_p) == (30, 0, 0.5, 4, 0.1)
     assert (params.seed, params.n, params.stop, params.logit_bias) == (7, 2, ["END"], {42: -100.0})
     assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.5, -0.5, 1.2)

@@ -213,7 +213,7 @@ class ToolRun:
             for problem in problems:
                 log.bridge.warning("tools reply %s goes on without a server: %s", rid, problem)
             tools = [t for t in tools if (t.server, t.name) not in self.spec.tools_off]
-            result = run_tool_loop(self._llm, self._fitted(), host, self._approve, self.spec.approvals,
+            result = run_tool_loop(self._llm, self._fitted(tools), host, self._approve, self.spec.approvals,
                                    tools=tools, params=self._params, max_steps=self.spec.max_steps,
                                    call_timeout_s=self.spec.call_timeout_s, on_text=self._on_text,
                                    on_step=self._on_step)
@@ -236,13 +236,16 @@ class ToolRun:
                            "abort" if reason == "abort" else "stop", metrics)
         self._end(lambda: self._signals.request_finished.emit(rid, info))
 
-    def _fitted(self) -> list[dict[str, Any]]:
+    def _fitted(self, tools: list[ToolInfo]) -> list[dict[str, Any]]:
         """The chat cut to fit the context by the overflow policy, as the engine cuts a plain reply's
-        (``LLMEngine.fit_context``), the cut told as ``context_fitted``; a chat the "stop" policy refuses raises, in
-        words. Unchanged without a policy."""
+        (``LLMEngine.fit_context``) but counting the definitions of ``tools`` as the loop renders them
+        (``engine.mcp.loop.fit_chat``), the cut told as ``context_fitted``; a chat the "stop" policy refuses
+        raises, in words. Unchanged without a policy."""
         if self._overflow is None:
             return self._messages
-        fitted = list(self._llm.engine.fit_context(self._messages, self._params, self._overflow))
+        from engine.mcp.loop import fit_chat
+
+        fitted = fit_chat(self._llm, self._messages, tools, self._params, self._overflow)
         if (dropped := len(self._messages) - len(fitted)) > 0:
             self._signals.context_fitted.emit(self.request_id, dropped)
         return fitted

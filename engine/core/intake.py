@@ -112,12 +112,15 @@ class Intake:
         """Most tokens (prompt and reply) one request may hold."""
         return min(self.max_model_len, self.block_manager.num_usable_blocks * self.config.block_size)
 
-    def fit_context(self, messages: list[dict[str, str]], params: SamplingParams, overflow: str) -> Prompt:
-        """``messages`` cut to fit the context with room for the reply, by ``overflow``'s policy."""
+    def fit_context(self, messages: list[dict[str, str]], params: SamplingParams, overflow: str,
+                    count_tokens: Callable[[list[dict[str, str]]], int] | None = None) -> Prompt:
+        """``messages`` cut to fit the context with room for the reply, by ``overflow``'s policy. ``count_tokens``
+        measures a cut chat as it will be sent (default: the chat template applied); a chat offered tools passes
+        one that renders their definitions too, so that they count against the context."""
         room = self.room
         budget = room - min(params.max_tokens, room // 2)
-        return cast(Prompt, fit_messages(messages, budget, lambda m: len(self.tokenize(cast(Prompt, m))), overflow,
-                                         context_length=room))
+        measure = count_tokens or (lambda m: len(self.tokenize(cast(Prompt, m))))
+        return cast(Prompt, fit_messages(messages, budget, measure, overflow, context_length=room))
 
     # --- the queue -----------------------------------------------------------------------------------------
     def submit(

@@ -130,9 +130,11 @@ class LLMEngine:
             handle.num_dropped_messages = num_sent - len(prompt)
         return handle
 
-    def fit_context(self, messages: list[dict[str, str]], params: SamplingParams, overflow: str) -> Prompt:
-        """``messages`` cut to fit the context with room for the reply, by ``overflow``'s policy."""
-        return self.intake.fit_context(messages, params, overflow)
+    def fit_context(self, messages: list[dict[str, str]], params: SamplingParams, overflow: str,
+                    count_tokens: Callable[[list[dict[str, str]]], int] | None = None) -> Prompt:
+        """``messages`` cut to fit the context with room for the reply, by ``overflow``'s policy; ``count_tokens``
+        measures a cut chat as it will be sent (``Intake.fit_context``)."""
+        return self.intake.fit_context(messages, params, overflow, count_tokens)
 
     def submit_n(
         self,

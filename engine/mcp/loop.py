@@ -91,6 +91,15 @@ def tool_prompt_tokens(llm: Any, messages: list[dict[str, Any]], tools: list[Too
     return len(_prompt(llm, messages, openai)) - len(_prompt(llm, messages, []))
 
 
+def fit_chat(llm: Any, messages: list[dict[str, Any]], tools: list[ToolInfo], params: SamplingParams,
+             overflow: str) -> list[dict[str, Any]]:
+    """``messages`` cut to fit the context by ``overflow``'s policy (the engine's own ``fit_context``), each cut
+    measured with the definitions of ``tools`` rendered in as the loop renders them: a long chat offered tools
+    leaves room for them and for the reply. Raises as ``fit_context`` does (``ContextOverflowError``)."""
+    openai = [e.info.as_openai(name) for name, e in expose(tools).items()]
+    return list(llm.engine.fit_context(messages, params, overflow, lambda m: len(_prompt(llm, m, openai))))
+
+
 def _generate(llm: Any, ids: list[int], params: SamplingParams, stream: tc.ToolCallStream | None,
               on_text: Callable[[str], None] | None) -> tuple[str, str | None, tc.ToolCallParse]:
     """One reply: its text, finish reason and (when ``stream``) its calls, parsed as the deltas come."""

@@ -124,6 +124,8 @@ class FakeEngine:
         self.step_thread_ids: set[int] = set()
         #: The messages of every submit, in order.
         self.submitted: list[list[dict[str, str]] | str] = []
+        #: The sampling parameters of every submit, in order.
+        self.submitted_params: list[SamplingParams] = []
         #: The next answers, in order, before the canned ones of :func:`reply_for`.
         self.replies: deque[str] = deque()
         self.tokenizer = SimpleNamespace(chat_template="{{ messages }}")  # a template that renders no tools
@@ -152,6 +154,7 @@ class FakeEngine:
             messages = self.fit_context(messages, params, overflow)
         with self._lock:
             self.submitted.append(messages if isinstance(messages, str) else [dict(m) for m in messages])
+            self.submitted_params.append(params)
             request = Request(f"eng-{next(self._ids)}", words, params)
             self._waiting.append(request)
             self._lock.notify_all()
@@ -160,8 +163,10 @@ class FakeEngine:
         return handle
 
     @staticmethod
-    def fit_context(messages: list[dict[str, str]], params: SamplingParams, overflow: str) -> list[dict[str, str]]:
-        """Same role as ``LLMEngine.fit_context``: the chat cut to the fake's context, 200 words."""
+    def fit_context(messages: list[dict[str, str]], params: SamplingParams, overflow: str,
+                    count_tokens: Any = None) -> list[dict[str, str]]:
+        """Same role as ``LLMEngine.fit_context``: the chat cut to the fake's context, 200 words. ``count_tokens``
+        (a tools chat's measure, in the fake tokenizer's units) is not used: the fake's context counts words."""
         return fit_messages(messages, 200, lambda ms: sum(len(m["content"].split()) for m in ms), overflow)
 
     def has_work(self) -> bool:
@@ -290,7 +295,7 @@ class FakeLLM:
         self.max_batch_size = max_batch_size
         self.kv_cache_bytes = kv_cache_bytes
         self.max_model_len = max_model_len
-        self.sampling_defaults = {"temperature": 0.3, "top_p": 0.3, "repetition_penalty": 1.1} \
+        self.sampling_defaults = {"temperature": 0.3, "top_p": 0.3, "repetition_penalty": 1.1, "repeat_last_n": 64} \
             if model == "default" else {}
         self.engine = FakeEngine(max_batch_size, step_delay_s, kv_cache_bytes or 0)
         self.is_closed = False

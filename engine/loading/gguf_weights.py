@@ -79,30 +79,45 @@ class GgufWeights:
 
     def blocks(self, hf_names: list[str]) -> list[Blocks]:
         """The named tensors (stacked along the output rows) as the file's blocks: one :class:`Blocks` per run of
-        neighbours of the same type, each one contiguous copy read with plain file reads. llama's permuted Q/K
-        rows are put in HF order. Float tensors come as type F32/F16/BF16 rows of their bytes."""
-        runs: list[tuple[str, int, list[torch.Tensor]]] = []
-        for name in hf_names:
-            gguf_name = self._gguf_name(name) or ""
-            tensor = self._tensors[gguf_name]
-            if len(hf_names) == 1:  # read once however many layers take it alone (embedding and tied head)
-                if gguf_name not in self._read:
-                    self._read[gguf_name] = self.rows(name, tensor)
-                rows = self._read[gguf_name]
+        neighbours of the same type, each run read with plain file reads straight into one buffer (no copy to
+        stack them). llama's permuted Q/K rows are put in HF order. Float tensors come as type F32/F16/BF16 rows
+        of their bytes."""
+        tensors = [self._tensors[self._gguf_name(name) or ""] for name in hf_names]
+        if len(hf_names) == 1:  # read once however many layers take it alone (embedding and tied head)
+            tensor = tensors[0]
+            if tensor.name not in self._read:
+                self._read[tensor.name] = self.rows(hf_names[0], tensor)
+            return [Blocks(tensor.kind, tensor.kind_id, self._read[tensor.name])]
+        runs: list[list[int]] = []  # indices into hf_names, neighbours of one type and row width
+        for i, tensor in enumerate(tensors):
+            last = tensors[runs[-1][0]] if runs else None
+            if last is not None and last.kind_id == tensor.kind_id and _row_bytes(last) == _row_bytes(tensor):
+                runs[-1].append(i)
             else:
-                rows = self.rows(name, tensor)
-            if runs and runs[-1][1] == tensor.kind_id and runs[-1][2][0].shape[1] == rows.shape[1]:
-                runs[-1][2].append(rows)
-            else:
-                runs.append((tensor.kind, tensor.kind_id, [rows]))
-        return [Blocks(name, kind, parts[0] if len(parts) == 1 else torch.cat(parts)) for name, kind, parts in runs]
+                runs.append([i])
+        out = []
+        for run in runs:
+            first = tensors[run[0]]
+            data = np.empty((sum(tensors[i].rows for i in run), _row_bytes(first)), dtype=np.uint8)
+            start = 0
+            for i in run:
+                rows = tensors[i].rows
+                self._read_rows(hf_names[i], tensors[i], data[start:start + rows])
+                start += rows
+            out.append(Blocks(first.kind, first.kind_id, torch.from_numpy(data)))
+        return out
 
     def rows(self, hf_name: str, tensor: TensorEntry) -> torch.Tensor:
         """One tensor's rows of bytes (uint8 [rows, bytes per row]) read from the file, in HF row order."""
-        rows, nbytes = tensor.rows, tensor.nbytes
-        raw = np.empty((rows, nbytes // rows), dtype=np.uint8)
+        raw = np.empty((tensor.rows, _row_bytes(tensor)), dtype=np.uint8)
+        self._read_rows(hf_name, tensor, raw)
+        return torch.from_numpy(raw)
+
+    def _read_rows(self, hf_name: str, tensor: TensorEntry, out: np.ndarray) -> None:
+        """Read one tensor's rows into ``out`` (uint8 [rows, bytes per row], contiguous), in HF row order."""
+        nbytes = tensor.nbytes
         with open(self.path, "rb") as f:  # plain reads: pages of the memory map are never touched, so never held
-            view = raw.reshape(-1).data
+            view = out.reshape(-1).data
             done = 0
             while done < nbytes:
                 got = os.preadv(f.fileno(), [view[done:]], tensor.offset + done)
@@ -110,8 +125,7 @@ class GgufWeights:
                     raise OSError(f"{self.path} ended inside tensor {tensor.name}")
                 done += got
         if self._layout is not None and self._layout.permute_qk and (".q_proj." in hf_name or ".k_proj." in hf_name):
-            raw = raw[qk_order(rows, self._heads if ".q_proj." in hf_name else self._kv_heads)]
-        return torch.from_numpy(raw)
+            out[:] = out[qk_order(tensor.rows, self._heads if ".q_proj." in hf_name else self._kv_heads)]
 
     def int4_parts(self, hf_names: list[str]) -> Int4Parts | None:
         """The named tensors stacked along the output rows, if every one has an int4 form."""
@@ -127,6 +141,10 @@ class GgufWeights:
             return None
         parts = [unpack_q8(self._raw(name)) for name in hf_names]
         return Q8Parts(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]))
+
+
+def _row_bytes(tensor: TensorEntry) -> int:
+    return tensor.nbytes // tensor.rows
 
 
 def matches(dequantized: torch.Tensor, weight: torch.Tensor) -> bool:

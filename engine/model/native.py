@@ -171,7 +171,8 @@ class _Extension:
                 self._load(path)
                 return self.problem
             if self._thread is None:
-                self._thread = threading.Thread(target=self._build, args=(path,), name="hearth-native", daemon=True)
+                self._thread = threading.Thread(target=self._build, args=(path, not wait), name="hearth-native",
+                                                daemon=True)
                 self._thread.start()
             thread = self._thread
         if not wait:
@@ -179,11 +180,11 @@ class _Extension:
         thread.join()
         return self.problem
 
-    def _build(self, path: Path) -> None:
+    def _build(self, path: Path, background: bool) -> None:
         start = time.perf_counter()
         log.info("building the native decode step (once per machine) into %s", path.parent)
         try:
-            build(path)
+            build(path, background=background)
         except Exception as exc:  # noqa: BLE001 -- no build: eager, with the reason
             self.problem = f"the native step did not build ({exc})"
             log.warning("%s; decode steps run eager", self.problem)

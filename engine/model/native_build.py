@@ -31,6 +31,9 @@ FLAGS = ["-O3", "-march=native", "-std=c++17", "-fPIC", "-fopenmp", "-Wall"]
 #: Set to 1 (``make install`` and the tests do) to make every warning an error. A user's first-start build leaves it
 #: off: a compiler newer than the ones checked may warn where they do not, and that must not cost the native step.
 WERROR_ENV = "HEARTH_NATIVE_WERROR"
+#: The ``nice`` increment of a background build's compiler: the CPU scheduler then gives it about a tenth of a core
+#: that a load's threads want, and every core nobody wants.
+BACKGROUND_NICENESS = 10
 
 
 def compiler() -> str | None:
@@ -69,8 +72,13 @@ def build_key(compiler: str) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def build(path: Path, march: tuple[str, ...] | None = None, warnings_as_errors: bool | None = None) -> None:
+def build(path: Path, march: tuple[str, ...] | None = None, warnings_as_errors: bool | None = None,
+          background: bool = False) -> None:
     """Compile the extension into ``path`` (atomically: a half-written library is never loaded).
+
+    ``background``: the compiler runs at a lower CPU priority (:data:`BACKGROUND_NICENESS`), so that a build
+    started by a load leaves the cores to the load it runs beside (reading and dequantizing weights, timing
+    kernels, the first answer) and takes what they leave.
 
     ``march`` replaces ``-march=native``: the offline bundle's prebuilt copies are built for CPU levels
     (``engine.model.native.BUNDLED_BUILDS``) rather than for this CPU. ``warnings_as_errors`` adds ``-Werror``;
@@ -96,13 +104,16 @@ def build(path: Path, march: tuple[str, ...] | None = None, warnings_as_errors: 
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.stem}-") as scratch:
         objects = [Path(scratch) / f"{unit.stem}.o" for unit in units]
         steps = [[*compile_cmd, "-c", str(unit), "-o", str(obj)] for unit, obj in zip(units, objects, strict=True)]
+        nice_path = shutil.which("nice") if background else None
+        nice = [nice_path, "-n", str(BACKGROUND_NICENESS)] if nice_path else []
+        steps = [[*nice, *step] for step in steps]
         with ThreadPoolExecutor(max_workers=max(1, min(len(steps), os.cpu_count() or 1))) as pool:
             list(pool.map(_run, steps))  # the first failure, in source order, raises
         tmp = Path(scratch) / path.name
         link_cmd = [cxx, "-shared", *map(str, objects), "-o", str(tmp)]
         for lib in library_paths():
             link_cmd += [f"-L{lib}", f"-Wl,-rpath,{lib}"]
-        _run([*link_cmd, "-lc10", "-ltorch_cpu"])
+        _run([*nice, *link_cmd, "-lc10", "-ltorch_cpu"])
         os.replace(tmp, path)
 
 

@@ -6,6 +6,7 @@ and ``test_native.py`` builds and runs each bundled copy this CPU can run; this 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,24 @@ def test_warnings_are_errors_only_where_asked(
     compiles = [cmd for cmd in commands if "-c" in cmd]
     assert len(compiles) == len([p for p in native_build.sources() if p.suffix == ".cpp"])
     assert all("-Wall" in cmd and ("-Werror" in cmd) is expected for cmd in compiles)
+
+
+@pytest.mark.parametrize(("background", "niceness"), [(True, native_build.BACKGROUND_NICENESS), (False, 0)])
+def test_a_background_build_compiles_at_a_lower_priority(
+    background: bool, niceness: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build a load starts runs its compiler niced, leaving the cores to the load beside it; a build someone waits
+    for does not. The compiler here is a script that notes its niceness (``nice`` with no arguments prints it)."""
+    if os.nice(0) != 0:
+        pytest.skip("the tests already run niced")
+    noted = tmp_path / "niceness"
+    script = tmp_path / "c++"
+    script.write_text(f"#!/bin/sh\nnice >> {noted}\nexit 1\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("CXX", str(script))
+    with pytest.raises(RuntimeError, match="the C\\+\\+ build failed"):
+        native_build.build(tmp_path / "decode_step.so", background=background)
+    assert {int(line) for line in noted.read_text().split()} == {niceness}
 
 
 def test_the_kernel_kinds_match_the_cpp_enum() -> None:

@@ -61,8 +61,9 @@ check: $(STAMP) ## ruff, import-linter layer contracts, mypy on engine/, app/ an
 .PHONY: test
 test: install check ## the checks, then the whole suite offscreen
 	@# two worker processes (pytest-xdist): most tests wait on a window, a server or one torch thread, so two
-	@# processes keep both cores busy; TEST_WORKERS=0 runs the suite in this one process
-	QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS)
+	@# processes keep both cores busy; TEST_WORKERS=0 runs the suite in this one process. loadgroup: a module that
+	@# shares a module-scoped fixture, the model or a server runs in one worker (tests/conftest.py marks them)
+	QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: bench
 bench: install ## engine benchmark against HF generate (JSON)

@@ -26,10 +26,52 @@ os.environ.setdefault("HEARTH_NATIVE_WERROR", "1")
 SLOW_FIXTURES = frozenset({"shared_default_llm", "shared_server", "default_hf_model"})
 
 
+#: Fixture scopes set up once per module (or class): ``make test``'s two workers (``--dist loadgroup``) keep every test
+#: of a module that uses one in one worker, so it is set up once, not once in each worker.
+_MODULE_SCOPES = frozenset({"module", "class", "package"})
+
+
+def _shares_a_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(defs and defs[-1].scope in _MODULE_SCOPES for defs in info.name2fixturedefs.values())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist registers its mark itself; runs without xdist (``-p no:xdist``) need it known too (--strict-markers)
+    config.addinivalue_line("markers", "xdist_group(name): run these tests in one xdist worker (--dist loadgroup)")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        _share_the_cores(workers)
+
+
+def _share_the_cores(workers: int) -> None:
+    """Give each xdist worker its share of the cores for torch's threads, not all of them.
+
+    The engine sets one torch thread per physical core (``hardware.configure_threads``, once per process). With two
+    workers on two cores that is four threads, and an OpenMP region waits at its barrier for a thread the other
+    worker has taken off its core: small ops (a sampler's masked_fill over the vocabulary) then took milliseconds.
+    Measured on the draft-model speculation workload of ``test_speculative.py`` (100 sampled requests on the shared
+    2 cores, load ~14): 70 s with two threads, 6.4 and 7.3 s with one.
+    """
+    from engine.system import hardware
+
+    cores = hardware.detect().physical_cores
+    hardware.configure_threads(reserve=cores - max(1, cores // workers))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        slow = bool(SLOW_FIXTURES & set(getattr(item, "fixturenames", ())))
+        if slow:
             item.add_marker(pytest.mark.slow)
+        # A module whose tests share a module-scoped fixture, or load the model or a server, runs in one worker:
+        # split over two (``--dist load`` deals out the last tests one by one), each would set up its own copy.
+        # xdist sends the groups first, largest first, and then the single tests that fill both workers to the end.
+        if slow or _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,9 @@
 
 Each entry is the median of repeated calls on random valid blocks: microseconds per call, the weights' bytes read
 per second for one row (decode, where the weights' bandwidth is the limit), and GFLOP/s for many rows (prefill,
-where arithmetic is). Only ratios between entries of one run mean much on a shared machine.
+where arithmetic is). Where the build runs the 512-bit tiles (``"family": "avx512"``), each entry also times the
+AVX2 tiles (``gguf_mm_avx2``, the same bits) in calls alternating with it, as ``avx2_us`` and ``avx2_ratio``. Only
+ratios between entries of one run mean much on a shared machine.
 """
 
 from __future__ import annotations
@@ -59,6 +61,21 @@ def median_us(call: Callable[[], object], budget_s: float) -> float:
     return statistics.median(times) * 1e6
 
 
+def paired_us(first: Callable[[], object], second: Callable[[], object], budget_s: float) -> tuple[float, float]:
+    """The median times of two calls timed in alternation (so a change in the machine's load falls on both), over
+    about twice ``budget_s``."""
+    first(), second()
+    a: list[float] = []
+    b: list[float] = []
+    start = time.perf_counter()
+    while len(a) < 3 or (time.perf_counter() - start < 2 * budget_s and len(a) < 100):
+        for call, times in ((first, a), (second, b)):
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(a) * 1e6, statistics.median(b) * 1e6
+
+
 def entry(kernel: str, n: int, k: int, m: int, us: float, weight_bytes: int) -> dict[str, object]:
     out: dict[str, object] = {"kernel": kernel, "n": n, "k": k, "m": m, "us": round(us, 1)}
     if m == 1:
@@ -86,13 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         print(json.dumps({"error": problem}))
         return 1
-    gguf_mm = torch.ops.hearth.gguf_mm
+    gguf_mm, avx2_mm = torch.ops.hearth.gguf_mm, torch.ops.hearth.gguf_mm_avx2
+    family = str(torch.ops.hearth.gguf_kernel_family())
+    wide = family == "avx512"
     rows = [int(m) for m in args.rows.split(",")]
     flags, model = hardware.cpu_flags_and_model()
     report: dict[str, object] = {
         "cpu": model,
         "flags": sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c"))),
         "threads": torch.get_num_threads(),
+        "family": family,
         "results": [],
     }
     results: list[dict[str, object]] = report["results"]  # type: ignore[assignment]
@@ -104,8 +124,14 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.types.split(","):
                 w = random_blocks(name, n, k, rng)
                 for m in rows:
-                    us = median_us(partial(gguf_mm, xs[m], w, TYPES[name][0]), args.budget)
-                    results.append(entry(name, n, k, m, us, w.nbytes))
+                    if wide:
+                        us, narrow = paired_us(partial(gguf_mm, xs[m], w, TYPES[name][0]),
+                                               partial(avx2_mm, xs[m], w, TYPES[name][0]), args.budget)
+                        results.append({**entry(name, n, k, m, us, w.nbytes), "avx2_us": round(narrow, 1),
+                                        "avx2_ratio": round(narrow / us, 2)})
+                    else:
+                        us = median_us(partial(gguf_mm, xs[m], w, TYPES[name][0]), args.budget)
+                        results.append(entry(name, n, k, m, us, w.nbytes))
             int4 = Int4Linear.quantize(torch.randn(n, k) * 0.02)
             for m in rows:
                 us = median_us(partial(int4, xs[m]), args.budget)

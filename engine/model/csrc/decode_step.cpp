@@ -191,6 +191,8 @@ TORCH_LIBRARY(hearth, m) {
   m.def("int8_vnni_mm(Tensor x, Tensor w, Tensor scales, bool gemv) -> Tensor", &hearth::int8_vnni_mm);
   m.def("gguf_mm(Tensor x, Tensor w, int type) -> Tensor", &hearth::gguf_mm);
   m.def("gguf_mm_plain(Tensor x, Tensor w, int type) -> Tensor", &hearth::gguf_mm_plain);
+  m.def("gguf_mm_avx2(Tensor x, Tensor w, int type) -> Tensor", &hearth::gguf_mm_avx2);
+  m.def("gguf_kernel_family() -> str", &hearth::gguf_kernel_family);
   m.def("gguf_dequantize(Tensor w, int type) -> Tensor", &hearth::gguf_dequantize);
   m.def(
       "decode_layers(int handle, Tensor x, Tensor cos, Tensor sin, Tensor(a!) k_pool, Tensor(b!) v_pool, "

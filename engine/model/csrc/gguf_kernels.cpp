@@ -16,6 +16,12 @@
 // weights once. Each (weight row, activation row) pair takes the same operations in the same order whatever the
 // tile, the row count or the thread split, so a row's output is the same bits whatever shares its call. Without
 // AVX2 (and FMA and F16C), plain loops compute the same sums.
+//
+// A build with AVX512-BW/VL and VNNI runs the same tiles with their integer work in fewer instructions: the K types
+// take 64 weights per VPMADDUBSW and scale and add the pairs in one VPDPWSSD; the 32-weight types' pair sums take
+// one VPDPBUSD where several rows share a weight block. Every 32-bit lane still sums exactly the integers the AVX2
+// tile's lane sums, and the fp32 code is the AVX2 tiles' own, so both give the same bits
+// (torch.ops.hearth.gguf_mm_avx2 keeps the AVX2 tiles callable for that test and for the bench).
 
 #include "gguf_kernels.h"
 
@@ -29,12 +35,16 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define HEARTH_GGUF_AVX2 1
 #include <immintrin.h>
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define HEARTH_GGUF_AVX512 1
+#endif
 #endif
 
 namespace hearth {
@@ -117,9 +127,14 @@ struct Q8_0 {
     for (int l = 0; l < 32; ++l) y[l] = static_cast<float>(static_cast<int8_t>(b[2 + l])) * d;
   }
   static float dot(const uint8_t* b, const ActBlock& a) {
-    int32_t s = 0;
-    for (int l = 0; l < 32; ++l) s += static_cast<int8_t>(b[2 + l]) * a.q[l];
-    return half_at(b) * a.d * static_cast<float>(s);
+    // w = (w + 128) - 128 as unsigned bytes: GCC 12 vectorizes a signed-by-signed byte dot product into VPDPBUSD,
+    // which takes one operand as unsigned, and gets it wrong on CPUs with AVX-VNNI; unsigned-by-signed it gets right
+    int32_t s = 0, t = 0;
+    for (int l = 0; l < 32; ++l) {
+      s += static_cast<uint8_t>(b[2 + l] ^ 0x80) * a.q[l];
+      t += a.q[l];
+    }
+    return half_at(b) * a.d * static_cast<float>(s - 128 * t);
   }
 };
 
@@ -271,12 +286,13 @@ int32_t quantize_block(const T* x, int64_t n, float* d_out, int8_t* q) {
 // [run][row][8] (the 32-weight types; zero past the last block).
 struct Acts {
   int64_t m, k, size, nb, nbp, group;
+  bool wide_k;  // the K types' q in the 512-bit tiles' order (see tile_qk45); the sums stay in file order
   std::vector<int8_t> q;
   std::vector<float> d, s;
   std::vector<int16_t> bsums;
 
-  Acts(int64_t m_, int64_t k_, int64_t size_, int64_t group_)
-      : m(m_), k(k_), size(size_), nb(k_ / size_), nbp((k_ / size_ + 7) / 8 * 8), group(group_),
+  Acts(int64_t m_, int64_t k_, int64_t size_, int64_t group_, bool wide_k_ = false)
+      : m(m_), k(k_), size(size_), nb(k_ / size_), nbp((k_ / size_ + 7) / 8 * 8), group(group_), wide_k(wide_k_),
         q(static_cast<size_t>(m_ * k_)), d(static_cast<size_t>(m_ * nb)),
         s(size_ == 32 ? static_cast<size_t>(m_ * nbp) : 0), bsums(size_ == 256 ? static_cast<size_t>(m_ * k_ / 16) : 0) {}
 
@@ -304,6 +320,14 @@ struct Acts {
           int32_t t = 0;
           for (int l = 0; l < 16; ++l) t += qb[16 * g + l];
           sums[g] = static_cast<int16_t>(t);
+        }
+        if (wide_k) {  // runs of 32 in the order 0 2 1 3 4 6 5 7: a 64-byte load meets a 64-byte nibble load's lows
+          int8_t run[32];
+          for (int h = 0; h < 2; ++h) {
+            std::memcpy(run, qb + 128 * h + 32, 32);
+            std::memcpy(qb + 128 * h + 32, qb + 128 * h + 64, 32);
+            std::memcpy(qb + 128 * h + 64, run, 32);
+          }
         }
       }
     }
@@ -380,7 +404,7 @@ inline __m256 halves8(const uint8_t* p, int64_t stride, int64_t count) {
 // minimums). Q4_0's and Q4_1's nibbles go in unsigned (VPMADDUBSW takes them as they are), and the offset (Q4_0's
 // -8 times the scale, Q4_1's minimum) meets the eight activation blocks' sums in one multiply-add. Q8_0's weights
 // are signed, so |w| meets x with w's sign (VPMADDUBSW takes one unsigned operand).
-template <typename T, int NR, int MR>
+template <typename T, bool kWide, int NR, int MR>
 void tile32(const uint8_t* w, int64_t ws, int64_t nb, ActView a, float* y, int64_t ldy) {
   constexpr bool kSigned = std::is_same_v<T, Q8_0>, kMin = std::is_same_v<T, Q4_1>;
   constexpr int64_t kQuants = kMin ? 4 : 2;
@@ -422,9 +446,16 @@ void tile32(const uint8_t* w, int64_t ws, int64_t nb, ActView a, float* y, int64
         const __m256i x = load32(xq + 32 * i);
         const __m256 dx = _mm256_broadcast_ss(xd + i);
         for (int j = 0; j < NR; ++j) {
-          const __m256i p16 =
-              kSigned ? _mm256_maddubs_epi16(aq[j], _mm256_sign_epi8(x, q[j])) : _mm256_maddubs_epi16(q[j], x);
-          const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+          const __m256i xs = kSigned ? _mm256_sign_epi8(x, q[j]) : x, wq = kSigned ? aq[j] : q[j];
+#ifdef HEARTH_GGUF_AVX512
+          // VPDPBUSD: the pairs' sums of VPMADDUBSW and VPMADDWD in one instruction (neither saturates here), the
+          // same integers; faster where several activation rows share the weights (at one row it measured no
+          // faster, and slower for Q8_0, on an AVX512 EPYC)
+          const __m256 p = _mm256_cvtepi32_ps(kWide && MR > 1 ? _mm256_dpbusd_epi32(_mm256_setzero_si256(), wq, xs)
+                                                              : _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xs), ones));
+#else
+          const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(wq, xs), ones));
+#endif
           acc[j][i] = _mm256_fmadd_ps(_mm256_mul_ps(dw[j], dx), p, acc[j][i]);
         }
       }
@@ -465,7 +496,28 @@ inline void k_accumulate(__m256 (&acc)[NR][MR], const __m256i (&sum)[NR][MR], co
   }
 }
 
-template <bool kFifthBit, int NR, int MR>
+#ifdef HEARTH_GGUF_AVX512
+// The 512-bit tiles: the integer sums of the AVX2 tiles in half the instructions. A 64-byte load of nibbles holds
+// two of the AVX2 tiles' 32-byte loads side by side; VPMADDUBSW meets 64 activations at once and VPDPWSSD scales
+// the pairs and adds them in one instruction. The upper 256 bits' sums are added to the lower ones at the end of
+// each super-block, so each 32-bit lane holds exactly the integers the AVX2 tile's lane holds, and everything from
+// there on (the fp32 scaling and accumulation) is the AVX2 tile's own code: both give the same bits.
+// (The zero-masked forms: GCC 12 warns that the unmasked ones read an undefined vector.)
+inline __m512i pair512(__m256i lo, __m256i hi) { return _mm512_maskz_inserti64x4(0xFF, _mm512_castsi256_si512(lo), hi, 1); }
+inline __m256i fold512(__m512i v) {
+  return _mm256_add_epi32(_mm512_maskz_extracti64x4_epi64(0xF, v, 0), _mm512_maskz_extracti64x4_epi64(0xF, v, 1));
+}
+// int16 lanes 0-15 take lane a of v, lanes 16-31 lane b (v's int16 lanes 0-15).
+inline __m512i two_scales(__m512i v, int a, int b) {
+  return _mm512_permutexvar_epi16(
+      pair512(_mm256_set1_epi16(static_cast<int16_t>(a)), _mm256_set1_epi16(static_cast<int16_t>(b))), v);
+}
+#endif
+
+// Q4_K and Q5_K. kWide: the 512-bit tiles, with the activations of each super-block in runs of 32 ordered
+// 0 2 1 3 4 6 5 7 (Acts::wide_k), so that one 64-byte nibble load's lows (sub-blocks 2c and 2c + 2) meet one
+// 64-byte activation load, and its highs (2c + 1, 2c + 3) the next.
+template <bool kFifthBit, bool kWide, int NR, int MR>
 void tile_qk45(const uint8_t* w, int64_t ws, int64_t nb, ActView a, float* y, int64_t ldy) {
   using T = QK45<kFifthBit>;
   const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
@@ -489,26 +541,65 @@ void tile_qk45(const uint8_t* w, int64_t ws, int64_t nb, ActView a, float* y, in
       high[j] = kFifthBit ? load32(blk + 16) : _mm256_setzero_si256();
       for (int i = 0; i < MR; ++i) sum[j][i] = _mm256_setzero_si256();
     }
-    for (int c = 0; c < 4; ++c) {
-      __m256i lo[NR], hi[NR], s_lo[NR], s_hi[NR];
+#ifdef HEARTH_GGUF_AVX512
+    if constexpr (kWide) {
+      const __m512i low4w = _mm512_set1_epi8(0x0F), onew = _mm512_set1_epi8(1);
+      __m512i wsum[NR][MR];
       for (int j = 0; j < NR; ++j) {
-        const __m256i bits = load32(w + j * ws + b * T::kBytes + T::kNibbles + 32 * c);
-        lo[j] = _mm256_and_si256(bits, low4);
-        hi[j] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
-        if (kFifthBit) {
-          lo[j] = _mm256_or_si256(lo[j], _mm256_slli_epi16(_mm256_and_si256(high[j], one), 4));
-          hi[j] = _mm256_or_si256(hi[j], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high[j], 1), one), 4));
-          high[j] = _mm256_srli_epi16(high[j], 2);
-        }
-        s_lo[j] = lane16(scales[j], 2 * c);
-        s_hi[j] = lane16(scales[j], 2 * c + 1);
+        for (int i = 0; i < MR; ++i) wsum[j][i] = _mm512_setzero_si512();
       }
-      for (int i = 0; i < MR; ++i) {
-        const int8_t* x = xq + 256 * i + 64 * c;
+      for (int c = 0; c < 4; c += 2) {
+        __m512i lo[NR], hi[NR], s_lo[NR], s_hi[NR];
         for (int j = 0; j < NR; ++j) {
-          const __m256i p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo[j], load32(x)), s_lo[j]);
-          const __m256i p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi[j], load32(x + 32)), s_hi[j]);
-          sum[j][i] = _mm256_add_epi32(sum[j][i], _mm256_add_epi32(p_lo, p_hi));
+          const __m512i bits = _mm512_loadu_si512(w + j * ws + b * T::kBytes + T::kNibbles + 32 * c);
+          lo[j] = _mm512_and_si512(bits, low4w);
+          hi[j] = _mm512_and_si512(_mm512_srli_epi16(bits, 4), low4w);
+          if constexpr (kFifthBit) {  // bits 2c, 2c + 1 of each byte (lower half), 2c + 2, 2c + 3 (upper half)
+            const __m512i h5 = pair512(high[j], _mm256_srli_epi16(high[j], 2));
+            lo[j] = _mm512_or_si512(lo[j], _mm512_slli_epi16(_mm512_and_si512(h5, onew), 4));
+            hi[j] = _mm512_or_si512(hi[j], _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h5, 1), onew), 4));
+            high[j] = _mm256_srli_epi16(high[j], 4);
+          }
+          const __m512i sc = _mm512_castsi256_si512(scales[j]);
+          s_lo[j] = two_scales(sc, 2 * c, 2 * c + 2);
+          s_hi[j] = two_scales(sc, 2 * c + 1, 2 * c + 3);
+        }
+        for (int i = 0; i < MR; ++i) {
+          const int8_t* x = xq + 256 * i + 64 * c;
+          const __m512i x_lo = _mm512_loadu_si512(x), x_hi = _mm512_loadu_si512(x + 64);
+          for (int j = 0; j < NR; ++j) {
+            wsum[j][i] = _mm512_dpwssd_epi32(wsum[j][i], _mm512_maddubs_epi16(lo[j], x_lo), s_lo[j]);
+            wsum[j][i] = _mm512_dpwssd_epi32(wsum[j][i], _mm512_maddubs_epi16(hi[j], x_hi), s_hi[j]);
+          }
+        }
+      }
+      for (int j = 0; j < NR; ++j) {
+        for (int i = 0; i < MR; ++i) sum[j][i] = fold512(wsum[j][i]);
+      }
+    } else
+#endif
+    {
+      for (int c = 0; c < 4; ++c) {
+        __m256i lo[NR], hi[NR], s_lo[NR], s_hi[NR];
+        for (int j = 0; j < NR; ++j) {
+          const __m256i bits = load32(w + j * ws + b * T::kBytes + T::kNibbles + 32 * c);
+          lo[j] = _mm256_and_si256(bits, low4);
+          hi[j] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
+          if (kFifthBit) {
+            lo[j] = _mm256_or_si256(lo[j], _mm256_slli_epi16(_mm256_and_si256(high[j], one), 4));
+            hi[j] = _mm256_or_si256(hi[j], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high[j], 1), one), 4));
+            high[j] = _mm256_srli_epi16(high[j], 2);
+          }
+          s_lo[j] = lane16(scales[j], 2 * c);
+          s_hi[j] = lane16(scales[j], 2 * c + 1);
+        }
+        for (int i = 0; i < MR; ++i) {
+          const int8_t* x = xq + 256 * i + 64 * c;
+          for (int j = 0; j < NR; ++j) {
+            const __m256i p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo[j], load32(x)), s_lo[j]);
+            const __m256i p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi[j], load32(x + 32)), s_hi[j]);
+            sum[j][i] = _mm256_add_epi32(sum[j][i], _mm256_add_epi32(p_lo, p_hi));
+          }
         }
       }
     }
@@ -517,7 +608,9 @@ void tile_qk45(const uint8_t* w, int64_t ws, int64_t nb, ActView a, float* y, in
   store_tile<NR, MR>(acc, y, ldy);
 }
 
-template <int NR, int MR>
+// Q6_K. kWide: the 512-bit tiles, two runs of 32 at a time (runs 2p and 2p + 1 of a half: their ql bytes and their
+// activations lie side by side).
+template <bool kWide, int NR, int MR>
 void tile_q6_k(const uint8_t* w, int64_t ws, int64_t nb, ActView a, float* y, int64_t ldy) {
   const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(3);
   __m256 acc[NR][MR];
@@ -532,31 +625,71 @@ void tile_q6_k(const uint8_t* w, int64_t ws, int64_t nb, ActView a, float* y, in
       d[j] = half_at(w + j * ws + b * Q6_K::kBytes + 208);
       for (int i = 0; i < MR; ++i) sum[j][i] = _mm256_setzero_si256();
     }
-    for (int h = 0; h < 2; ++h) {
-      __m256i s16[NR];  // this half's 8 scales as int16, in both 128-bit halves: run r takes lanes 2r and 2r + 1
+#ifdef HEARTH_GGUF_AVX512
+    if constexpr (kWide) {
+      const __m512i low4w = _mm512_set1_epi8(0x0F), low2w = _mm512_set1_epi8(3);
+      __m512i wsum[NR][MR];
       for (int j = 0; j < NR; ++j) {
-        const __m128i sc = _mm_cvtepi8_epi16(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + j * ws + b * Q6_K::kBytes + 192 + 8 * h)));
-        s16[j] = _mm256_set_m128i(sc, sc);
+        for (int i = 0; i < MR; ++i) wsum[j][i] = _mm512_setzero_si512();
       }
-      for (int r = 0; r < 4; ++r) {  // run 4h + r: 32 weights, two scales of 16
-        __m256i q[NR], s[NR];
-        for (int j = 0; j < NR; ++j) {
-          const uint8_t* blk = w + j * ws + b * Q6_K::kBytes;
-          const __m256i ql = load32(blk + 64 * h + 32 * (r % 2)), qh = load32(blk + 128 + 32 * h);
-          const __m256i lo = _mm256_and_si256(r < 2 ? ql : _mm256_srli_epi16(ql, 4), low4);
-          const __m256i hi = _mm256_and_si256(r == 0 ? qh : _mm256_srli_epi16(qh, 2 * r), low2);
-          q[j] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-          const char l0 = static_cast<char>(4 * r), l1 = static_cast<char>(4 * r + 1),
-                     h0 = static_cast<char>(4 * r + 2), h1 = static_cast<char>(4 * r + 3);
-          s[j] = _mm256_shuffle_epi8(s16[j], _mm256_setr_epi8(l0, l1, l0, l1, l0, l1, l0, l1, l0, l1, l0, l1, l0, l1, l0,
-                                                              l1, h0, h1, h0, h1, h0, h1, h0, h1, h0, h1, h0, h1, h0,
-                                                              h1, h0, h1));
-        }
-        for (int i = 0; i < MR; ++i) {
-          const __m256i x = load32(xq + 256 * i + 128 * h + 32 * r);
+      for (int h = 0; h < 2; ++h) {
+        for (int p = 0; p < 2; ++p) {  // runs 2p (lower 256 bits) and 2p + 1 (upper)
+          __m512i q[NR], s[NR];
           for (int j = 0; j < NR; ++j) {
-            sum[j][i] = _mm256_add_epi32(sum[j][i], _mm256_madd_epi16(_mm256_maddubs_epi16(q[j], x), s[j]));
+            const uint8_t* blk = w + j * ws + b * Q6_K::kBytes;
+            const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
+            const __m256i qh = load32(blk + 128 + 32 * h);
+            const __m512i lo = _mm512_and_si512(p == 0 ? ql : _mm512_srli_epi16(ql, 4), low4w);
+            const __m512i hi = _mm512_and_si512(
+                pair512(_mm256_srli_epi16(qh, 4 * p), _mm256_srli_epi16(qh, 4 * p + 2)), low2w);
+            q[j] = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
+            const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192))));
+            const int r = 8 * h + 4 * p;  // the four scales of these 64 weights, 16 each
+            s[j] = _mm512_permutexvar_epi16(
+                _mm512_set_epi16(r + 3, r + 3, r + 3, r + 3, r + 3, r + 3, r + 3, r + 3, r + 2, r + 2, r + 2, r + 2,
+                                 r + 2, r + 2, r + 2, r + 2, r + 1, r + 1, r + 1, r + 1, r + 1, r + 1, r + 1, r + 1,
+                                 r, r, r, r, r, r, r, r),
+                sc);
+          }
+          for (int i = 0; i < MR; ++i) {
+            const __m512i x = _mm512_loadu_si512(xq + 256 * i + 128 * h + 64 * p);
+            for (int j = 0; j < NR; ++j) wsum[j][i] = _mm512_dpwssd_epi32(wsum[j][i], _mm512_maddubs_epi16(q[j], x), s[j]);
+          }
+        }
+      }
+      for (int j = 0; j < NR; ++j) {
+        for (int i = 0; i < MR; ++i) sum[j][i] = fold512(wsum[j][i]);
+      }
+    } else
+#endif
+    {
+      for (int h = 0; h < 2; ++h) {
+        __m256i s16[NR];  // this half's 8 scales as int16, in both 128-bit halves: run r takes lanes 2r and 2r + 1
+        for (int j = 0; j < NR; ++j) {
+          const __m128i sc = _mm_cvtepi8_epi16(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + j * ws + b * Q6_K::kBytes + 192 + 8 * h)));
+          s16[j] = _mm256_set_m128i(sc, sc);
+        }
+        for (int r = 0; r < 4; ++r) {  // run 4h + r: 32 weights, two scales of 16
+          __m256i q[NR], s[NR];
+          for (int j = 0; j < NR; ++j) {
+            const uint8_t* blk = w + j * ws + b * Q6_K::kBytes;
+            const __m256i ql = load32(blk + 64 * h + 32 * (r % 2)), qh = load32(blk + 128 + 32 * h);
+            const __m256i lo = _mm256_and_si256(r < 2 ? ql : _mm256_srli_epi16(ql, 4), low4);
+            const __m256i hi = _mm256_and_si256(r == 0 ? qh : _mm256_srli_epi16(qh, 2 * r), low2);
+            q[j] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+            const char l0 = static_cast<char>(4 * r), l1 = static_cast<char>(4 * r + 1),
+                       h0 = static_cast<char>(4 * r + 2), h1 = static_cast<char>(4 * r + 3);
+            s[j] = _mm256_shuffle_epi8(s16[j], _mm256_setr_epi8(l0, l1, l0, l1, l0, l1, l0, l1, l0, l1, l0, l1, l0, l1,
+                                                                l0, l1, h0, h1, h0, h1, h0, h1, h0, h1, h0, h1, h0, h1,
+                                                                h0, h1, h0, h1));
+          }
+          for (int i = 0; i < MR; ++i) {
+            const __m256i x = load32(xq + 256 * i + 128 * h + 32 * r);
+            for (int j = 0; j < NR; ++j) {
+              sum[j][i] = _mm256_add_epi32(sum[j][i], _mm256_madd_epi16(_mm256_maddubs_epi16(q[j], x), s[j]));
+            }
           }
         }
       }
@@ -575,16 +708,16 @@ void tile_q6_k(const uint8_t* w, int64_t ws, int64_t nb, ActView a, float* y, in
   store_tile<NR, MR>(acc, y, ldy);
 }
 
-template <typename T, int NR, int MR>
+template <typename T, bool kWide, int NR, int MR>
 void tile(const uint8_t* w, int64_t ws, int64_t nb, ActView a, float* y, int64_t ldy) {
   if constexpr (T::kWeights == 32) {
-    tile32<T, NR, MR>(w, ws, nb, a, y, ldy);
+    tile32<T, kWide, NR, MR>(w, ws, nb, a, y, ldy);
   } else if constexpr (std::is_same_v<T, Q4_K>) {
-    tile_qk45<false, NR, MR>(w, ws, nb, a, y, ldy);
+    tile_qk45<false, kWide, NR, MR>(w, ws, nb, a, y, ldy);
   } else if constexpr (std::is_same_v<T, Q5_K>) {
-    tile_qk45<true, NR, MR>(w, ws, nb, a, y, ldy);
+    tile_qk45<true, kWide, NR, MR>(w, ws, nb, a, y, ldy);
   } else {
-    tile_q6_k<NR, MR>(w, ws, nb, a, y, ldy);
+    tile_q6_k<kWide, NR, MR>(w, ws, nb, a, y, ldy);
   }
 }
 
@@ -627,9 +760,10 @@ struct Shape {
 };
 }  // namespace plain
 
-// The two kernel families as template arguments of the drivers.
+// The kernel families as template arguments of the drivers: the plain loops, the AVX2 tiles and the 512-bit tiles
+// (the AVX2 tiles' sums in fewer instructions, the same bits).
 struct PlainLoops {
-  static constexpr bool kPlain = true;
+  static constexpr bool kPlain = true, kWide = false;
   template <typename T>
   using Shape = plain::Shape<T>;
   using View = plain::View;
@@ -638,16 +772,23 @@ struct PlainLoops {
 };
 
 #ifdef HEARTH_GGUF_AVX2
-struct Avx2Tiles {
-  static constexpr bool kPlain = false;
+template <bool kWide_>
+struct Tiles {
+  static constexpr bool kPlain = false, kWide = kWide_;
   template <typename T>
   using Shape = avx2::Shape<T>;
   using View = avx2::View;
   template <typename T, int NR, int MR, typename... Args>
-  static void tile(Args&&... args) { avx2::tile<T, NR, MR>(std::forward<Args>(args)...); }
+  static void tile(Args&&... args) { avx2::tile<T, kWide, NR, MR>(std::forward<Args>(args)...); }
 };
-using FastKernels = Avx2Tiles;
+using Avx2Tiles = Tiles<false>;
+#ifdef HEARTH_GGUF_AVX512
+using FastKernels = Tiles<true>;
 #else
+using FastKernels = Avx2Tiles;
+#endif
+#else
+using Avx2Tiles = PlainLoops;
 using FastKernels = PlainLoops;
 #endif
 
@@ -671,7 +812,7 @@ void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   using Shape = typename K::template Shape<T>;
   constexpr int kNR = Shape::kNR, kMR = Shape::kMR, kNR1 = Shape::kNR1;
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0), nb = k / T::kWeights, row_bytes = w.size(1);
-  Acts acts(m, k, T::kActBlock, kMR);
+  Acts acts(m, k, T::kActBlock, kMR, K::kWide && (std::is_same_v<T, Q4_K> || std::is_same_v<T, Q5_K>));
   const auto quantize = [&](auto* xp) {
     at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) acts.template quantize_row<K::kPlain>(xp + r * k, r);
@@ -769,6 +910,20 @@ at::Tensor gguf_mm(const at::Tensor& x, const at::Tensor& w, int64_t type) { ret
 
 at::Tensor gguf_mm_plain(const at::Tensor& x, const at::Tensor& w, int64_t type) {
   return gguf_mm_with<PlainLoops>(x, w, type);
+}
+
+at::Tensor gguf_mm_avx2(const at::Tensor& x, const at::Tensor& w, int64_t type) {
+  return gguf_mm_with<Avx2Tiles>(x, w, type);
+}
+
+std::string gguf_kernel_family() {
+#if defined(HEARTH_GGUF_AVX512)
+  return "avx512";
+#elif defined(HEARTH_GGUF_AVX2)
+  return "avx2";
+#else
+  return "plain";
+#endif
 }
 
 at::Tensor gguf_dequantize(const at::Tensor& w_in, int64_t type) {

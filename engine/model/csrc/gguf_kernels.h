@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
 
 namespace hearth {
 
@@ -19,6 +20,12 @@ at::Tensor gguf_mm(const at::Tensor& x, const at::Tensor& w, int64_t type);
 
 // gguf_mm by the plain loops every build has (the AVX2 tiles' reference; the kernel where AVX2 is missing).
 at::Tensor gguf_mm_plain(const at::Tensor& x, const at::Tensor& w, int64_t type);
+
+// gguf_mm by the AVX2 tiles (the plain loops where the build has no AVX2): the 512-bit tiles must give the same bits.
+at::Tensor gguf_mm_avx2(const at::Tensor& x, const at::Tensor& w, int64_t type);
+
+// Which tiles gguf_mm runs in this build: "avx512" (AVX512-BW and VNNI), "avx2" or "plain".
+std::string gguf_kernel_family();
 
 // w: uint8 [n, row_bytes] -> fp32 [n, k], the values gguf's numpy dequantize gives.
 at::Tensor gguf_dequantize(const at::Tensor& w, int64_t type);

@@ -6,7 +6,10 @@ to int8 per block (d = max|x| / 127, q rounded to nearest even); the test quanti
 the kernel must match the float64 product of both dequantized sides to fp32 rounding, and the unquantized product
 within the int8 activations' error. Each output row must be the same bits whatever else shares the call (row count,
 tile, thread split), so that a greedy reply never depends on its batch. The plain loops, which every build compiles and
-which a CPU without AVX2 runs (``gguf_mm_plain``), pass the same checks and agree with the AVX2 tiles.
+which a CPU without AVX2 runs (``gguf_mm_plain``), pass the same checks and agree with the AVX2 tiles. The AVX2 tiles
+(``gguf_mm_avx2``) are in every build with AVX2 and pass the same checks; where the build has the 512-bit tiles
+(AVX512-BW/VL and VNNI), ``gguf_mm`` runs those, and they must give the AVX2 tiles' bits exactly, so a reply is the
+same on both kinds of CPU.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ T = gguf.GGMLQuantizationType
 BLOCKS = {T.Q4_0: (32, 18), T.Q4_1: (32, 20), T.Q8_0: (32, 34), T.Q4_K: (256, 144), T.Q5_K: (256, 176),
           T.Q6_K: (256, 210)}
 ROWS = (1, 3, 5, 17, 64)
-#: The kernels this CPU runs, and the plain loops every build has.
-KERNELS = ("gguf_mm", "gguf_mm_plain")
+#: The kernels this CPU runs, the AVX2 tiles (the plain loops where the build has no AVX2), and the plain loops
+#: every build has.
+KERNELS = ("gguf_mm", "gguf_mm_avx2", "gguf_mm_plain")
 SHAPES = ((96, 512), (96, 768))
 
 
@@ -174,3 +178,22 @@ def test_the_plain_loops_agree_with_the_fast_kernels(hearth: object) -> None:
         fast = hearth.gguf_mm(x, w, int(qtype)).numpy().astype(np.float64)  # type: ignore[attr-defined]
         plain = hearth.gguf_mm_plain(x, w, int(qtype)).numpy()  # type: ignore[attr-defined]
         assert relative_error(plain, fast) < 1e-5, qtype.name
+
+
+def test_the_wide_tiles_give_the_avx2_tiles_bits(hearth: object) -> None:
+    """Where gguf_mm runs the 512-bit tiles, each output is the AVX2 tiles' own bits: the same integer sums per lane,
+    then the same fp32 code. Rows 1 to 19 cover the one-row GEMV and full and partial groups of eight."""
+    from engine.system.hardware import cpu_flags_and_model
+
+    family = hearth.gguf_kernel_family()  # type: ignore[attr-defined]
+    assert family in ("avx512", "avx2", "plain")
+    if {"avx512bw", "avx512vl", "avx512_vnni"} <= set(cpu_flags_and_model()[0]):
+        assert family == "avx512", "this CPU has AVX512-BW/VL and VNNI, so a -march=native build has the 512-bit tiles"
+    rng = np.random.default_rng(4)
+    for qtype in BLOCKS:
+        w = torch.from_numpy(random_blocks(qtype, 40, 1024, rng))
+        for m in (1, 2, 8, 9, 19):
+            x = torch.from_numpy(rng.standard_normal((m, 1024)).astype(np.float32))
+            fast = hearth.gguf_mm(x, w, int(qtype))  # type: ignore[attr-defined]
+            narrow = hearth.gguf_mm_avx2(x, w, int(qtype))  # type: ignore[attr-defined]
+            assert torch.equal(fast, narrow), (qtype.name, m, family)

@@ -63,6 +63,12 @@ def _share_the_cores(workers: int) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
+
+    # The modules that check the default model against its HF twin share one worker, so the twin is loaded, and each
+    # of its greedy references generated (tests/engine/hf_reference.py memoises them), once.
+    against_hf = {module(item) for item in items if "default_hf_model" in getattr(item, "fixturenames", ())}
     for item in items:
         slow = bool(SLOW_FIXTURES & set(getattr(item, "fixturenames", ())))
         if slow:
@@ -71,7 +77,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # split over two (``--dist load`` deals out the last tests one by one), each would set up its own copy.
         # xdist sends the groups first, largest first, and then the single tests that fill both workers to the end.
         if slow or _shares_a_module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+            group = "default_hf_model" if module(item) in against_hf else module(item)
+            item.add_marker(pytest.mark.xdist_group(group))  # one group per test: two would make a third
 
 
 @pytest.fixture(scope="session")

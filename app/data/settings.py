@@ -20,8 +20,9 @@ FILE_NAME = "settings.ini"
 #: Font sizes the user can pick, in points; 0 means the system's size.
 MIN_FONT_SIZE, MAX_FONT_SIZE = 0, 32
 #: Generation defaults, used by every conversation that does not set its own.
+#: ``repeat_last_n`` is the repetition penalty's window in tokens (-1: the whole history; 0: off), llama.cpp's 64.
 DEFAULT_GENERATION: dict[str, Any] = {"temperature": 0.7, "top_p": 0.95, "max_tokens": 512,
-                                      "repetition_penalty": 1.0}
+                                      "repetition_penalty": 1.0, "repeat_last_n": 64}
 #: The "Serve on localhost" port until the user picks another.
 DEFAULT_SERVER_PORT = 8000
 #: How many replies with tool calls one answer may take, and how long one tool call may run (Settings → Tools).
@@ -94,13 +95,15 @@ class Settings:
 
     @property
     def generation(self) -> dict[str, Any]:
-        """Default temperature, top-p and max tokens."""
+        """Default temperature, top-p, max tokens, repetition penalty and its window (a stored window below -1, which
+        the engine would refuse, reads as -1: the whole history)."""
         return {
             "temperature": self._float("generation/temperature", DEFAULT_GENERATION["temperature"]),
             "top_p": self._float("generation/top_p", DEFAULT_GENERATION["top_p"]),
             "max_tokens": self._int("generation/max_tokens", DEFAULT_GENERATION["max_tokens"]),
             "repetition_penalty": self._float("generation/repetition_penalty",
                                               DEFAULT_GENERATION["repetition_penalty"]),
+            "repeat_last_n": max(-1, self._int("generation/repeat_last_n", DEFAULT_GENERATION["repeat_last_n"])),
         }
 
     @generation.setter

@@ -2,8 +2,9 @@
 grammar masks, logprobs and seeds.
 
 Per row, in order: repetition penalty (over prompt and reply), presence and frequency penalties (over the reply,
-OpenAI's semantics), both over the last ``SamplingParams.repeat_last_n`` tokens only when that is set, logit biases, the grammar mask, temperature. Logprobs come from that distribution (the one the
-token is drawn from), before top-k, top-p and min-p truncate it. A row that fails (NaN logits, a grammar that
+OpenAI's semantics), both over the last ``SamplingParams.repeat_last_n`` tokens only when that is set, logit
+biases, the grammar mask, temperature. Logprobs come from that distribution (the one the token is drawn from),
+before top-k, top-p and min-p truncate it. A row that fails (NaN logits, a grammar that
 allows nothing) is reported in :attr:`SampleResult.errors`; the other rows still get their tokens.
 """
 

@@ -210,7 +210,8 @@ def test_presets_and_sampling_per_conversation(qtbot: Any, window: MainWindow,
     ask(qtbot, window, ui_flows.FRANCE_QUESTION)
     history, params = submitted[-1]
     assert history[0] == {"role": "system", "content": "Talk like a pirate, always."}
-    assert params == {"temperature": 0.0, "top_p": 0.3, "max_tokens": 7, "repetition_penalty": 1.1}
+    assert params == {"temperature": 0.0, "top_p": 0.3, "max_tokens": 7, "repetition_penalty": 1.1,
+                      "repeat_last_n": 64}
     pirate_chat = pane.current_conversation
     # A new conversation uses the defaults and no system prompt.
     pane.new_conversation()
@@ -218,7 +219,17 @@ def test_presets_and_sampling_per_conversation(qtbot: Any, window: MainWindow,
     ask(qtbot, window, ui_flows.FRANCE_QUESTION)
     history, params = submitted[-1]
     assert history[0]["role"] == "user" and params == {"temperature": 0.3, "top_p": 0.3, "max_tokens": 512,
-                                                       "repetition_penalty": 1.1}  # the model's own defaults
+                                                       "repetition_penalty": 1.1,
+                                                       "repeat_last_n": 64}  # the model's own defaults
+    # the Generation box's penalty window reaches the next reply's SamplingParams
+    window_spin = ui_flows.child(window, QSpinBox, "penaltyWindowSpin")
+    assert window_spin.value() == 64 and "repetition penalty looks at" in window_spin.toolTip()
+    window_spin.setValue(-1)
+    assert window_spin.text() == "All"
+    ask(qtbot, window, ui_flows.FRANCE_QUESTION)
+    assert submitted[-1][1]["repeat_last_n"] == -1
+    assert FakeLLM.instances[-1].engine.submitted_params[-1].repeat_last_n == -1  # the reply's SamplingParams
+    window_spin.setValue(64)
     pane.select_conversation(pirate_chat.id)
     assert combo.currentData() == pirate.id
     assert ui_flows.child(window, QSpinBox, "chatMaxTokensSpin").value() == 7
@@ -281,6 +292,7 @@ def test_restart_restores_conversations_layout_and_settings(qtbot: Any, open_win
     streaming = ui_flows.send(qtbot, win, ui_flows.LONG_PROMPT)  # closed mid-reply below
     qtbot.wait_until(lambda: len(streaming.content) > 20, timeout=TIMEOUT_MS)
     ui_flows.set_generation(win, temperature=0.3)
+    ui_flows.child(win, QSpinBox, "penaltyWindowSpin").setValue(128)  # the model's default is 64
     win.monitor_dock.hide()
     win.resize(win.width(), 540)  # the panes keep the width above the offscreen screen's 800 px
     qtbot.wait_until(lambda: win.height() == 540, timeout=2000)
@@ -307,6 +319,8 @@ def test_restart_restores_conversations_layout_and_settings(qtbot: Any, open_win
         assert pane.view.font().pointSize() == 15
         assert again.palette().color(QPalette.ColorRole.Window).lightness() < 100  # dark
         assert ui_flows.child(again, QDoubleSpinBox, "temperatureSpin").value() == pytest.approx(0.3)
+        assert ui_flows.child(again, QSpinBox, "penaltyWindowSpin").value() == 128
+        assert again.model_pane.sampling_params()["repeat_last_n"] == 128
         assert ui_flows.child(again, QLineEdit, "modelPathEdit").text() == str(tmp_path / "my-model")
     finally:
         apply_theme("system")

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -129,11 +131,48 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path
     return out
 
 
+def _reference_model(source: Path, out: Path, cache: Any) -> None:
+    """transformers' conversion of the default model's GGUF (dequantized to bf16, ``save_pretrained``) into ``out``.
+
+    Loading the GGUF through transformers is most of this module's time (about 20 s on a quiet machine), and the same
+    versions of transformers, gguf and torch write the same files from the same GGUF: so a run keeps a copy in
+    pytest's cache (``.pytest_cache``, keyed by those versions and the GGUF's sha256) and a later run copies it. A
+    fresh clone, or ``-p no:cacheprovider``, makes it here.
+    """
+    from importlib.metadata import version
+
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    from engine.loading.default_model import GGUF_SHA256
+
+    def make(folder: Path) -> None:
+        model = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name, dtype=torch.bfloat16,
+                                                     quantization_config=GgufConfig(dequantize=True))  # fmt: skip
+        model.save_pretrained(folder)
+
+    if cache is None:
+        make(out)
+        return
+    key = "-".join([GGUF_SHA256[:16], *(f"{name}{version(name)}" for name in ("transformers", "gguf", "torch"))])
+    root = Path(cache.mkdir("gguf-convert-reference"))
+    kept = root / key
+    if not kept.is_dir():
+        scratch = Path(tempfile.mkdtemp(dir=root, prefix=".making-"))
+        make(scratch)
+        try:
+            scratch.rename(kept)  # whole or not at all
+        except OSError:  # another run kept it first
+            shutil.rmtree(scratch)
+    shutil.copytree(kept, out, dirs_exist_ok=True)
+
+
 @pytest.fixture(scope="module")
-def default(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[tuple[float, str]], Any]:
+def default(
+    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> tuple[Path, Path, list[tuple[float, str]], Any]:
     """The default model converted by us and by transformers (dequantized to bf16, saved); our progress reports;
     transformers' GGUF tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoTokenizer
 
     source = source_gguf_path()
     ours, theirs = tmp_path_factory.mktemp("ours"), tmp_path_factory.mktemp("theirs")
@@ -141,10 +180,7 @@ def default(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[
     gguf_convert.write_model(source, ours, lambda fraction, stage: reports.append((fraction, stage)))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")  # as default_model converted it before
-        model = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name, dtype=torch.bfloat16,
-                                                     quantization_config=GgufConfig(dequantize=True))  # fmt: skip
-        model.save_pretrained(theirs)
-        del model
+        _reference_model(source, theirs, getattr(pytestconfig, "cache", None))
         tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
         tokenizer.save_pretrained(theirs)
     return ours, theirs, reports, tokenizer

@@ -52,15 +52,19 @@ _convert_lock = threading.Lock()
 DEMO_NOTE = ("SmolLM2-135M is a small demo model: quick to load, but it often gets facts wrong. For real use, pick "
              "a larger model in the Models tab, or give the path of a Hugging Face folder or a .gguf file.")
 #: The ``SamplingParams`` fields a model's ``generation_config.json`` (or a preset) may set.
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty")
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "repeat_last_n")
+#: The keys of :data:`SAMPLING_KEYS` that are whole numbers.
+_INT_KEYS = ("top_k", "repeat_last_n")
 #: Sampling presets for models whose ``generation_config.json`` sets none, by a lower-case name fragment.
 #: SmolLM2-135M-Instruct (the default model): chosen by ``python -m engine.tools.eval_defaults``, everyday prompts
 #: run as the app runs the model (int4, n-gram speculation, 512 tokens); no preset tried there answered more of
 #: them right (README.md, "The default sampling preset"; docs/BENCHMARKS.md). On "What is the capital of France?"
 #: its first token is a near tie between "The" and "L'" (L'Étoile...); a narrow nucleus keeps the tie out of the
-#: draw while leaving later tokens free.
+#: draw while leaving later tokens free. The repetition penalty reads the last 64 tokens only (llama.cpp's and
+#: Ollama's window): over the whole history it counts a document in the prompt too, and the model then avoids the
+#: document's words and its page labels.
 SAMPLING_PRESETS: dict[str, dict[str, float]] = {
-    "smollm2-135m": {"temperature": 0.3, "top_p": 0.3, "repetition_penalty": 1.1},
+    "smollm2-135m": {"temperature": 0.3, "top_p": 0.3, "repetition_penalty": 1.1, "repeat_last_n": 64},
 }
 
 
@@ -83,7 +87,7 @@ def sampling_defaults(model: str | Path) -> dict[str, float]:
         if config.get("do_sample") is False:
             found = {"temperature": 0.0}
         if found:
-            return {k: float(v) if k != "top_k" else int(v) for k, v in found.items()}
+            return {k: int(v) if k in _INT_KEYS else float(v) for k, v in found.items()}
     name = (MODEL_NAME if spec.strip().lower() in ("", "default") else path.name).lower()
     for fragment, preset in SAMPLING_PRESETS.items():
         if fragment in name:

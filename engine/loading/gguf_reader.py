@@ -169,6 +169,10 @@ class _GgufCursor:
 
 
 GGUF_ADVICE = "Re-download it; the file is damaged or was not copied completely."
+#: The tensor tables last read (without arrays), newest last, by the file's identity and version (device, inode, size,
+#: modification and change times): a file written again is parsed again.
+_TABLES: dict[tuple[int, ...], tuple[dict[str, Any], list[TensorEntry]]] = {}
+_MAX_TABLES = 4
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 _GGUF_SCALARS = {
     0: "<B",
@@ -232,10 +236,19 @@ def read_tensor_table(path: Path, arrays: bool = False) -> tuple[dict[str, Any],
     except OSError as exc:
         raise ModelLoadError(f"Cannot read {path}: {exc.strerror or exc}.") from None
     with fh:
-        size = os.fstat(fh.fileno()).st_size
+        info = os.fstat(fh.fileno())
+        size = info.st_size
         if size < 24:
             raise ModelLoadError(f"{name} is truncated ({size} bytes). {GGUF_ADVICE}")
-        return _parse_header(fh, name, size, arrays)
+        if arrays:
+            return _parse_header(fh, name, size, arrays)
+        # one load reads the table several times (validate, recommend, the weights): parse it once per version
+        key = (info.st_dev, info.st_ino, size, info.st_mtime_ns, info.st_ctime_ns)
+        table = _TABLES.pop(key, None) or _parse_header(fh, name, size)
+        _TABLES[key] = table
+        while len(_TABLES) > _MAX_TABLES:
+            del _TABLES[next(iter(_TABLES))]
+        return dict(table[0]), list(table[1])
 
 
 def _parse_header(

@@ -68,8 +68,8 @@ class GenerationForm(QGroupBox):
         grid = QGridLayout(self)  # two settings a line, so the model pane fits a laptop screen
         rows: tuple[tuple[str, QDoubleSpinBox | QSpinBox], ...] = (
             ("Temperature", self._temperature_spin), ("Top-p", self._top_p_spin),
-            ("Repetition penalty", self._penalty_spin), ("Penalty window", self._window_spin),
-            ("Max reply tokens", self._max_tokens_spin))
+            ("Repetition penalty", self._penalty_spin), ("Max reply tokens", self._max_tokens_spin),
+            ("Penalty window", self._window_spin))
         for n, (label, spin) in enumerate(rows):
             name = QLabel(label)
             name.setToolTip(spin.toolTip())
@@ -77,7 +77,8 @@ class GenerationForm(QGroupBox):
             grid.addWidget(spin, n // 2, 2 * (n % 2) + 1)
         grid.setColumnStretch(1, 1)
         grid.setColumnStretch(3, 1)
-        grid.addWidget(self._source_label, (len(rows) + 1) // 2, 0, 1, 4)
+        # in the third line's free half: a fourth line would not fit a laptop screen with a model loaded
+        grid.addWidget(self._source_label, len(rows) // 2, 2, 1, 2)
 
     def sampling_params(self) -> dict[str, Any]:
         """``SamplingParams`` keyword arguments from the box."""
@@ -102,7 +103,8 @@ class GenerationForm(QGroupBox):
             self._source_label.setText("")
             return
         self.set_sampling_params({"repetition_penalty": 1.0, "top_p": 1.0, "repeat_last_n": -1, **defaults})
-        self._source_label.setText(f"Set for {model_name}; change them at will.")
+        self._source_label.setText("Model's defaults")  # short: it shares a line with the window
+        self._source_label.setToolTip(f"Set for {model_name}; change them at will.")
 
     @Slot()
     def _on_value_changed(self) -> None:

@@ -8,6 +8,7 @@ import mmap
 import os
 import stat
 import struct
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
@@ -173,6 +174,14 @@ GGUF_ADVICE = "Re-download it; the file is damaged or was not copied completely.
 #: modification and change times): a file written again is parsed again.
 _TABLES: dict[tuple[int, ...], tuple[dict[str, Any], list[TensorEntry]]] = {}
 _MAX_TABLES = 4
+#: A version of a file is cached only once it has stood unchanged this long. File times come from a coarse clock
+#: (a few milliseconds a tick), so a file written again within one tick at the same size keeps its key; while a
+#: file is that fresh it is parsed at every read (git's "racily clean" entries).
+_SETTLED_NS = 2_000_000_000
+
+
+def _now_ns() -> int:
+    return time.time_ns()
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 _GGUF_SCALARS = {
     0: "<B",
@@ -245,9 +254,10 @@ def read_tensor_table(path: Path, arrays: bool = False) -> tuple[dict[str, Any],
         # one load reads the table several times (validate, recommend, the weights): parse it once per version
         key = (info.st_dev, info.st_ino, size, info.st_mtime_ns, info.st_ctime_ns)
         table = _TABLES.pop(key, None) or _parse_header(fh, name, size)
-        _TABLES[key] = table
-        while len(_TABLES) > _MAX_TABLES:
-            del _TABLES[next(iter(_TABLES))]
+        if _now_ns() - max(info.st_mtime_ns, info.st_ctime_ns) >= _SETTLED_NS:
+            _TABLES[key] = table
+            while len(_TABLES) > _MAX_TABLES:
+                del _TABLES[next(iter(_TABLES))]
         return dict(table[0]), list(table[1])
 
 

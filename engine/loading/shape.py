@@ -87,7 +87,8 @@ def check_config_values(
 ) -> None:
     """Refuse a config that describes a model no engine can run, saying what is wrong.
 
-    Sizes must be positive whole numbers and epsilons, rope bases and factors positive finite numbers; the
+    Sizes must be positive whole numbers and epsilons, rope bases and factors positive finite numbers (a rope base
+    at least 1); the
     attention heads must divide the hidden size (unless the config gives the head size), the key/value heads must
     divide the attention heads, the rotary part of a head must have an even size, and the vocabulary must hold every
     token of the tokenizer (``tokenizer_size``: its highest id + 1, where known before loading).
@@ -119,6 +120,12 @@ def check_config_values(
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
             raise ModelLoadError(
                 f"{where} is corrupt: its {key} is {_show(value)}, not a positive finite number. {advice}"
+            )
+    for key in ("rope_theta", "rope rope_theta"):  # base ** -1 is the first position frequency: a tiny base overflows
+        if numbers[key] is not None and numbers[key] < 1:
+            raise ModelLoadError(
+                f"{where} is corrupt: its {key} (the rotary base) is {_show(numbers[key])}; a base under 1 makes the "
+                f"position frequencies overflow (models use 10,000 to a few million). {advice}"
             )
     hidden, heads = sizes.get("hidden_size"), sizes.get("num_attention_heads")
     kv_heads, vocab = sizes.get("num_key_value_heads"), sizes.get("vocab_size")

@@ -199,7 +199,9 @@ def test_a_chat_offers_only_the_tools_it_keeps_on_and_counts_only_those(
     again = open_window(tmp_path)  # remembered per chat
     again.chat_pane.select_conversation(cid)
     assert again.tools.choice(cid).tools_off == {("t", "crash")}
-    ui_flows.load_model(qtbot, again)
+    # the reopened window starts its tool servers as it loads: on a busy machine that took over 5 s (a fresh clone's
+    # two-worker run), so the load gets the servers' start time
+    ui_flows.load_model(qtbot, again, timeouts=ui_flows.Timeouts(load_ms=START_MS))
     qtbot.wait_until(lambda: again.tools.button.text().startswith("🛠 5 of 6 tools"), timeout=START_MS)
 
 

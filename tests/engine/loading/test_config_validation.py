@@ -50,6 +50,7 @@ def folder(tmp_path: Path, default_model_dir: Path) -> Path:
         ({"rms_norm_eps": -1e-6}, "not a positive finite number"),
         ({"rms_norm_eps": math.inf}, "not a positive finite number"),
         ({"rope_theta": 0}, "rope_theta is 0"),
+        ({"rope_theta": 1e-45}, "rope_theta (the rotary base) is 1e-45; a base under 1 makes the position frequencies"),
         ({"rope_scaling": {"rope_type": "linear", "factor": -2.0}}, "rope factor is -2.0"),
         ({"rope_scaling": [1, 2]}, "not a JSON object"),
         ({"intermediate_size": 0}, "intermediate_size is 0, not a positive whole number"),

@@ -122,9 +122,10 @@ def check_config_values(
                 f"{where} is corrupt: its {key} is {_show(value)}, not a positive finite number. {advice}"
             )
     for key in ("rope_theta", "rope rope_theta"):  # base ** -1 is the first position frequency: a tiny base overflows
-        if numbers[key] is not None and numbers[key] < 1:
+        base = numbers[key]
+        if base is not None and base < 1:
             raise ModelLoadError(
-                f"{where} is corrupt: its {key} (the rotary base) is {_show(numbers[key])}; a base under 1 makes the "
+                f"{where} is corrupt: its {key} (the rotary base) is {_show(base)}; a base under 1 makes the "
                 f"position frequencies overflow (models use 10,000 to a few million). {advice}"
             )
     hidden, heads = sizes.get("hidden_size"), sizes.get("num_attention_heads")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -292,6 +293,37 @@ def _bench_cuda_graphs(llm: LLM, levels: list[int], max_tokens: int, repeats: in
     return rows
 
 
+def forget_verdicts(quiet_wait_s: float) -> dict[str, Any]:
+    """Delete the data folder's kernel plans and native-step verdicts, then wait for a quiet machine.
+
+    A plan or verdict timed while the machine was busy is cached as provisional and timed again only by a load that
+    starts on a quiet machine (``engine/model/autotune.py``); a bench that runs servers and loads back to back keeps
+    the load average up, so stale ones would stick and the bench would measure the kernels a busy moment chose.
+    """
+    from engine.model import layer_spec, plan_cache
+    from engine.model.autotune import machine_quiet
+    from engine.system.paths import data_dir
+
+    removed = []
+    for name in (plan_cache.CACHE_FILENAME, layer_spec.CACHE_FILENAME):
+        path = data_dir() / name
+        if path.is_file():
+            path.unlink()
+            removed.append(str(path))
+    start = time.monotonic()
+    while not machine_quiet() and time.monotonic() - start < quiet_wait_s:
+        time.sleep(2.0)
+    return {"system": "fresh_verdicts", "removed": removed, "waited_s": round(time.monotonic() - start, 1),
+            "quiet": machine_quiet(), "load_1min": round(_load_average(), 2)}
+
+
+def _load_average() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return 0.0
+
+
 def _emit(row: dict[str, Any]) -> None:
     print(json.dumps(row), flush=True)
 
@@ -325,6 +357,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speculative", default=None, metavar="METHODS",
                         help="only speculative decoding (e.g. ngram,self-int4) against off, single stream "
                              "(engine/tools/bench_speculative.py)")
+    parser.add_argument("--fresh-verdicts", action="store_true",
+                        help="forget this machine's cached kernel plans and native-step verdicts before loading, and "
+                             "wait (up to --quiet-wait seconds) for the machine to look quiet, so that the load times "
+                             "them again rather than running ones timed on a busy machine")
+    parser.add_argument("--quiet-wait", type=float, default=120.0, metavar="S",
+                        help="with --fresh-verdicts, the longest wait for a quiet machine (default 120)")
     parser.add_argument("--paths", action="store_true",
                         help="only the engine stepped by hand against its loop thread and Hearth's server "
                              "(engine/tools/bench_paths.py)")
@@ -336,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     levels = [int(c) for c in args.concurrency.split(",")]
     hardware.configure_threads()
+    if args.fresh_verdicts:
+        _emit(forget_verdicts(args.quiet_wait))
     _emit({"system": "machine", "threads": torch.get_num_threads(), "torch": torch.__version__, "dtype": args.dtype})
     if args.quantization:
         names = ["bf16", "fp32", "int8", "int4"] if args.quantization == "all" else args.quantization.split(",")

@@ -57,8 +57,10 @@ def _share_the_cores(workers: int) -> None:
     """
     from engine.system import hardware
 
-    cores = hardware.detect().physical_cores
-    hardware.configure_threads(reserve=cores - max(1, cores // workers))
+    share = max(1, hardware.detect().physical_cores // workers)
+    hardware.configure_threads(threads=share)
+    # and the same share for the servers and scripts the tests start (they configure their own threads)
+    os.environ[hardware.THREADS_ENV] = str(share)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks

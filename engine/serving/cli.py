@@ -25,6 +25,7 @@ from engine.serving.guards import (
 )
 from engine.serving.openai_app import DEFAULT_REQUEST_TIMEOUT_S, create_app, uvicorn_server
 from engine.serving.transport import ConnectionLimits, bind_socket
+from engine.system.hardware import THREADS_ENV, configure_threads, requested_threads
 
 #: The environment variable holding the API key.
 API_KEY_ENV = "HEARTH_API_KEY"
@@ -104,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default: auto)")
     parser.add_argument("--quantization", default="auto",
                         help=f"{', '.join(f'{lv} ({LEVEL_LABELS[lv]})' for lv in QUANTIZATION_LEVELS)} (default: auto)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help=f"CPU threads the engine computes with (default: ${THREADS_ENV}, else one per physical "
+                             "core)")
     parser.add_argument("--max-batch-size", type=int, default=16, help="most sequences per step (default: 16)")
     parser.add_argument("--max-wait-ms", type=float, default=5.0, help="batching window when idle (default: 5)")
     parser.add_argument("--kv-cache-mb", type=int, default=0, help="KV-cache budget in MiB (default: automatic)")
@@ -165,9 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)-7s %(name)s %(message)s")
     try:
         rules, limits = _settings(args, os.environ)
+        if args.threads is not None and args.threads < 1:
+            raise ValueError(f"--threads must be a positive whole number, got {args.threads}")
+        threads = args.threads or requested_threads(os.environ)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if threads is not None:
+        configure_threads(threads=threads)
     pool_settings: dict[str, Any] = {}
     if args.models_dir:
         from engine.serving.headless import pool_options

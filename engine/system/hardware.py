@@ -8,6 +8,7 @@ import os
 import platform
 import threading
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 import psutil
@@ -227,23 +228,56 @@ _threads_lock = threading.Lock()
 _threads_configured = False
 
 
-def configure_threads(hardware: HardwareInfo | None = None, reserve: int = 0) -> int:
-    """Set torch's intra-op thread count to the number of physical cores, once per process.
+#: Set to a positive number, the torch threads the engine uses, in place of one per physical core.
+THREADS_ENV = "HEARTH_THREADS"
+
+
+def requested_threads(environ: Mapping[str, str] | None = None) -> int | None:
+    """The thread count ``$HEARTH_THREADS`` asks for, or None when it is unset.
+
+    Raises:
+        ValueError: it is set to something other than a positive whole number (the message names it).
+    """
+    text = (os.environ if environ is None else environ).get(THREADS_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ValueError(f"{THREADS_ENV}={text!r}: give a positive whole number of threads, or leave it unset")
+    return count
+
+
+def configure_threads(hardware: HardwareInfo | None = None, reserve: int = 0, threads: int | None = None) -> int:
+    """Set torch's intra-op thread count, once per process: ``threads``, else ``$HEARTH_THREADS``, else the number of
+    physical cores less ``reserve``.
 
     Args:
         hardware: A previous :func:`detect` result; detected now when omitted.
         reserve: Cores to leave free for other work (the app keeps one for its GUI thread); at least one
             thread is always used. Only the first call in a process sets the count: changing it later, while
             another thread may be inside a parallel region, is not safe.
+        threads: An explicit count (the server's ``--threads``).
 
     Returns:
-        The number of threads torch uses.
+        The number of threads torch uses. A ``$HEARTH_THREADS`` that is not a positive whole number is logged as a
+        warning and left out (the server refuses it at start, ``engine/serving/cli.py``).
     """
     global _threads_configured
     with _threads_lock:
         if not _threads_configured:
-            cores = hardware.physical_cores if hardware is not None else _physical_cores()[0]
-            torch.set_num_threads(max(cores - reserve, 1))
+            count = threads
+            if count is None:
+                try:
+                    count = requested_threads()
+                except ValueError as exc:
+                    logger.warning("%s; using one thread per physical core", exc)
+            if count is None:
+                cores = hardware.physical_cores if hardware is not None else _physical_cores()[0]
+                count = max(cores - reserve, 1)
+            torch.set_num_threads(count)
             _threads_configured = True
             logger.debug("torch uses %d threads", torch.get_num_threads())
     return torch.get_num_threads()

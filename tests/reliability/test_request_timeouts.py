@@ -51,3 +51,14 @@ def test_the_command_line_refuses_a_negative_default() -> None:
     from engine.serving.cli import main
 
     assert main(["--request-timeout", "-5"]) == 2
+
+
+def test_the_command_line_refuses_an_impossible_thread_count(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from engine.serving.cli import main
+
+    assert main(["--threads", "0"]) == 2
+    assert "--threads must be a positive whole number, got 0" in capsys.readouterr().err
+    monkeypatch.setenv("HEARTH_THREADS", "many")
+    assert main([]) == 2
+    assert "HEARTH_THREADS='many'" in capsys.readouterr().err

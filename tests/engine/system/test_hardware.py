@@ -126,3 +126,32 @@ def test_configure_threads_sets_a_sane_count() -> None:
     threads = hardware.configure_threads()
     assert threads == torch.get_num_threads()
     assert 1 <= threads <= hardware.detect().logical_cores
+
+
+@pytest.mark.parametrize(("value", "expected"), [("", None), ("3", 3), (" 1 ", 1)])
+def test_hearth_threads_is_read_as_a_count(value: str, expected: int | None) -> None:
+    assert hardware.requested_threads({hardware.THREADS_ENV: value}) == expected
+    assert hardware.requested_threads({}) is None
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
+def test_a_bad_hearth_threads_is_refused_naming_it(value: str) -> None:
+    with pytest.raises(ValueError, match=f"HEARTH_THREADS={value!r}: give a positive whole number"):
+        hardware.requested_threads({hardware.THREADS_ENV: value})
+
+
+def test_hearth_threads_sets_the_engines_threads_in_a_fresh_process() -> None:
+    """The first configuration in a process takes ``$HEARTH_THREADS`` over one thread per core; a bad value is a
+    warning naming it, and the engine keeps one thread per core."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import logging; logging.basicConfig(); from engine.system import hardware; "
+            "print(hardware.configure_threads(), hardware.detect().physical_cores)")
+    for value, expect in (("1", lambda n, cores: n == 1), ("zero", lambda n, cores: n == cores)):
+        env = {**os.environ, hardware.THREADS_ENV: value}
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        threads, cores = map(int, done.stdout.split())
+        assert expect(threads, cores), (value, done.stdout)
+        assert ("HEARTH_THREADS='zero'" in done.stderr) == (value == "zero"), done.stderr

@@ -301,7 +301,7 @@ def _gguf_state(path: Path, config: Any, dtype: torch.dtype, keep_blocks: bool =
         if keep_blocks and len(shape) == 2 and tensor.kind not in FLOAT_TYPES:
             state[name] = stand_in(shape, dtype)
             continue
-        state[name] = dequantize(tensor.kind, weights.rows(name, tensor)).reshape(shape).to(dtype)
+        state[name] = dequantize(tensor.kind, weights.rows(name, tensor), dtype).reshape(shape)
     return state
 
 

@@ -125,6 +125,68 @@ def _dequantize_q8_0(raw: torch.Tensor) -> torch.Tensor:
     return _f16(blocks[..., 0:2]) * blocks[..., 2:34].contiguous().view(torch.int8).float()
 
 
+# --- K-quants, dequantized only (the loader's dense levels): ggml's super-blocks of 256 weights -------------------
+#: Bytes per 256-weight block of the K-quant types dequantized here but not in :data:`BLOCK_FORMATS`.
+_K_BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+
+
+def _k_blocks(raw: torch.Tensor, kind: str) -> torch.Tensor:
+    """Rows of raw bytes as one block per row: [rows · blocks, bytes per block]."""
+    return raw.reshape(-1, _K_BLOCK_BYTES[kind])
+
+
+def _float(x: torch.Tensor) -> torch.Tensor:
+    """Small integers as fp32 (exact), converted by numpy: several times faster than torch's uint8/int8 cast."""
+    return torch.from_numpy(x.numpy().astype(np.float32))
+
+
+def _bits(x: torch.Tensor, shifts: tuple[int, ...], mask: int) -> torch.Tensor:
+    """``(x >> s) & mask`` for each shift, in a new axis before ``x``'s last (numpy's broadcast shift), as uint8."""
+    out = torch.empty((*x.shape[:-1], len(shifts), x.shape[-1]), dtype=torch.uint8)
+    for i, s in enumerate(shifts):
+        part = out[..., i, :]
+        if s:
+            torch.bitwise_right_shift(x, s, out=part)
+            part &= mask
+        else:
+            torch.bitwise_and(x, mask, out=part)
+    return out
+
+
+def _dequantize_q4_k(raw: torch.Tensor) -> torch.Tensor:
+    blocks = _k_blocks(raw, "Q4_K")
+    nb = blocks.shape[0]
+    d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])  # [nb, 1]
+    sc, mn = _k4_scales(blocks[:, 4:16].long())
+    dd, dm = (d * sc).reshape(nb, -1, 1), (dmin * mn).reshape(nb, -1, 1)
+    q = _float(_bits(blocks[:, 16:144].reshape(nb, -1, 32), (0, 4), 0x0F).reshape(nb, -1, 32))
+    return q.mul_(dd).sub_(dm).reshape(raw.shape[0], -1)  # in place: d·q, then − dm, each rounded as numpy does
+
+
+def _dequantize_q5_k(raw: torch.Tensor) -> torch.Tensor:
+    blocks = _k_blocks(raw, "Q5_K")
+    nb = blocks.shape[0]
+    d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
+    sc, mn = _k4_scales(blocks[:, 4:16].long())
+    dd, dm = (d * sc).reshape(nb, -1, 1), (dmin * mn).reshape(nb, -1, 1)
+    q = _bits(blocks[:, 48:176].reshape(nb, -1, 32), (0, 4), 0x0F).reshape(nb, -1, 32)
+    qh = _bits(blocks[:, 16:48].reshape(nb, -1, 32), tuple(range(8)), 0x01).reshape(nb, -1, 32)
+    q |= qh.bitwise_left_shift_(4)
+    return _float(q).mul_(dd).sub_(dm).reshape(raw.shape[0], -1)
+
+
+def _dequantize_q6_k(raw: torch.Tensor) -> torch.Tensor:
+    blocks = _k_blocks(raw, "Q6_K")
+    nb = blocks.shape[0]
+    scales = blocks[:, 192:208].contiguous().view(torch.int8).float()
+    d = (_f16(blocks[:, 208:210]) * scales).reshape(nb, 16, 1)
+    q = _bits(blocks[:, 0:128].reshape(nb, -1, 64), (0, 4), 0x0F).reshape(nb, -1, 32)
+    qh = _bits(blocks[:, 128:192].reshape(nb, -1, 32), (0, 2, 4, 6), 0x03).reshape(nb, -1, 32)
+    q |= qh.bitwise_left_shift_(4)
+    values = _float(q.view(torch.int8)).sub_(32)  # (q − 32) in int8 is exact in fp32 too
+    return values.reshape(nb, 16, -1).mul_(d).reshape(raw.shape[0], -1)
+
+
 def _int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> Int4Parts:
     return Int4Parts(q.reshape(q.shape[0], -1).to(torch.int32), scale, zero)
 
@@ -136,6 +198,7 @@ UNPACK: dict[str, Callable[[torch.Tensor], Int4Parts | Q8Parts]] = {
 #: Block types dequantized in torch (bitwise as ``gguf``'s numpy code); others go through that code.
 DEQUANTIZE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "Q4_0": _dequantize_q4_0, "Q4_1": _dequantize_q4_1, "Q8_0": _dequantize_q8_0,
+    "Q4_K": _dequantize_q4_k, "Q5_K": _dequantize_q5_k, "Q6_K": _dequantize_q6_k,
 }  # fmt: skip
 
 
@@ -152,14 +215,37 @@ def unpack_q8(raw: torch.Tensor) -> Q8Parts:
     return _unpack_q8_0(raw)
 
 
-def dequantize(kind: str, raw: torch.Tensor) -> torch.Tensor:
-    """Rows of a tensor's file bytes (uint8 [rows, bytes per row]) of ggml type ``kind`` as fp32 [rows, columns].
+def dequantize(kind: str, raw: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Rows of a tensor's file bytes (uint8 [rows, bytes per row]) of ggml type ``kind`` as [rows, columns] of
+    ``dtype``: the fp32 values, rounded to ``dtype`` where it is narrower.
 
     Block types with a torch form are computed in the same operations and order as ``gguf``'s numpy code, so the
-    values are bitwise those transformers' GGUF loader produces (a near tie in the logits stays where it was).
+    values are bitwise those transformers' GGUF loader produces (a near tie in the logits stays where it was). They
+    are computed a slice of rows at a time (:data:`_CHUNK_VALUES` values), each slice's passes over its values
+    while they are in the CPU's cache, straight into the result.
     """
-    if kind in DEQUANTIZE:
-        return DEQUANTIZE[kind](raw)
+    if kind not in DEQUANTIZE:
+        return _dequantize_whole(kind, raw).to(dtype)
+    rows = raw.shape[0]
+    fmt = BLOCK_FORMATS.get(kind)
+    weights, nbytes = (fmt.weights, fmt.nbytes) if fmt is not None else (256, _K_BLOCK_BYTES[kind])
+    columns = raw.shape[1] // nbytes * weights
+    step = max(1, _CHUNK_VALUES // max(columns, 1))
+    if step >= rows:
+        return DEQUANTIZE[kind](raw).reshape(rows, columns).to(dtype)
+    out = torch.empty(rows, columns, dtype=dtype)
+    for start in range(0, rows, step):
+        part = raw[start : start + step]
+        out[start : start + step] = DEQUANTIZE[kind](part).reshape(part.shape[0], columns)
+    return out
+
+
+#: Values per slice of rows that :func:`dequantize` computes at once: its fp32 temporaries then fit in a core's
+#: cache, where a whole tensor's would stream through memory once per operation.
+_CHUNK_VALUES = 1 << 18
+
+
+def _dequantize_whole(kind: str, raw: torch.Tensor) -> torch.Tensor:
     if kind == "F32":
         return raw.view(torch.float32).clone()
     if kind == "F16":

@@ -87,7 +87,7 @@ def test_every_block_format_matches_ggml_and_unpacks_for_its_level() -> None:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     assert set(UNPACK) == set(BLOCK_FORMATS) == set(_HALVES)
-    assert set(DEQUANTIZE) <= set(BLOCK_FORMATS)
+    assert set(DEQUANTIZE) <= set(BLOCK_FORMATS) | set(_K_HALVES)
     for kind, fmt in BLOCK_FORMATS.items():
         assert GGML_QUANT_SIZES[GGMLQuantizationType[kind]] == (fmt.weights, fmt.nbytes), kind
         parts = UNPACK[kind](torch.from_numpy(_random_blocks(kind, 2, 256)))
@@ -96,13 +96,49 @@ def test_every_block_format_matches_ggml_and_unpacks_for_its_level() -> None:
         unpack_int4(torch.zeros(1, 34, dtype=torch.uint8), "Q8_0")
 
 
+#: Where the fp16 fields of the K-quant types dequantized only lie in a block: (first byte, how many fp16s).
+_K_HALVES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, 1)}
+
+
+def _random_dequantize_blocks(kind: str, rows: int, cols: int, seed: int) -> np.ndarray:
+    if kind in _HALVES:
+        return _random_blocks(kind, rows, cols, seed)
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(rows, cols // block * size), dtype=np.uint8)
+    blocks = raw.reshape(rows, -1, size)
+    first, count = _K_HALVES[kind]
+    halves = (rng.standard_normal((rows, blocks.shape[1], count)) * 0.01).astype(np.float16)
+    blocks[..., first : first + 2 * count] = halves.view(np.uint8).reshape(rows, blocks.shape[1], -1)
+    return raw
+
+
 @pytest.mark.parametrize("kind", sorted(DEQUANTIZE))
 def test_torch_dequantize_is_bitwise_ggufs(kind: str) -> None:
-    """The native loader's dequantize: the same values as ``gguf``'s numpy code, bit for bit."""
-    rows, cols = 8, 256
-    raw = _random_blocks(kind, rows, cols, seed=1)
+    """The native loader's dequantize: the same values as ``gguf``'s numpy code, bit for bit (the K-quants of a
+    Q4_K_M file too, which the loader dequantizes at the dense levels)."""
+    rows, cols = 8, 512
+    raw = _random_dequantize_blocks(kind, rows, cols, seed=1)
     got = DEQUANTIZE[kind](torch.from_numpy(raw)).reshape(rows, cols)
     assert torch.equal(got, _reference(raw, kind, rows, cols))
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0"])
+def test_dequantize_in_slices_of_rows_is_the_whole_tensor_rounded(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """dequantize() computes a slice of rows at a time, straight into the load dtype: the very values of the whole
+    tensor's fp32 rounded to it, including a last slice shorter than the others."""
+    from engine.loading.formats import gguf_blocks
+
+    rows, cols = 37, 512
+    raw = torch.from_numpy(_random_dequantize_blocks(kind, rows, cols, seed=2))
+    whole = _reference(raw.numpy(), kind, rows, cols)
+    monkeypatch.setattr(gguf_blocks, "_CHUNK_VALUES", 4 * cols)  # slices of 4 rows: 10 slices, the last of 1 row
+    for dtype in (torch.float32, torch.bfloat16):
+        got = gguf_blocks.dequantize(kind, raw, dtype)
+        assert got.dtype == dtype
+        assert torch.equal(got, whole.to(dtype))
 
 
 @pytest.fixture(scope="module")

@@ -25,11 +25,17 @@ log = logging.getLogger("engine")
 
 #: Set by the loader on a model read from a GGUF file: the file's path.
 GGUF_SOURCE_ATTR = "hearth_gguf_source"
+#: ``0`` keeps a file's Q4_0 layers in the file's own row order (the per-row tiles of ``gguf_mm``) instead of the
+#: groups of eight interleaved rows :meth:`GgufWeights.blocks` makes of them
+GROUPED_ENV = "HEARTH_GGUF_GROUPED"
+#: the ggml types ``torch.ops.hearth.gguf_repack_`` puts in groups of eight rows (engine/model/csrc/gguf_kernels.cpp)
+_GROUPED = frozenset({"Q4_0"})
 
 
 class Blocks(NamedTuple):
     """One GGUF tensor's rows as the file stores them: ``data`` is uint8 [rows, bytes per row] of ggml type
-    ``kind`` (its number in ``gguf.GGMLQuantizationType``, as the block kernels take it), ``name`` its type name."""
+    ``kind`` (its number in ``gguf.GGMLQuantizationType``, as the block kernels take it), ``name`` its type name.
+    Rows put in groups of eight (:func:`grouped`) keep ``name`` and take the grouped layout's number as ``kind``."""
 
     name: str
     kind: int
@@ -83,7 +89,9 @@ class GgufWeights:
         stack them). llama's permuted Q/K rows are put in HF order. Float tensors come as type F32/F16/BF16 rows
         of their bytes."""
         tensors = [self._tensors[self._gguf_name(name) or ""] for name in hf_names]
-        if len(hf_names) == 1:  # read once however many layers take it alone (embedding and tied head)
+        embedding = self._gguf_name("model.embed_tokens.weight")
+        if len(hf_names) == 1 and (tensors[0].name == embedding or not _groups(tensors[0].kind)):
+            # read once however many layers take it alone (embedding and tied head), in the file's row order
             tensor = tensors[0]
             if tensor.name not in self._read:
                 self._read[tensor.name] = self.rows(hf_names[0], tensor)
@@ -104,7 +112,7 @@ class GgufWeights:
                 rows = tensors[i].rows
                 self._read_rows(hf_names[i], tensors[i], data[start:start + rows])
                 start += rows
-            out.append(Blocks(first.kind, first.kind_id, torch.from_numpy(data)))
+            out.append(grouped(Blocks(first.kind, first.kind_id, torch.from_numpy(data))))
         return out
 
     def rows(self, hf_name: str, tensor: TensorEntry) -> torch.Tensor:
@@ -141,6 +149,23 @@ class GgufWeights:
             return None
         parts = [unpack_q8(self._raw(name)) for name in hf_names]
         return Q8Parts(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]))
+
+
+def _groups(kind: str) -> bool:
+    """Whether blocks of this ggml type are put in groups of eight rows here."""
+    return kind in _GROUPED and os.environ.get(GROUPED_ENV, "1") != "0" and hasattr(torch.ops.hearth, "gguf_repack_")
+
+
+def grouped(blocks: Blocks) -> Blocks:
+    """A layer's own blocks (``data`` not shared) with their rows put in groups of eight in place where the native
+    kernels have a grouped layout for the type (Q4_0): one vector then holds 4 bytes of 8 rows, and ``gguf_mm``
+    multiplies 8 rows at once with no horizontal sums (engine/model/csrc/gguf_kernels.cpp). The same bytes in
+    another order; the products agree with the file-order tiles' to fp32 rounding (each block's sum is scaled and
+    added in one step there, in two here). ``HEARTH_GGUF_GROUPED=0`` keeps the file's order."""
+    if not _groups(blocks.name):
+        return blocks
+    kind = int(torch.ops.hearth.gguf_repack_(blocks.data, blocks.kind))
+    return blocks._replace(kind=kind)
 
 
 def _row_bytes(tensor: TensorEntry) -> int:

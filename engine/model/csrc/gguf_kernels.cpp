@@ -27,6 +27,8 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -882,12 +884,227 @@ void check_weights(const at::Tensor& w, const char* op) {
               ": w must be a 2-D uint8 CPU tensor of GGUF block bytes, got ", w.scalar_type(), " ", w.sizes());
 }
 
+
+// --- Q4_0 in groups of eight interleaved rows (type kQ4_0_X8) ---------------------------------------------------
+// gguf_repack turns Q4_0 rows into groups of eight: block b of a group is 144 bytes, the eight rows' fp16 scales
+// (16 bytes), then the nibble bytes in four chunks of 32: chunk c holds bytes 4c..4c+3 of each row's 16, row r at
+// 4r. One 256-bit load is then 4 bytes of 8 rows, one 32-bit lane per row: its low nibbles are weights 4c..4c+3 of
+// each row, its high nibbles weights 16 + 4c..; the activation's 4 matching bytes, broadcast to every lane, meet all
+// eight rows in one VPDPBUSD (AVX2: VPMADDUBSW, summed in int16, then VPMADDWD), with no horizontal sum, and the
+// eight scales are one vector. A partial group of rows at the end (n not a multiple of 8) stays in the file's layout
+// and runs the tiles above. The tensor keeps the file's shape and bytes, only their order changes.
+//
+// Each (weight row, activation row) pair takes, per block, the exact integer sum of nibble times activation less 8
+// times the activation's sum, then acc = fma(d_w * d_x, float(sum), acc), in block order: the same bits whatever
+// the row count, the tile or the thread split, and the same in the plain loops, the AVX2 tiles and the VNNI tiles.
+namespace x8 {
+
+constexpr int64_t kGroup = 8;
+constexpr int64_t kBlock = kGroup * Q4_0::kBytes;  // 144
+
+// src and dst may be the same bytes: each group is copied aside first.
+void repack_q4_0(const uint8_t* src, uint8_t* dst, int64_t n, int64_t row_bytes) {
+  const int64_t groups = n / kGroup, nb = row_bytes / Q4_0::kBytes;
+  at::parallel_for(0, groups, 16, [&](int64_t g0, int64_t g1) {
+    std::vector<uint8_t> copy(static_cast<size_t>(kGroup * row_bytes));
+    for (int64_t g = g0; g < g1; ++g) {
+      std::memcpy(copy.data(), src + g * kGroup * row_bytes, copy.size());
+      uint8_t* out = dst + g * kGroup * row_bytes;
+      for (int64_t b = 0; b < nb; ++b, out += kBlock) {
+        for (int64_t r = 0; r < kGroup; ++r) {
+          const uint8_t* blk = copy.data() + r * row_bytes + b * Q4_0::kBytes;
+          std::memcpy(out + 2 * r, blk, 2);
+          for (int c = 0; c < 4; ++c) std::memcpy(out + 16 + 32 * c + 4 * r, blk + 2 + 4 * c, 4);
+        }
+      }
+    }
+  });
+  const int64_t done = groups * kGroup * row_bytes;
+  if (dst != src) std::memcpy(dst + done, src + done, static_cast<size_t>((n - groups * kGroup) * row_bytes));
+}
+
+void unpack_q4_0(const uint8_t* src, uint8_t* dst, int64_t n, int64_t row_bytes) {
+  const int64_t groups = n / kGroup, nb = row_bytes / Q4_0::kBytes;
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* in = src + g * kGroup * row_bytes;
+    uint8_t* rows = dst + g * kGroup * row_bytes;
+    for (int64_t b = 0; b < nb; ++b, in += kBlock) {
+      for (int64_t r = 0; r < kGroup; ++r) {
+        uint8_t* blk = rows + r * row_bytes + b * Q4_0::kBytes;
+        std::memcpy(blk, in + 2 * r, 2);
+        for (int c = 0; c < 4; ++c) std::memcpy(blk + 2 + 4 * c, in + 16 + 32 * c + 4 * r, 4);
+      }
+    }
+  }
+  const int64_t done = groups * kGroup * row_bytes;
+  std::memcpy(dst + done, src + done, static_cast<size_t>((n - groups * kGroup) * row_bytes));
+}
+
+// Each activation row quantized per block of 32, row after row: q [m][k], d [m][nb], and 8 * sum(q) [m][nb].
+struct RowActs {
+  int64_t m, k, nb;
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int32_t> off;
+  RowActs(int64_t m_, int64_t k_)
+      : m(m_), k(k_), nb(k_ / 32), q(static_cast<size_t>(m_ * k_)), d(static_cast<size_t>(m_ * nb)),
+        off(static_cast<size_t>(m_ * nb)) {}
+  template <bool kPlain, typename X>
+  void quantize_row(const X* x, int64_t r) {
+    for (int64_t b = 0; b < nb; ++b) {
+      int8_t* qb = q.data() + r * k + 32 * b;
+      float* db = d.data() + r * nb + b;
+#ifdef HEARTH_GGUF_AVX2
+      const int32_t sum = kPlain ? plain::quantize_block(x + 32 * b, 32, db, qb) : avx2::quantize_block(x + 32 * b, 32, db, qb);
+#else
+      const int32_t sum = plain::quantize_block(x + 32 * b, 32, db, qb);
+#endif
+      off[static_cast<size_t>(r * nb + b)] = 8 * sum;
+    }
+  }
+};
+
+// One group of 8 weight rows (w: its first block) against MR activation rows from r0: y[i * ldy + j].
+template <int MR>
+void tile_plain(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+  for (int i = 0; i < MR; ++i) {
+    const int8_t* xq = a.q.data() + (r0 + i) * a.k;
+    const float* xd = a.d.data() + (r0 + i) * a.nb;
+    const int32_t* xo = a.off.data() + (r0 + i) * a.nb;
+    for (int j = 0; j < kGroup; ++j) {
+      float acc = 0.f;
+      for (int64_t b = 0; b < a.nb; ++b) {
+        const uint8_t* blk = w + b * kBlock;
+        const int8_t* x = xq + 32 * b;
+        int32_t s = 0;
+        for (int c = 0; c < 4; ++c) {
+          for (int t = 0; t < 4; ++t) {
+            const uint8_t v = blk[16 + 32 * c + 4 * j + t];
+            s += (v & 0xF) * x[4 * c + t] + (v >> 4) * x[16 + 4 * c + t];
+          }
+        }
+        acc = std::fma(half_at(blk + 2 * j) * xd[b], static_cast<float>(s - xo[b]), acc);
+      }
+      y[i * ldy + j] = acc;
+    }
+  }
+}
+
+#ifdef HEARTH_GGUF_AVX2
+inline __m256i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm256_set1_epi32(v);
+}
+
+template <bool kVnni, int MR>
+void tile_avx(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const int64_t k = a.k, nb = a.nb;
+  const int8_t* xq = a.q.data() + r0 * k;
+  const float* xd = a.d.data() + r0 * nb;
+  const int32_t* xo = a.off.data() + r0 * nb;
+  __m256 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, w += kBlock) {
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    __m256i s[MR], t[MR];
+    for (int i = 0; i < MR; ++i) s[i] = t[i] = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * c));
+      const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+      for (int i = 0; i < MR; ++i) {
+        const int8_t* x = xq + i * k + 32 * b + 4 * c;
+#ifdef HEARTH_GGUF_AVX512
+        if constexpr (kVnni) {
+          s[i] = _mm256_dpbusd_epi32(s[i], lo, bcast4(x));
+          t[i] = _mm256_dpbusd_epi32(t[i], hi, bcast4(x + 16));
+        } else
+#endif
+        {  // pairs of nibble x activation: at most 2 * 15 * 127 each, eight of them fit int16
+          s[i] = _mm256_add_epi16(s[i], _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(x)),
+                                                         _mm256_maddubs_epi16(hi, bcast4(x + 16))));
+        }
+      }
+    }
+    for (int i = 0; i < MR; ++i) {
+      __m256i sum = kVnni ? _mm256_add_epi32(s[i], t[i]) : _mm256_madd_epi16(s[i], _mm256_set1_epi16(1));
+      sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(xo[i * nb + b]));
+      acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd[i * nb + b])), _mm256_cvtepi32_ps(sum), acc[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) _mm256_storeu_ps(y + i * ldy, acc[i]);
+}
+#endif
+
+// The group tile for mr <= 4 activation rows of the family K.
+template <typename K>
+void tile(int mr, const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+#ifdef HEARTH_GGUF_AVX2
+  if constexpr (!K::kPlain) {
+    switch (mr) {
+      case 1: return tile_avx<K::kWide, 1>(w, a, r0, y, ldy);
+      case 2: return tile_avx<K::kWide, 2>(w, a, r0, y, ldy);
+      case 3: return tile_avx<K::kWide, 3>(w, a, r0, y, ldy);
+      default: return tile_avx<K::kWide, 4>(w, a, r0, y, ldy);
+    }
+  }
+#endif
+  switch (mr) {
+    case 1: return tile_plain<1>(w, a, r0, y, ldy);
+    case 2: return tile_plain<2>(w, a, r0, y, ldy);
+    case 3: return tile_plain<3>(w, a, r0, y, ldy);
+    default: return tile_plain<4>(w, a, r0, y, ldy);
+  }
+}
+
+constexpr int64_t kMR = 4;
+
+template <typename K>
+void matmul_q4_0(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(0), row_bytes = w.size(1), groups = n / kGroup;
+  RowActs acts(m, k);
+  const auto quantize = [&](auto* xp) {
+    at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) acts.template quantize_row<K::kPlain>(xp + r * k, r);
+    });
+  };
+  if (x.scalar_type() == at::kFloat) {
+    quantize(x.data_ptr<float>());
+  } else {
+    quantize(x.data_ptr<at::BFloat16>());
+  }
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  float* yp = y.data_ptr<float>();
+  const int64_t group_bytes = kGroup * row_bytes;
+  // groups per chunk: their blocks stay in cache while every tile of activation rows passes over them
+  const int64_t chunk = std::max<int64_t>(1, 131072 / group_bytes);
+  at::parallel_for(0, groups, m == 1 ? 8 : 2, [&](int64_t g0, int64_t g1) {
+    for (int64_t c0 = g0; c0 < g1; c0 += chunk) {
+      const int64_t c1 = std::min(g1, c0 + chunk);
+      for (int64_t i0 = 0; i0 < m; i0 += kMR) {
+        const int mr = static_cast<int>(std::min(kMR, m - i0));
+        for (int64_t g = c0; g < c1; ++g) tile<K>(mr, wp + g * group_bytes, acts, i0, yp + i0 * n + g * kGroup, n);
+      }
+    }
+  });
+  if (groups * kGroup < n) {  // the last rows, in the file's layout: the tiles above
+    const at::Tensor tail = w.narrow(0, groups * kGroup, n - groups * kGroup);
+    at::Tensor yt = at::empty({m, tail.size(0)}, y.options());
+    matmul<K, Q4_0>(x, tail, yt);
+    y.narrow(1, groups * kGroup, tail.size(0)).copy_(yt);
+  }
+}
+
+}  // namespace x8
+
 }  // namespace
 
 namespace {
 template <typename K>
 at::Tensor gguf_mm_with(const at::Tensor& x_in, const at::Tensor& w_in, int64_t type) {
-  return with_block_type(type, "gguf_mm", [&](auto block) {
+  const bool grouped = type == kQ4_0_X8;
+  return with_block_type(grouped ? kQ4_0 : type, "gguf_mm", [&](auto block) {
     using T = decltype(block);
     check_weights(w_in, "gguf_mm");
     TORCH_CHECK(x_in.dim() == 2 && x_in.device().is_cpu(), "gguf_mm: x must be a 2-D CPU tensor [m, k], got ",
@@ -902,7 +1119,17 @@ at::Tensor gguf_mm_with(const at::Tensor& x_in, const at::Tensor& w_in, int64_t 
                 k / T::kWeights * T::kBytes);
     const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
     at::Tensor y = at::empty({x.size(0), w.size(0)}, x.options().dtype(at::kFloat));
-    if (y.numel()) matmul<K, T>(x, w, y);
+    if (y.numel()) {
+      if constexpr (std::is_same_v<T, Q4_0>) {
+        if (grouped) {
+          x8::matmul_q4_0<K>(x, w, y);
+        } else {
+          matmul<K, T>(x, w, y);
+        }
+      } else {
+        matmul<K, T>(x, w, y);
+      }
+    }
     return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
   });
 }
@@ -928,7 +1155,42 @@ std::string gguf_kernel_family() {
 #endif
 }
 
+namespace {
+void check_repack(const at::Tensor& w, int64_t type, const char* op) {
+  check_weights(w, op);
+  TORCH_CHECK(type == kQ4_0, op, ": ggml type ", type, " has no grouped layout here (Q4_0=2)");
+  TORCH_CHECK(w.size(1) % Q4_0::kBytes == 0, op, ": a row of ", w.size(1), " bytes is not a whole number of ",
+              Q4_0::kBytes, "-byte blocks of ggml type ", type);
+}
+}  // namespace
+
+at::Tensor gguf_repack(const at::Tensor& w_in, int64_t type) {
+  check_repack(w_in, type, "gguf_repack");
+  const at::Tensor w = w_in.contiguous();
+  at::Tensor out = at::empty_like(w);
+  if (w.numel()) x8::repack_q4_0(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), w.size(0), w.size(1));
+  return out;
+}
+
+int64_t gguf_repack_(at::Tensor& w, int64_t type) {
+  check_repack(w, type, "gguf_repack_");
+  TORCH_CHECK(w.is_contiguous(), "gguf_repack_: w must be contiguous");
+  if (w.numel()) x8::repack_q4_0(w.data_ptr<uint8_t>(), w.data_ptr<uint8_t>(), w.size(0), w.size(1));
+  return gguf_grouped_type(type);
+}
+
+int64_t gguf_grouped_type(int64_t type) { return type == kQ4_0 ? kQ4_0_X8 : -1; }
+
 at::Tensor gguf_dequantize(const at::Tensor& w_in, int64_t type) {
+  if (type == kQ4_0_X8) {  // the file's row order back, then as Q4_0
+    check_weights(w_in, "gguf_dequantize");
+    TORCH_CHECK(w_in.size(1) % Q4_0::kBytes == 0, "gguf_dequantize: a row of ", w_in.size(1),
+                " bytes is not a whole number of ", Q4_0::kBytes, "-byte blocks of ggml type ", type);
+    const at::Tensor w = w_in.contiguous();
+    at::Tensor rows = at::empty_like(w);
+    if (w.numel()) x8::unpack_q4_0(w.data_ptr<uint8_t>(), rows.data_ptr<uint8_t>(), w.size(0), w.size(1));
+    return gguf_dequantize(rows, kQ4_0);
+  }
   return with_block_type(type, "gguf_dequantize", [&](auto block) {
     using T = decltype(block);
     check_weights(w_in, "gguf_dequantize");
@@ -942,3 +1204,9 @@ at::Tensor gguf_dequantize(const at::Tensor& w_in, int64_t type) {
 }
 
 }  // namespace hearth
+
+TORCH_LIBRARY_FRAGMENT(hearth, m) {
+  m.def("gguf_repack(Tensor w, int type) -> Tensor", &hearth::gguf_repack);
+  m.def("gguf_repack_(Tensor(a!) w, int type) -> int", &hearth::gguf_repack_);
+  m.def("gguf_grouped_type(int type) -> int", &hearth::gguf_grouped_type);
+}

@@ -83,6 +83,9 @@ def test_each_file_type_runs_in_its_blocks_close_to_its_dequantized_values(
     assert isinstance(runner._decoder.lm_head, GgufLinear)
     # the weights are the file's bytes, not a dequantized copy (norms are fp32, a few KiB)
     assert llm.weights_bytes <= path.stat().st_size
+    if kind == "Q4_0":  # the decoder layers' Q4_0 rows are put in groups of eight at load
+        kinds = {s.kind for layer in runner._decoder._stack.layers for s in layer.qkv.segments}
+        assert kinds == {128 + 2}, kinds
     ids = [5, 17, 300, 4000, 12, 9, 77]
     ours = _first_logits(llm, ids)
     reference = _first_logits(open_llm(path, "fp32"), ids)
@@ -90,12 +93,13 @@ def test_each_file_type_runs_in_its_blocks_close_to_its_dequantized_values(
     assert error < 0.03, f"{kind}: relative error {error:.4f} of the logits against the dequantized fp32 model"
 
 
+@pytest.mark.parametrize("kind", ["Q4_K_M", "Q4_0"])
 def test_greedy_output_repeats_whatever_shares_the_batch(
-    tiny_files: dict[str, Path], open_llm: Callable[..., LLM]
+    kind: str, tiny_files: dict[str, Path], open_llm: Callable[..., LLM]
 ) -> None:
     """Activations are quantized per row and every row's sums run in one order, so a reply does not depend on the
-    rows beside it (decode and prefill, one row or many)."""
-    llm = open_llm(tiny_files["Q4_K_M"], "file")
+    rows beside it (decode and prefill, one row or many; Q4_0's layers in groups of eight rows)."""
+    llm = open_llm(tiny_files[kind], "file")
     prompt = [11, 400, 2200, 31, 7, 8000, 5]
     alone = llm.generate([prompt], GREEDY)[0].token_ids
     others = [[3, 4, 5] * 20, [900 + i for i in range(37)], [42]]

@@ -257,8 +257,10 @@ class EmbeddingArchitecture:
 
     Attributes:
         path: "encoder": a BERT-family encoder run by ``engine/model/encoder.py`` (bidirectional attention,
-            learned absolute positions, post-norm layers); "fused": the fused Llama-family decoder
-            (``engine/model/llama.py``) over the same weights as the chat models of that type, causal.
+            post-norm layers); "fused": the fused Llama-family decoder (``engine/model/llama.py``) over the same
+            weights as the chat models of that type, causal.
+        rotary: the encoder's positions are rotary (nomic-bert: no position table, no biases, a SwiGLU MLP);
+            False: a learned position table, biases everywhere and a GELU MLP (BERT).
         pooling: how token states become one vector when the folder does not say (sentence-transformers'
             ``1_Pooling/config.json`` does): "cls" (the first token), "mean" (over the real tokens), "last"
             (the last real token: decoder embedders).
@@ -267,6 +269,10 @@ class EmbeddingArchitecture:
         weight_prefixes: prefixes a checkpoint may put before the base model's parameter names (a BERT saved
             from ``BertForMaskedLM`` has ``bert.``, a Qwen3 saved from ``Qwen3ForCausalLM`` has ``model.`` where
             Qwen3-Embedding's own folders have none), stripped when loading.
+        gguf_architecture: llama.cpp's ``general.architecture`` for this type ("" when Hearth reads no GGUF of
+            it): a GGUF encoder is run by the same code, its tensors renamed.
+        query_prompt, document_prompt: the task prefixes the model was trained with, used when the folder names
+            none (nomic-embed-text's ``search_query: `` and ``search_document: ``; a GGUF file names none).
         tiny: the config fields of a tiny random model of this type, compared with transformers' own in
             ``tests/engine/model/test_embedding.py``.
     """
@@ -275,6 +281,10 @@ class EmbeddingArchitecture:
     pooling: Pooling
     position_offset: bool = False
     weight_prefixes: tuple[str, ...] = ()
+    rotary: bool = False
+    gguf_architecture: str = ""
+    query_prompt: str = ""
+    document_prompt: str = ""
     tiny: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
 
@@ -284,11 +294,21 @@ _TINY_ENCODER: Mapping[str, Any] = {
     "attention_probs_dropout_prob": 0.0,
 }  # fmt: skip
 
-#: Every embedding model type the engine runs. nomic-bert (rotary, SwiGLU, remote code in transformers) and GGUF
-#: encoders are not among them yet.
+#: Every embedding model type the engine runs, from a Hugging Face folder or (where ``gguf_architecture`` is set)
+#: a llama.cpp GGUF file.
 EMBEDDING_ARCHITECTURES: dict[str, EmbeddingArchitecture] = {
     # bge, e5 (English), gte-base/small/large and all-MiniLM are BertModel checkpoints
-    "bert": EmbeddingArchitecture("encoder", "mean", weight_prefixes=("bert.",), tiny=_TINY_ENCODER),
+    "bert": EmbeddingArchitecture(
+        "encoder", "mean", weight_prefixes=("bert.",), gguf_architecture="bert", tiny=_TINY_ENCODER
+    ),
+    # nomic-embed-text v1/v1.5: rotary positions (base 1000), SwiGLU, no biases; the hub's folders keep the
+    # original remote-code config keys (n_embd, n_layer...) and weight names (attn.Wqkv, mlp.fc11...)
+    "nomic_bert": EmbeddingArchitecture(
+        "encoder", "mean", weight_prefixes=("bert.", "nomic_bert."), rotary=True, gguf_architecture="nomic-bert",
+        query_prompt="search_query: ", document_prompt="search_document: ",
+        tiny={"vocab_size": 120, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "max_position_embeddings": 64},
+    ),
     # multilingual-e5 and bge-m3 are XLM-RoBERTa encoders
     "xlm-roberta": EmbeddingArchitecture(
         "encoder", "mean", position_offset=True, weight_prefixes=("roberta.",),
@@ -305,6 +325,12 @@ EMBEDDING_ARCHITECTURES: dict[str, EmbeddingArchitecture] = {
               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8},
     ),
 }  # fmt: skip
+
+
+#: llama.cpp's GGUF architecture name -> the embedding registry's type that runs it.
+EMBEDDING_GGUF_TYPES: dict[str, str] = {
+    a.gguf_architecture: t for t, a in EMBEDDING_ARCHITECTURES.items() if a.gguf_architecture
+}
 
 
 def embedding_architecture(config: Any) -> EmbeddingArchitecture | None:

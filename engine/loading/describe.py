@@ -101,8 +101,9 @@ def describe_gguf(path: Path, name: str, source: Source, hardware: HardwareInfo)
             )
             return found
     if arch in EMBEDDING_GGUF_ARCHITECTURES or f"{arch}.pooling_type" in metadata:
-        found.kind = "embedding"
-        found.reason = "Hearth runs embedding models from Hugging Face folders (safetensors), not GGUF files yet."
+        found.kind = "embedding"  # bert and nomic-bert files run as embedders; the reason names what does not
+        found.reason = embedding_problem(path)
+        found.runnable = not found.reason
         return found
     found.reason = _inspect(path)
     found.runnable = not found.reason

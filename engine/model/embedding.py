@@ -2,13 +2,15 @@
 
 Two kinds, each a row of the embedding registry (:data:`engine.architectures.EMBEDDING_ARCHITECTURES`):
 
-* BERT-family encoders (bge, e5, gte, all-MiniLM, multilingual-e5...): ``engine/model/encoder.py`` over a padded
-  batch, then CLS or mean pooling.
+* BERT-family encoders (bge, e5, gte, all-MiniLM, multilingual-e5, nomic-embed-text...): ``engine/model/encoder.py``
+  over a padded batch, then CLS or mean pooling; from a Hugging Face folder or a llama.cpp GGUF file (``bert``,
+  ``nomic-bert``), whose WordPiece vocabulary becomes a ``tokenizers`` tokenizer here.
 * decoder embedders (Qwen3-Embedding): the fused decoder of the chat models (``engine/model/llama.py``) over the
   packed texts, each a causal prefill into a scratch KV pool, then the last token's state.
 
 How a folder pools and prompts is read by :func:`engine.loading.embedding_model.read_embedding_spec`. Texts are
-tokenized with the folder's ``tokenizer.json`` (or a WordPiece ``vocab.txt``) and cut to the model's length; they
+tokenized with the folder's ``tokenizer.json`` (or a WordPiece ``vocab.txt``, or a GGUF's vocabulary) and cut to the
+model's length; they
 are embedded in batches of similar length so little padding is computed. No transformers at run time.
 """
 
@@ -24,10 +26,15 @@ import torch
 import torch.nn.functional as F
 
 from engine.api import ModelLoadError
-from engine.architectures import EMBEDDING_ARCHITECTURES, count_encoder_parameters
-from engine.loading.embedding_model import EmbeddingSpec, read_embedding_spec
+from engine.architectures import EMBEDDING_ARCHITECTURES
+from engine.loading.embedding_model import (
+    EmbeddingSpec,
+    encoder_config,
+    gguf_encoder_config,
+    read_embedding_spec,
+)
 from engine.loading.gguf_reader import read_regular_text
-from engine.model.encoder import Encoder, read_state
+from engine.model.encoder import Encoder, encoder_state, read_gguf_state, read_state
 
 #: Tokens per forward pass at most (padding included), so a long batch cannot take much memory.
 MAX_BATCH_TOKENS = 8192
@@ -57,6 +64,67 @@ def _tokenizer(folder: Path, max_tokens: int) -> Any:
     return tokenizer
 
 
+#: llama.cpp's token types (``tokenizer.ggml.token_type``): 3 is a control token ([CLS], [SEP], [PAD]...).
+_CONTROL = 3
+
+
+def gguf_wordpiece(metadata: dict[str, Any], max_tokens: int, where: str) -> Any:
+    """A GGUF's WordPiece vocabulary (``tokenizer.ggml.model`` "bert") as a ``tokenizers`` tokenizer that splits as
+    BERT's does: ``[CLS] text [SEP]``, lower-cased as llama.cpp's WPM tokenizer always does.
+
+    llama.cpp's converter rewrites each word-start token with a leading U+2581 and drops the ``##`` of a
+    continuation (control tokens stay as they are); this puts them back.
+
+    Raises:
+        ModelLoadError: when the vocabulary is missing or names no [CLS]/[SEP]/[UNK].
+    """
+    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers, processors
+
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not tokens:
+        raise ModelLoadError(f"{where} has no vocabulary (tokenizer.ggml.tokens); re-download it.")
+    types = metadata.get("tokenizer.ggml.token_type")
+    types = [int(t) for t in types] if types is not None and len(types) == len(tokens) else [1] * len(tokens)
+    vocab: dict[str, int] = {}
+    specials: list[str] = []
+    for i, (token, kind) in enumerate(zip(tokens, types, strict=True)):
+        if kind == _CONTROL or (token.startswith("[") and token.endswith("]")):
+            word = token  # older converters kept every [..] token as it was
+            if kind == _CONTROL:
+                specials.append(token)
+        elif token.startswith("\u2581"):
+            word = token[1:]
+        else:
+            word = "##" + token
+        vocab.setdefault(word, i)
+
+    def special(names: tuple[str, ...], fallback: str) -> str:
+        for name in names:  # newer converters write [CLS] as the bos token, older ones as cls
+            token_id = metadata.get(f"tokenizer.ggml.{name}_token_id")
+            if isinstance(token_id, int) and 0 <= token_id < len(tokens):
+                return str(tokens[token_id]).removeprefix("\u2581")
+        if fallback not in vocab:
+            raise ModelLoadError(
+                f"{where}'s vocabulary has no {fallback} token (tokenizer.ggml.{names[0]}_token_id)."
+            )
+        return fallback
+
+    cls = special(("cls", "bos"), "[CLS]")
+    sep, unk = special(("seperator", "eos"), "[SEP]"), special(("unknown",), "[UNK]")
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=100))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}", special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])]
+    )
+    tokenizer.add_special_tokens(
+        [AddedToken(t, special=True) for t in dict.fromkeys([cls, sep, unk, *specials])]
+    )
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=max_tokens)
+    return tokenizer
+
+
 class TransformerEmbedder:
     """An embedding model folder, loaded once: ``embed`` for documents, ``embed_query`` for search queries.
 
@@ -76,23 +144,34 @@ class TransformerEmbedder:
         self.name = str(folder.resolve())
         self.dtype = dtype
         self._lock = threading.Lock()
-        config = json.loads(read_regular_text(folder / "config.json"))
         arch = EMBEDDING_ARCHITECTURES[self.spec.model_type]
-        self.tokenizer = _tokenizer(folder, self.spec.max_tokens)
-        state = read_state(folder, arch.weight_prefixes)
+        self._encoder: Encoder | None = None
+        self._decoder: Any = None
         with torch.no_grad():
-            if arch.path == "encoder":
-                self._encoder: Encoder | None = Encoder(config, arch, state, dtype, folder)
-                self._decoder: Any = None
-                self.num_parameters = count_encoder_parameters(config)
+            if self.spec.gguf:
+                metadata, state = read_gguf_state(folder)
+                _type, shape = gguf_encoder_config(metadata, folder.name)
+                self.tokenizer = gguf_wordpiece(metadata, self.spec.max_tokens, folder.name)
+                self._encoder = Encoder(shape, state, dtype, folder)
+                self.dim = shape.hidden
             else:
-                self._encoder = None
-                self._decoder, self._decoder_config = _fused_decoder(config, state, dtype, folder)
-                self.num_parameters = sum(int(t.numel()) for t in state.values())
+                config = json.loads(read_regular_text(folder / "config.json"))
+                self.tokenizer = _tokenizer(folder, self.spec.max_tokens)
+                state = read_state(folder, arch.weight_prefixes)
+                if arch.path == "encoder":
+                    shape = encoder_config(config, arch, folder.name)
+                    self._encoder = Encoder(shape, encoder_state(state), dtype, folder)
+                    self.dim = shape.hidden
+                else:
+                    self._decoder, self._decoder_config = _fused_decoder(config, state, dtype, folder)
+                    self.num_parameters = sum(int(t.numel()) for t in state.values())
+                    self.dim = int(config["hidden_size"])
         del state
-        self.dim = int(config["hidden_size"])
+        if self._encoder is not None:
+            self.num_parameters = self._encoder.num_parameters
         kind = "encoder" if arch.path == "encoder" else "decoder"
-        self.description = f"{folder.name} ({self.spec.model_type} {kind}, {self.dim} dimensions, {self.spec.pooling_source})"
+        source = ", GGUF" if self.spec.gguf else ""
+        self.description = f"{folder.name} ({self.spec.model_type} {kind}{source}, {self.dim} dimensions, {self.spec.pooling_source})"
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """Documents (chunks) to unit vectors [len(texts), dim], float32; the model's document prompt first."""

@@ -51,9 +51,10 @@ def test_encoder_matches_transformers(tmp_path: Path, model_type: str, pooling: 
     assert embedder.spec.pooling == pooling and "pooling config" in embedder.spec.pooling_source
     assert embedder.dim == 32 and embedder.name == str(folder.resolve())
     assert embedder.num_parameters == sum(p.numel() for n, p in model.named_parameters() if "pooler" not in n)
-    ids = embedder.token_ids(TEXTS)
+    texts = [embedder.spec.document_prompt + t for t in TEXTS]  # nomic's "search_document: ", else none
+    ids = embedder.token_ids(texts)
     hf_tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
-    assert ids == [hf_tokenizer(t)["input_ids"] for t in TEXTS]  # the same ids as transformers' tokenizer
+    assert ids == [hf_tokenizer(t)["input_ids"] for t in texts]  # the same ids as transformers' tokenizer
     pad = int(model.config.pad_token_id or 0)
     expected = _reference(model, ids, pad, pooling)
     batched = embedder.embed(TEXTS)
@@ -117,6 +118,6 @@ def test_folders_that_are_not_embedders_are_refused_in_words(tmp_path: Path) -> 
         TransformerEmbedder(bert)
     gguf = tmp_path / "nomic.gguf"
     gguf.write_bytes(b"GGUF")
-    assert "GGUF" in embedding_problem(gguf)
+    assert "nomic.gguf is truncated" in embedding_problem(gguf)
     (tmp_path / "empty").mkdir()
     assert "no config.json" in embedding_problem(tmp_path / "empty")

@@ -1,7 +1,8 @@
 """Embedders: text to unit vectors, the best available first, with the reason for the choice in words.
 
-- an embedding model already on disk (bge, e5, gte, multilingual-e5, Qwen3-Embedding...), named by its folder
-  (``--embedder PATH``) or found by model discovery (``auto``), run by the engine's own code
+- an embedding model already on disk (bge, e5, gte, multilingual-e5, nomic-embed-text, Qwen3-Embedding...), named
+  by its folder or, for a llama.cpp GGUF encoder (``bert``, ``nomic-bert``), its file (``--embedder PATH``) or found
+  by model discovery (``auto``), run by the engine's own code
   (``engine/model/embedding.py``, imported only then: this package stays torch-free until one is used). Of several
   found, ``auto`` takes the smallest: indexing runs on the CPU beside the chat.
 - ``wordllama``: WordLlama's static token embeddings (256 dimensions, MIT), averaged over a text's tokens. The
@@ -137,7 +138,7 @@ def load_embedder(name: str) -> Embedder | None:
 
 
 def open_model_embedder(path: str) -> Embedder:
-    """The embedding model in the folder ``path``, loaded now and not kept (the multi-model server unloads it when
+    """The embedding model in the folder (or GGUF file) ``path``, loaded now and not kept (the multi-model server unloads it when
     idle; :func:`load_embedder` keeps one).
 
     Raises:

@@ -167,11 +167,55 @@ def test_cli_index_with_a_model_path_and_bench_reports_chunks_per_second(
     assert bad.returncode == 2 and "chat model, not an embedding model" in bad.stderr
 
 
-def test_the_models_table_has_a_kind_column(tiny_models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_models_table_has_a_kind_column(
+    tiny_models: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     from engine.loading.discovery import main
 
     assert main(["--home", str(tiny_models["home"])]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[-1] == "KIND"
-    kinds = {line.split()[0].split("/")[-1]: line.split()[-1] for line in lines[1:] if line.startswith("tiny/")}
+    kinds = {
+        line.split()[0].split("/")[-1]: line.split()[-1] for line in lines[1:] if line.startswith("tiny/")
+    }
     assert kinds == {"bge": "embedding", "qwen-embed": "embedding", "chat": "chat"}
+
+
+def test_nomic_folders_and_gguf_encoders_are_found_and_index(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A nomic-embed-text folder as the hub holds it (in the Hugging Face cache) and a nomic-bert GGUF (an added
+    folder) are embedding models that discovery lists as runnable, and ``--embedder FILE.gguf`` indexes with one."""
+    from engine.loading.discovery import main
+    from tests.engine.embedding_models import nomic_original_config, write_gguf
+
+    home = tmp_path / "home"
+    snapshot = home / ".cache" / "huggingface" / "hub" / "models--tiny--nomic" / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    folder, model = build_tiny_embedder("nomic_bert", snapshot, "mean")
+    (folder / "config.json").write_text(json.dumps(nomic_original_config(model.config)))
+    (tmp_path / "models").mkdir()
+    gguf = write_gguf(folder, model, tmp_path / "models" / "nomic-embed.Q8_0.gguf", quantized=True)
+    found = {m.path.name: m for m in discover_models(home, [tmp_path / "models"])}
+    assert {n: (m.kind, m.runnable, m.model_type) for n, m in found.items()} == {
+        "0123abc": ("embedding", True, "nomic_bert"),
+        "nomic-embed.Q8_0.gguf": ("embedding", True, "nomic-bert"),
+    }, {n: m.reason for n, m in found.items()}
+    assert main(["--home", str(home), "--add", str(tmp_path / "models")]) == 0
+    table = capsys.readouterr().out
+    assert "can't run" not in table and table.count("embedding") == 2
+    docs = _docs(tmp_path)
+    indexed = subprocess.run(
+        [sys.executable, "-m", "engine.docs", "index", str(docs), "--collection", "c", "--home", str(home),
+         "--embedder", str(gguf)],
+        check=False, cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert indexed.returncode == 0, indexed.stderr
+    assert (
+        "nomic_bert encoder, GGUF, 32 dimensions, mean pooling" in indexed.stdout
+        and "2 indexed" in indexed.stdout
+    )
+    choice = embedders.choose_embedder(str(gguf))
+    assert choice.embedder is not None and choice.name == str(gguf.resolve())
+    hub = embedders.choose_embedder(str(folder))
+    assert hub.embedder is not None and "nomic_bert encoder, 32 dimensions" in hub.reason

@@ -89,7 +89,7 @@ _NOMIC_KEYS = {
 #: nomic's original config flags and the value the encoder runs; anything else is refused by name.
 _NOMIC_FLAGS: dict[str, Any] = {
     "rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False, "rotary_emb_scale_base": None,
-    "rotary_scaling_factor": None, "qkv_proj_bias": False, "mlp_fc1_bias": False, "mlp_fc2_bias": False,
+    "qkv_proj_bias": False, "mlp_fc1_bias": False, "mlp_fc2_bias": False,
     "prenorm": False, "parallel_block": False, "use_rms_norm": False, "causal": False, "moe_every_n_layers": 0,
 }  # fmt: skip
 
@@ -125,8 +125,13 @@ def encoder_config(config: dict[str, Any], arch: EmbeddingArchitecture, where: s
         rope_type = (
             rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
         )
-        if rope_type != "default":
+        if rope_type not in ("default", "dynamic"):
             raise _refuse(where, f"scales its rotary positions ({rope_type})")
+        if rope_type == "dynamic" or config.get("rotary_scaling_factor"):
+            # dynamic NTK scaling (nomic's rotary_scaling_factor) changes nothing up to the trained length, and the
+            # encoder's inputs are cut there (below)
+            trained = config.get("max_trained_positions") or rope.get("original_max_position_embeddings")
+            config["max_trained_positions"] = trained or config.get("max_position_embeddings")
         theta = config.get(
             "rotary_emb_base", (rope or {}).get("rope_theta", config.get("rope_theta", 1000.0))
         )

@@ -64,6 +64,18 @@ def test_nomic_bert_folder_matches_transformers(tmp_path: Path, spelling: str) -
     _check(embedder, model)
 
 
+def test_nomic_dynamic_rotary_scaling_runs_up_to_the_trained_length(tmp_path: Path) -> None:
+    """nomic's rotary_scaling_factor (dynamic NTK) leaves positions up to the trained length as they are: inputs are
+    cut there and the vectors are the unscaled model's."""
+    folder, model = build_tiny_embedder("nomic_bert", tmp_path / "nomic", "mean")
+    config = nomic_original_config(model.config) | {"rotary_scaling_factor": 2.0, "max_trained_positions": 16}
+    (folder / "config.json").write_text(json.dumps(config))
+    embedder = TransformerEmbedder(folder)
+    assert embedder.spec.max_tokens == 16
+    assert max(len(x) for x in embedder.token_ids([embedder.spec.document_prompt + t for t in TEXTS])) == 16
+    _check(embedder, model)
+
+
 def test_a_folder_prompt_overrides_nomics_default(tmp_path: Path) -> None:
     folder, _ = build_tiny_embedder("nomic_bert", tmp_path / "nomic", "mean")
     (folder / "config_sentence_transformers.json").write_text(
@@ -83,7 +95,6 @@ def test_a_folder_prompt_overrides_nomics_default(tmp_path: Path) -> None:
         ("prenorm", True),
         ("moe_every_n_layers", 2),
         ("activation_function", "gelu"),
-        ("rotary_scaling_factor", 2.0),
     ],
 )
 def test_nomic_settings_the_encoder_does_not_run_are_refused_by_name(

@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
         "--embedder",
         default="auto",
         metavar="|".join((*EMBEDDER_CHOICES, "PATH")),
-        help="auto (an embedding model on disk, else WordLlama), bm25, wordllama, or an embedding model's folder",
+        help="auto (an embedding model on disk, else WordLlama), bm25, wordllama, or an embedding model's folder or GGUF file",
     )
     index.add_argument("--json", action="store_true", help="print the report as JSON")
     find = sub.add_parser("search", parents=[home], help="search a collection")

@@ -5,8 +5,11 @@
 Each entry is the median of repeated calls on random valid blocks: microseconds per call, the weights' bytes read
 per second for one row (decode, where the weights' bandwidth is the limit), and GFLOP/s for many rows (prefill,
 where arithmetic is). Where the build runs the 512-bit tiles (``"family": "avx512"``), each entry also times the
-AVX2 tiles (``gguf_mm_avx2``, the same bits) in calls alternating with it, as ``avx2_us`` and ``avx2_ratio``. Only
-ratios between entries of one run mean much on a shared machine.
+AVX2 tiles (``gguf_mm_avx2``, the same bits) in calls alternating with it, as ``avx2_us`` and ``avx2_ratio``. Q4_0
+and Q4_K also get an entry for their rows in groups of eight (``Q4_0x8``, ``Q4_Kx8``: ``gguf_repack``, as the
+"file" level loads them), timed in calls alternating with the file's row order, as ``file_order_us`` and
+``grouped_ratio`` (above 1: the groups are faster). Only ratios between entries of one run mean much on a shared
+machine.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ TYPES = {
     "Q6_K": (14, 256, 210, 208, 1),
 }
 SHAPES = ((2048, 2048), (8192, 2048), (2048, 8192))
+#: the types with a grouped layout (engine/model/csrc/gguf_kernels.cpp); its type number is 128 + the ggml type's
+GROUPED = ("Q4_0", "Q4_K")
 ROWS = (1, 8, 512)
 
 
@@ -132,6 +137,14 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         us = median_us(partial(gguf_mm, xs[m], w, TYPES[name][0]), args.budget)
                         results.append(entry(name, n, k, m, us, w.nbytes))
+                if name in GROUPED and hasattr(torch.ops.hearth, "gguf_repack"):
+                    kind = TYPES[name][0]
+                    groups = torch.ops.hearth.gguf_repack(w, kind)
+                    for m in rows:
+                        us, file_order = paired_us(partial(gguf_mm, xs[m], groups, 128 + kind),
+                                                   partial(gguf_mm, xs[m], w, kind), args.budget)
+                        results.append({**entry(f"{name}x8", n, k, m, us, w.nbytes),
+                                        "file_order_us": round(file_order, 1), "grouped_ratio": round(file_order / us, 2)})
             int4 = Int4Linear.quantize(torch.randn(n, k) * 0.02)
             for m in rows:
                 us = median_us(partial(int4, xs[m]), args.budget)

@@ -885,88 +885,126 @@ void check_weights(const at::Tensor& w, const char* op) {
 }
 
 
-// --- Q4_0 in groups of eight interleaved rows (type kQ4_0_X8) ---------------------------------------------------
-// gguf_repack turns Q4_0 rows into groups of eight: block b of a group is 144 bytes, the eight rows' fp16 scales
-// (16 bytes), then the nibble bytes in four chunks of 32: chunk c holds bytes 4c..4c+3 of each row's 16, row r at
-// 4r. One 256-bit load is then 4 bytes of 8 rows, one 32-bit lane per row: its low nibbles are weights 4c..4c+3 of
-// each row, its high nibbles weights 16 + 4c..; the activation's 4 matching bytes, broadcast to every lane, meet all
-// eight rows in one VPDPBUSD (AVX2: VPMADDUBSW, summed in int16, then VPMADDWD), with no horizontal sum, and the
-// eight scales are one vector. A partial group of rows at the end (n not a multiple of 8) stays in the file's layout
-// and runs the tiles above. The tensor keeps the file's shape and bytes, only their order changes.
+// --- Q4_0 and Q4_K in groups of eight interleaved rows (types kQ4_0_X8, kQ4_K_X8) -------------------------------
+// gguf_repack turns Q4_0 or Q4_K rows into groups of eight, as llama.cpp's repacked layouts do: block b of a group
+// holds the eight rows' block b, the fp16 scales of the eight rows side by side (one vector), then the nibble bytes
+// in chunks of 32: chunk c holds bytes 4c..4c+3 of each row's nibbles, row r at 4r (see scatter). One 256-bit load
+// is then 4 bytes of 8 rows, one 32-bit lane per row; the activation's 4 matching bytes, broadcast to every lane,
+// meet all eight rows in one VPDPBUSD (AVX2: VPMADDUBSW, summed in int16, then VPMADDWD), with no horizontal sum.
+// A partial group of rows at the end (n not a multiple of 8) stays in the file's layout and runs the file-order
+// tiles above. The tensor keeps the file's shape and bytes, only their order changes, so a load can repack in place.
 //
-// Each (weight row, activation row) pair takes, per block, the exact integer sum of nibble times activation less 8
-// times the activation's sum, then acc = fma(d_w * d_x, float(sum), acc), in block order: the same bits whatever
-// the row count, the tile or the thread split, and the same in the plain loops, the AVX2 tiles and the VNNI tiles.
+// Each (weight row, activation row) pair takes, per block, exact integer sums (Q4_0: nibbles times activations less
+// 8 times the activations' sum; Q4_K: the sub-blocks' dot products times their scales, and the minimums times the
+// activations' sub-block sums), then fma(d_w * d_x, float(sum), acc) (Q4_K: and the minimums' fnmadd), block after
+// block: the same bits whatever the row count, the tile or the thread split, and the same in the plain loops, the
+// AVX2 tiles and the VNNI tiles. Several activation rows run as tiles of 4 rows by one group, the groups split
+// across threads in runs that stay in cache while every tile of rows passes over them.
+// The file's ggml type behind a grouped layout's number (any other number as it is).
+inline int64_t grouped_file_type(int64_t type) { return type == kQ4_0_X8 ? kQ4_0 : type == kQ4_K_X8 ? kQ4_K : type; }
+
 namespace x8 {
 
 constexpr int64_t kGroup = 8;
-constexpr int64_t kBlock = kGroup * Q4_0::kBytes;  // 144
 
-// src and dst may be the same bytes: each group is copied aside first.
-void repack_q4_0(const uint8_t* src, uint8_t* dst, int64_t n, int64_t row_bytes) {
-  const int64_t groups = n / kGroup, nb = row_bytes / Q4_0::kBytes;
-  at::parallel_for(0, groups, 16, [&](int64_t g0, int64_t g1) {
-    std::vector<uint8_t> copy(static_cast<size_t>(kGroup * row_bytes));
-    for (int64_t g = g0; g < g1; ++g) {
-      std::memcpy(copy.data(), src + g * kGroup * row_bytes, copy.size());
-      uint8_t* out = dst + g * kGroup * row_bytes;
-      for (int64_t b = 0; b < nb; ++b, out += kBlock) {
-        for (int64_t r = 0; r < kGroup; ++r) {
-          const uint8_t* blk = copy.data() + r * row_bytes + b * Q4_0::kBytes;
-          std::memcpy(out + 2 * r, blk, 2);
-          for (int c = 0; c < 4; ++c) std::memcpy(out + 16 + 32 * c + 4 * r, blk + 2 + 4 * c, 4);
-        }
-      }
-    }
-  });
-  const int64_t done = groups * kGroup * row_bytes;
-  if (dst != src) std::memcpy(dst + done, src + done, static_cast<size_t>((n - groups * kGroup) * row_bytes));
+// Where each byte of a block of row r goes in its group's block (kGroup times the block's bytes): Q4_0's scale to
+// 2r, its nibble bytes 4c..4c+3 to 16 + 32c + 4r. Q4_K: d to 2r, dmin to 16 + 2r, its 12 bytes of packed scales
+// as three 32-bit words, word t to 32 + 32t + 4r, its nibble bytes 32i + 4c.. to 128 + 256i + 32c + 4r.
+template <typename T>
+inline void scatter(const uint8_t* blk, uint8_t* out, int64_t r) {
+  if constexpr (std::is_same_v<T, Q4_0>) {
+    std::memcpy(out + 2 * r, blk, 2);
+    for (int c = 0; c < 4; ++c) std::memcpy(out + 16 + 32 * c + 4 * r, blk + 2 + 4 * c, 4);
+  } else {
+    std::memcpy(out + 2 * r, blk, 2);
+    std::memcpy(out + 16 + 2 * r, blk + 2, 2);
+    for (int t = 0; t < 3; ++t) std::memcpy(out + 32 + 32 * t + 4 * r, blk + 4 + 4 * t, 4);
+    for (int c = 0; c < 32; ++c) std::memcpy(out + 128 + 32 * c + 4 * r, blk + 16 + 4 * c, 4);
+  }
 }
 
-void unpack_q4_0(const uint8_t* src, uint8_t* dst, int64_t n, int64_t row_bytes) {
-  const int64_t groups = n / kGroup, nb = row_bytes / Q4_0::kBytes;
+template <typename T>
+inline void gather(const uint8_t* in, uint8_t* blk, int64_t r) {
+  if constexpr (std::is_same_v<T, Q4_0>) {
+    std::memcpy(blk, in + 2 * r, 2);
+    for (int c = 0; c < 4; ++c) std::memcpy(blk + 2 + 4 * c, in + 16 + 32 * c + 4 * r, 4);
+  } else {
+    std::memcpy(blk, in + 2 * r, 2);
+    std::memcpy(blk + 2, in + 16 + 2 * r, 2);
+    for (int t = 0; t < 3; ++t) std::memcpy(blk + 4 + 4 * t, in + 32 + 32 * t + 4 * r, 4);
+    for (int c = 0; c < 32; ++c) std::memcpy(blk + 16 + 4 * c, in + 128 + 32 * c + 4 * r, 4);
+  }
+}
+
+// src and dst may be the same bytes: each group is copied aside first. One thread: a 1B file's Q4_0 layers take
+// about 0.1 s, and a loader's other threads are not kept waiting.
+template <typename T>
+void repack(const uint8_t* src, uint8_t* dst, int64_t n, int64_t row_bytes) {
+  const int64_t groups = n / kGroup, nb = row_bytes / T::kBytes, group_bytes = kGroup * row_bytes;
+  std::vector<uint8_t> copy(static_cast<size_t>(group_bytes));
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* in = src + g * kGroup * row_bytes;
-    uint8_t* rows = dst + g * kGroup * row_bytes;
-    for (int64_t b = 0; b < nb; ++b, in += kBlock) {
-      for (int64_t r = 0; r < kGroup; ++r) {
-        uint8_t* blk = rows + r * row_bytes + b * Q4_0::kBytes;
-        std::memcpy(blk, in + 2 * r, 2);
-        for (int c = 0; c < 4; ++c) std::memcpy(blk + 2 + 4 * c, in + 16 + 32 * c + 4 * r, 4);
-      }
+    std::memcpy(copy.data(), src + g * group_bytes, copy.size());
+    uint8_t* out = dst + g * group_bytes;
+    for (int64_t b = 0; b < nb; ++b, out += kGroup * T::kBytes) {
+      for (int64_t r = 0; r < kGroup; ++r) scatter<T>(copy.data() + r * row_bytes + b * T::kBytes, out, r);
     }
   }
-  const int64_t done = groups * kGroup * row_bytes;
-  std::memcpy(dst + done, src + done, static_cast<size_t>((n - groups * kGroup) * row_bytes));
+  if (dst != src) std::memcpy(dst + groups * group_bytes, src + groups * group_bytes, static_cast<size_t>((n - groups * kGroup) * row_bytes));
 }
 
-// Each activation row quantized per block of 32, row after row: q [m][k], d [m][nb], and 8 * sum(q) [m][nb].
+template <typename T>
+void unpack(const uint8_t* src, uint8_t* dst, int64_t n, int64_t row_bytes) {
+  const int64_t groups = n / kGroup, nb = row_bytes / T::kBytes, group_bytes = kGroup * row_bytes;
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* in = src + g * group_bytes;
+    for (int64_t b = 0; b < nb; ++b, in += kGroup * T::kBytes) {
+      for (int64_t r = 0; r < kGroup; ++r) gather<T>(in, dst + g * group_bytes + r * row_bytes + b * T::kBytes, r);
+    }
+  }
+  std::memcpy(dst + groups * group_bytes, src + groups * group_bytes, static_cast<size_t>((n - groups * kGroup) * row_bytes));
+}
+
+// Each activation row quantized per block (32 for Q4_0, 256 for Q4_K), row after row: q [m][k], d [m][nb]; for
+// Q4_0 8 * sum(q) [m][nb], for Q4_K the sums of each sub-block of 32 [m][nb][8] in the order 0 2 1 3 4 6 5 7 (so
+// that one 32-bit broadcast pairs sub-blocks 2t and 2t + 2 against the minimums' byte pairs, see tile_k).
 struct RowActs {
-  int64_t m, k, nb;
+  int64_t m, k, size, nb;
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<int32_t> off;
-  RowActs(int64_t m_, int64_t k_)
-      : m(m_), k(k_), nb(k_ / 32), q(static_cast<size_t>(m_ * k_)), d(static_cast<size_t>(m_ * nb)),
-        off(static_cast<size_t>(m_ * nb)) {}
+  std::vector<int16_t> sums;
+  RowActs(int64_t m_, int64_t k_, int64_t size_)
+      : m(m_), k(k_), size(size_), nb(k_ / size_), q(static_cast<size_t>(m_ * k_)), d(static_cast<size_t>(m_ * nb)),
+        off(size_ == 32 ? static_cast<size_t>(m_ * nb) : 0), sums(size_ == 256 ? static_cast<size_t>(m_ * nb * 8) : 0) {}
   template <bool kPlain, typename X>
   void quantize_row(const X* x, int64_t r) {
     for (int64_t b = 0; b < nb; ++b) {
-      int8_t* qb = q.data() + r * k + 32 * b;
+      int8_t* qb = q.data() + r * k + size * b;
       float* db = d.data() + r * nb + b;
 #ifdef HEARTH_GGUF_AVX2
-      const int32_t sum = kPlain ? plain::quantize_block(x + 32 * b, 32, db, qb) : avx2::quantize_block(x + 32 * b, 32, db, qb);
+      const int32_t sum = kPlain ? plain::quantize_block(x + size * b, size, db, qb) : avx2::quantize_block(x + size * b, size, db, qb);
 #else
-      const int32_t sum = plain::quantize_block(x + 32 * b, 32, db, qb);
+      const int32_t sum = plain::quantize_block(x + size * b, size, db, qb);
 #endif
-      off[static_cast<size_t>(r * nb + b)] = 8 * sum;
+      if (size == 32) {
+        off[static_cast<size_t>(r * nb + b)] = 8 * sum;
+      } else {
+        static constexpr int kOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+        for (int j = 0; j < 8; ++j) {
+          int32_t t = 0;
+          for (int l = 0; l < 32; ++l) t += qb[32 * kOrder[j] + l];
+          sums[static_cast<size_t>((r * nb + b) * 8 + j)] = static_cast<int16_t>(t);
+        }
+      }
     }
   }
 };
 
-// One group of 8 weight rows (w: its first block) against MR activation rows from r0: y[i * ldy + j].
+// --- the plain loops: a group of 8 weight rows (w: its first block) against MR activation rows from r0 ------------
+
 template <int MR>
-void tile_plain(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+void tile_plain_q4_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+  constexpr int64_t kBlock = kGroup * Q4_0::kBytes;
   for (int i = 0; i < MR; ++i) {
     const int8_t* xq = a.q.data() + (r0 + i) * a.k;
     const float* xd = a.d.data() + (r0 + i) * a.nb;
@@ -990,15 +1028,52 @@ void tile_plain(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_
   }
 }
 
+template <int MR>
+void tile_plain_q4_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+  constexpr int64_t kBlock = kGroup * Q4_K::kBytes;
+  static constexpr int kOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+  for (int i = 0; i < MR; ++i) {
+    const int8_t* xq = a.q.data() + (r0 + i) * a.k;
+    const float* xd = a.d.data() + (r0 + i) * a.nb;
+    const int16_t* xs = a.sums.data() + (r0 + i) * a.nb * 8;
+    for (int j = 0; j < kGroup; ++j) {
+      float acc = 0.f;
+      for (int64_t b = 0; b < a.nb; ++b) {
+        const uint8_t* blk = w + b * kBlock;
+        const int8_t* x = xq + 256 * b;
+        uint8_t packed[12], sc[8], mn[8];
+        for (int t = 0; t < 3; ++t) std::memcpy(packed + 4 * t, blk + 32 + 32 * t + 4 * j, 4);
+        k_scales(packed, sc, mn);
+        int32_t sum = 0, mins = 0;
+        for (int s = 0; s < 8; ++s) {
+          int32_t dot = 0;
+          for (int c = 0; c < 8; ++c) {
+            for (int t = 0; t < 4; ++t) {
+              const uint8_t v = blk[128 + 256 * (s / 2) + 32 * c + 4 * j + t];
+              dot += ((s % 2 ? v >> 4 : v & 0xF)) * x[32 * s + 4 * c + t];
+            }
+          }
+          sum += sc[s] * dot;
+          mins += mn[kOrder[s]] * xs[b * 8 + s];
+        }
+        acc = std::fma(half_at(blk + 2 * j) * xd[b], static_cast<float>(sum), acc);
+        acc = std::fma(-(half_at(blk + 16 + 2 * j) * xd[b]), static_cast<float>(mins), acc);
+      }
+      y[i * ldy + j] = acc;
+    }
+  }
+}
+
 #ifdef HEARTH_GGUF_AVX2
-inline __m256i bcast4(const int8_t* p) {
+inline __m256i bcast4(const void* p) {
   int32_t v;
   std::memcpy(&v, p, sizeof v);
   return _mm256_set1_epi32(v);
 }
 
 template <bool kVnni, int MR>
-void tile_avx(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+void tile_avx_q4_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+  constexpr int64_t kBlock = kGroup * Q4_0::kBytes;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   const int64_t k = a.k, nb = a.nb;
   const int8_t* xq = a.q.data() + r0 * k;
@@ -1035,35 +1110,122 @@ void tile_avx(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t 
   }
   for (int i = 0; i < MR; ++i) _mm256_storeu_ps(y + i * ldy, acc[i]);
 }
+
+// Q4_K: per super-block, the eight rows' packed scales unpack in four vectors (bytes 0-3 of each row's lane: the
+// scales of sub-blocks 0-3, and so on), each sub-block's dot product of 32 nibbles times activations is one lane per
+// row (VPDPBUSD; AVX2: VPMADDUBSW summed in int16), times its scale; the minimums' term pairs sub-blocks 2t, 2t + 2
+// per VPMADDWD. The integers are those of the file-order tiles, and so is the fp32 code.
+template <bool kVnni, int MR>
+void tile_avx_q4_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+  constexpr int64_t kBlock = kGroup * Q4_K::kBytes;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), low6 = _mm256_set1_epi8(0x3F), low2 = _mm256_set1_epi8(3);
+  const __m256i byte0 = _mm256_set1_epi32(0xFF), even = _mm256_set1_epi16(0xFF);
+  const int64_t k = a.k, nb = a.nb;
+  const int8_t* xq = a.q.data() + r0 * k;
+  const float* xd = a.d.data() + r0 * nb;
+  const int16_t* xs = a.sums.data() + r0 * nb * 8;
+  __m256 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, w += kBlock) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)));
+    const __m256i u0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32));
+    const __m256i u1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64));
+    const __m256i u2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 96));
+    const __m256i sc4[2] = {
+        _mm256_and_si256(u0, low6),
+        _mm256_or_si256(_mm256_and_si256(u2, low4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), low2), 4))};
+    const __m256i mn_lo = _mm256_and_si256(u1, low6);
+    const __m256i mn_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), low4),
+                                          _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), low2), 4));
+    // the minimums as int16 pairs: (0, 2), (1, 3), (4, 6), (5, 7)
+    const __m256i mins[4] = {_mm256_and_si256(mn_lo, even), _mm256_srli_epi16(mn_lo, 8), _mm256_and_si256(mn_hi, even),
+                             _mm256_srli_epi16(mn_hi, 8)};
+    __m256i sum[MR];
+    for (int i = 0; i < MR; ++i) sum[i] = _mm256_setzero_si256();
+    for (int p = 0; p < 4; ++p) {  // sub-blocks 2p (low nibbles) and 2p + 1 (high)
+      const __m256i s_lo = _mm256_and_si256(_mm256_srli_epi32(sc4[p / 2], 16 * (p % 2)), byte0);
+      const __m256i s_hi = _mm256_and_si256(_mm256_srli_epi32(sc4[p / 2], 16 * (p % 2) + 8), byte0);
+      __m256i lo_dot[MR], hi_dot[MR];
+      for (int i = 0; i < MR; ++i) lo_dot[i] = hi_dot[i] = _mm256_setzero_si256();
+      for (int c = 0; c < 8; ++c) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 256 * p + 32 * c));
+        const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        for (int i = 0; i < MR; ++i) {
+          const int8_t* x = xq + i * k + 256 * b + 64 * p + 4 * c;
+#ifdef HEARTH_GGUF_AVX512
+          if constexpr (kVnni) {
+            lo_dot[i] = _mm256_dpbusd_epi32(lo_dot[i], lo, bcast4(x));
+            hi_dot[i] = _mm256_dpbusd_epi32(hi_dot[i], hi, bcast4(x + 32));
+          } else
+#endif
+          {
+            lo_dot[i] = _mm256_add_epi16(lo_dot[i], _mm256_maddubs_epi16(lo, bcast4(x)));
+            hi_dot[i] = _mm256_add_epi16(hi_dot[i], _mm256_maddubs_epi16(hi, bcast4(x + 32)));
+          }
+        }
+      }
+      for (int i = 0; i < MR; ++i) {
+        if constexpr (kVnni) {
+          sum[i] = _mm256_add_epi32(sum[i], _mm256_add_epi32(_mm256_mullo_epi32(lo_dot[i], s_lo),
+                                                             _mm256_mullo_epi32(hi_dot[i], s_hi)));
+        } else {  // the int16 pair sums times the scale in both halves of the lane
+          const __m256i p_lo = _mm256_madd_epi16(lo_dot[i], _mm256_or_si256(s_lo, _mm256_slli_epi32(s_lo, 16)));
+          const __m256i p_hi = _mm256_madd_epi16(hi_dot[i], _mm256_or_si256(s_hi, _mm256_slli_epi32(s_hi, 16)));
+          sum[i] = _mm256_add_epi32(sum[i], _mm256_add_epi32(p_lo, p_hi));
+        }
+      }
+    }
+    for (int i = 0; i < MR; ++i) {
+      const int16_t* bs = xs + (i * nb + b) * 8;
+      __m256i m = _mm256_madd_epi16(mins[0], bcast4(bs));
+      m = _mm256_add_epi32(m, _mm256_madd_epi16(mins[1], bcast4(bs + 2)));
+      m = _mm256_add_epi32(m, _mm256_madd_epi16(mins[2], bcast4(bs + 4)));
+      m = _mm256_add_epi32(m, _mm256_madd_epi16(mins[3], bcast4(bs + 6)));
+      const __m256 dx = _mm256_set1_ps(xd[i * nb + b]);
+      acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(sum[i]), acc[i]);
+      acc[i] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(m), acc[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) _mm256_storeu_ps(y + i * ldy, acc[i]);
+}
 #endif
 
-// The group tile for mr <= 4 activation rows of the family K.
-template <typename K>
-void tile(int mr, const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+template <typename T, typename K, int MR>
+void tile_mr(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
 #ifdef HEARTH_GGUF_AVX2
   if constexpr (!K::kPlain) {
-    switch (mr) {
-      case 1: return tile_avx<K::kWide, 1>(w, a, r0, y, ldy);
-      case 2: return tile_avx<K::kWide, 2>(w, a, r0, y, ldy);
-      case 3: return tile_avx<K::kWide, 3>(w, a, r0, y, ldy);
-      default: return tile_avx<K::kWide, 4>(w, a, r0, y, ldy);
+    if constexpr (std::is_same_v<T, Q4_0>) {
+      return tile_avx_q4_0<K::kWide, MR>(w, a, r0, y, ldy);
+    } else {
+      return tile_avx_q4_k<K::kWide, MR>(w, a, r0, y, ldy);
     }
   }
 #endif
+  if constexpr (std::is_same_v<T, Q4_0>) {
+    tile_plain_q4_0<MR>(w, a, r0, y, ldy);
+  } else {
+    tile_plain_q4_k<MR>(w, a, r0, y, ldy);
+  }
+}
+
+// The group tile for mr <= 4 activation rows.
+template <typename T, typename K>
+void tile(int mr, const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
   switch (mr) {
-    case 1: return tile_plain<1>(w, a, r0, y, ldy);
-    case 2: return tile_plain<2>(w, a, r0, y, ldy);
-    case 3: return tile_plain<3>(w, a, r0, y, ldy);
-    default: return tile_plain<4>(w, a, r0, y, ldy);
+    case 1: return tile_mr<T, K, 1>(w, a, r0, y, ldy);
+    case 2: return tile_mr<T, K, 2>(w, a, r0, y, ldy);
+    case 3: return tile_mr<T, K, 3>(w, a, r0, y, ldy);
+    default: return tile_mr<T, K, 4>(w, a, r0, y, ldy);
   }
 }
 
 constexpr int64_t kMR = 4;
 
-template <typename K>
-void matmul_q4_0(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
+template <typename K, typename T>
+void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0), row_bytes = w.size(1), groups = n / kGroup;
-  RowActs acts(m, k);
+  RowActs acts(m, k, T::kActBlock);
   const auto quantize = [&](auto* xp) {
     at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) acts.template quantize_row<K::kPlain>(xp + r * k, r);
@@ -1084,14 +1246,14 @@ void matmul_q4_0(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
       const int64_t c1 = std::min(g1, c0 + chunk);
       for (int64_t i0 = 0; i0 < m; i0 += kMR) {
         const int mr = static_cast<int>(std::min(kMR, m - i0));
-        for (int64_t g = c0; g < c1; ++g) tile<K>(mr, wp + g * group_bytes, acts, i0, yp + i0 * n + g * kGroup, n);
+        for (int64_t g = c0; g < c1; ++g) tile<T, K>(mr, wp + g * group_bytes, acts, i0, yp + i0 * n + g * kGroup, n);
       }
     }
   });
-  if (groups * kGroup < n) {  // the last rows, in the file's layout: the tiles above
+  if (groups * kGroup < n) {  // the last rows, in the file's layout: the file-order tiles
     const at::Tensor tail = w.narrow(0, groups * kGroup, n - groups * kGroup);
     at::Tensor yt = at::empty({m, tail.size(0)}, y.options());
-    matmul<K, Q4_0>(x, tail, yt);
+    hearth::matmul<K, T>(x, tail, yt);
     y.narrow(1, groups * kGroup, tail.size(0)).copy_(yt);
   }
 }
@@ -1103,8 +1265,9 @@ void matmul_q4_0(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
 namespace {
 template <typename K>
 at::Tensor gguf_mm_with(const at::Tensor& x_in, const at::Tensor& w_in, int64_t type) {
-  const bool grouped = type == kQ4_0_X8;
-  return with_block_type(grouped ? kQ4_0 : type, "gguf_mm", [&](auto block) {
+  const int64_t file_type = grouped_file_type(type);
+  const bool grouped = file_type != type;
+  return with_block_type(file_type, "gguf_mm", [&](auto block) {
     using T = decltype(block);
     check_weights(w_in, "gguf_mm");
     TORCH_CHECK(x_in.dim() == 2 && x_in.device().is_cpu(), "gguf_mm: x must be a 2-D CPU tensor [m, k], got ",
@@ -1120,9 +1283,9 @@ at::Tensor gguf_mm_with(const at::Tensor& x_in, const at::Tensor& w_in, int64_t 
     const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
     at::Tensor y = at::empty({x.size(0), w.size(0)}, x.options().dtype(at::kFloat));
     if (y.numel()) {
-      if constexpr (std::is_same_v<T, Q4_0>) {
+      if constexpr (std::is_same_v<T, Q4_0> || std::is_same_v<T, Q4_K>) {
         if (grouped) {
-          x8::matmul_q4_0<K>(x, w, y);
+          x8::matmul<K, T>(x, w, y);
         } else {
           matmul<K, T>(x, w, y);
         }
@@ -1158,9 +1321,20 @@ std::string gguf_kernel_family() {
 namespace {
 void check_repack(const at::Tensor& w, int64_t type, const char* op) {
   check_weights(w, op);
-  TORCH_CHECK(type == kQ4_0, op, ": ggml type ", type, " has no grouped layout here (Q4_0=2)");
-  TORCH_CHECK(w.size(1) % Q4_0::kBytes == 0, op, ": a row of ", w.size(1), " bytes is not a whole number of ",
-              Q4_0::kBytes, "-byte blocks of ggml type ", type);
+  TORCH_CHECK(type == kQ4_0 || type == kQ4_K, op, ": ggml type ", type,
+              " has no grouped layout here (Q4_0=2, Q4_K=12)");
+  const int64_t block = type == kQ4_0 ? Q4_0::kBytes : Q4_K::kBytes;
+  TORCH_CHECK(w.size(1) % block == 0, op, ": a row of ", w.size(1), " bytes is not a whole number of ", block,
+              "-byte blocks of ggml type ", type);
+}
+
+// from and to may be the same bytes
+void repack_rows(const uint8_t* from, uint8_t* to, int64_t n, int64_t row_bytes, int64_t type) {
+  if (type == kQ4_0) {
+    x8::repack<Q4_0>(from, to, n, row_bytes);
+  } else {
+    x8::repack<Q4_K>(from, to, n, row_bytes);
+  }
 }
 }  // namespace
 
@@ -1168,28 +1342,33 @@ at::Tensor gguf_repack(const at::Tensor& w_in, int64_t type) {
   check_repack(w_in, type, "gguf_repack");
   const at::Tensor w = w_in.contiguous();
   at::Tensor out = at::empty_like(w);
-  if (w.numel()) x8::repack_q4_0(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), w.size(0), w.size(1));
+  if (w.numel()) repack_rows(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), w.size(0), w.size(1), type);
   return out;
 }
 
 int64_t gguf_repack_(at::Tensor& w, int64_t type) {
   check_repack(w, type, "gguf_repack_");
   TORCH_CHECK(w.is_contiguous(), "gguf_repack_: w must be contiguous");
-  if (w.numel()) x8::repack_q4_0(w.data_ptr<uint8_t>(), w.data_ptr<uint8_t>(), w.size(0), w.size(1));
+  if (w.numel()) repack_rows(w.data_ptr<uint8_t>(), w.data_ptr<uint8_t>(), w.size(0), w.size(1), type);
   return gguf_grouped_type(type);
 }
 
-int64_t gguf_grouped_type(int64_t type) { return type == kQ4_0 ? kQ4_0_X8 : -1; }
+int64_t gguf_grouped_type(int64_t type) { return type == kQ4_0 ? kQ4_0_X8 : type == kQ4_K ? kQ4_K_X8 : -1; }
 
 at::Tensor gguf_dequantize(const at::Tensor& w_in, int64_t type) {
-  if (type == kQ4_0_X8) {  // the file's row order back, then as Q4_0
-    check_weights(w_in, "gguf_dequantize");
-    TORCH_CHECK(w_in.size(1) % Q4_0::kBytes == 0, "gguf_dequantize: a row of ", w_in.size(1),
-                " bytes is not a whole number of ", Q4_0::kBytes, "-byte blocks of ggml type ", type);
+  if (grouped_file_type(type) != type) {  // the file's row order back, then as the file's type
+    const int64_t file_type = grouped_file_type(type);
+    check_repack(w_in, file_type, "gguf_dequantize");
     const at::Tensor w = w_in.contiguous();
     at::Tensor rows = at::empty_like(w);
-    if (w.numel()) x8::unpack_q4_0(w.data_ptr<uint8_t>(), rows.data_ptr<uint8_t>(), w.size(0), w.size(1));
-    return gguf_dequantize(rows, kQ4_0);
+    if (w.numel()) {
+      if (file_type == kQ4_0) {
+        x8::unpack<Q4_0>(w.data_ptr<uint8_t>(), rows.data_ptr<uint8_t>(), w.size(0), w.size(1));
+      } else {
+        x8::unpack<Q4_K>(w.data_ptr<uint8_t>(), rows.data_ptr<uint8_t>(), w.size(0), w.size(1));
+      }
+    }
+    return gguf_dequantize(rows, file_type);
   }
   return with_block_type(type, "gguf_dequantize", [&](auto block) {
     using T = decltype(block);

@@ -83,9 +83,9 @@ def test_each_file_type_runs_in_its_blocks_close_to_its_dequantized_values(
     assert isinstance(runner._decoder.lm_head, GgufLinear)
     # the weights are the file's bytes, not a dequantized copy (norms are fp32, a few KiB)
     assert llm.weights_bytes <= path.stat().st_size
-    if kind == "Q4_0":  # the decoder layers' Q4_0 rows are put in groups of eight at load
-        kinds = {s.kind for layer in runner._decoder._stack.layers for s in layer.qkv.segments}
-        assert kinds == {128 + 2}, kinds
+    # the decoder layers' Q4_0 and Q4_K rows are put in groups of eight at load (type numbers 128 + the ggml type's)
+    kinds = {s.kind for layer in runner._decoder._stack.layers for s in layer.qkv.segments}
+    assert kinds == {"Q4_K_M": {128 + 12, 14}, "Q4_0": {128 + 2}, "Q8_0": {8}}[kind], kinds
     ids = [5, 17, 300, 4000, 12, 9, 77]
     ours = _first_logits(llm, ids)
     reference = _first_logits(open_llm(path, "fp32"), ids)

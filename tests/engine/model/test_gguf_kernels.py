@@ -199,28 +199,37 @@ def test_the_wide_tiles_give_the_avx2_tiles_bits(hearth: object) -> None:
             assert torch.equal(fast, narrow), (qtype.name, m, family)
 
 
-# --- Q4_0 rows in groups of eight (gguf_repack; ggml type + 128 for gguf_mm) -----------------------------------------
+# --- Q4_0 and Q4_K rows in groups of eight (gguf_repack; ggml type + 128 for gguf_mm) -------------------------------
 #: Row counts around the groups of eight: a lone partial group, odd counts, whole groups with and without a tail.
 GROUPED_ROWS = (1, 3, 7, 8, 9, 13, 16, 19, 37)
-Q4_0_X8 = 128 + int(T.Q4_0)
+GROUPED = (T.Q4_0, T.Q4_K)
 
 
-def grouped(hearth: object, w: np.ndarray) -> torch.Tensor:
-    return hearth.gguf_repack(torch.from_numpy(w), int(T.Q4_0))  # type: ignore[attr-defined]
+def grouped(hearth: object, w: np.ndarray, qtype: T) -> torch.Tensor:
+    return hearth.gguf_repack(torch.from_numpy(w), int(qtype))  # type: ignore[attr-defined]
 
 
+def several_blocks(qtype: T) -> tuple[int, int]:
+    """Two widths of several blocks: 3 and 17 blocks of 32 (a partial run of 8 in the file-order tiles), or 1 and
+    3 super-blocks."""
+    return (96, 544) if qtype == T.Q4_0 else (256, 768)
+
+
+@pytest.mark.parametrize("qtype", GROUPED, ids=lambda t: t.name)
 @pytest.mark.parametrize("n", GROUPED_ROWS)
-def test_grouped_q4_0_holds_the_files_rows(hearth: object, n: int) -> None:
+def test_grouped_rows_hold_the_files_rows(hearth: object, qtype: T, n: int) -> None:
     """The groups are the file's bytes in another order: they dequantize to gguf's own values, the in-place repack
     gives the same bytes, and the type numbers say which layout is which."""
-    w = random_blocks(T.Q4_0, n, 96, np.random.default_rng(n))
-    g = grouped(hearth, w)
-    assert g.shape == (n, 54) and g.dtype == torch.uint8
-    assert int(hearth.gguf_grouped_type(int(T.Q4_0))) == Q4_0_X8  # type: ignore[attr-defined]
+    k = several_blocks(qtype)[0]
+    w = random_blocks(qtype, n, k, np.random.default_rng(n))
+    g = grouped(hearth, w, qtype)
+    assert g.shape == w.shape and g.dtype == torch.uint8
+    kind = 128 + int(qtype)
+    assert int(hearth.gguf_grouped_type(int(qtype))) == kind  # type: ignore[attr-defined]
     assert int(hearth.gguf_grouped_type(int(T.Q8_0))) == -1  # type: ignore[attr-defined]
-    np.testing.assert_array_equal(hearth.gguf_dequantize(g, Q4_0_X8).numpy(), gguf.quants.dequantize(w, T.Q4_0))  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(hearth.gguf_dequantize(g, kind).numpy(), gguf.quants.dequantize(w, qtype))  # type: ignore[attr-defined]
     in_place = torch.from_numpy(w.copy())
-    assert hearth.gguf_repack_(in_place, int(T.Q4_0)) == Q4_0_X8  # type: ignore[attr-defined]
+    assert hearth.gguf_repack_(in_place, int(qtype)) == kind  # type: ignore[attr-defined]
     assert torch.equal(in_place, g)
     if n >= 8:
         assert not torch.equal(g[:8], torch.from_numpy(w[:8]))
@@ -229,69 +238,78 @@ def test_grouped_q4_0_holds_the_files_rows(hearth: object, n: int) -> None:
         hearth.gguf_repack(torch.from_numpy(w), int(T.Q8_0))  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("qtype", GROUPED, ids=lambda t: t.name)
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("k", (96, 544))
-def test_grouped_matmul_matches_the_dequantized_product(hearth: object, kernel: str, k: int) -> None:
+@pytest.mark.parametrize("wide", [False, True], ids=["fewer_blocks", "more_blocks"])
+def test_grouped_matmul_matches_the_dequantized_product(hearth: object, qtype: T, kernel: str, wide: bool) -> None:
     mm = getattr(hearth, kernel)
+    k = several_blocks(qtype)[int(wide)]
     rng = np.random.default_rng(k + len(kernel))
     for n in GROUPED_ROWS:
-        w = random_blocks(T.Q4_0, n, k, rng)
-        g = grouped(hearth, w)
-        dense = gguf.quants.dequantize(w, T.Q4_0).astype(np.float64)
+        w = random_blocks(qtype, n, k, rng)
+        g = grouped(hearth, w, qtype)
+        dense = gguf.quants.dequantize(w, qtype).astype(np.float64)
         x = rng.standard_normal((19, k)).astype(np.float32)
         x[0, :40] *= 30.0
-        exact = quantized_activations(x, 32) @ dense.T
+        exact = quantized_activations(x, activation_block(qtype)) @ dense.T
         for m in (1, 2, 3, 4, 5, 19):
-            y = mm(torch.from_numpy(x[:m]), g, Q4_0_X8).numpy()
+            y = mm(torch.from_numpy(x[:m]), g, 128 + int(qtype)).numpy()
             assert y.dtype == np.float32 and y.shape == (m, n)
             assert relative_error(y, exact[:m]) < 1e-5, (n, m, relative_error(y, exact[:m]))
 
 
+@pytest.mark.parametrize("qtype", GROUPED, ids=lambda t: t.name)
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_grouped_rows_are_the_same_bits_whatever_shares_the_call(hearth: object, kernel: str) -> None:
+def test_grouped_rows_are_the_same_bits_whatever_shares_the_call(hearth: object, qtype: T, kernel: str) -> None:
     """Greedy decoding must not depend on the batch: each output row is the same bits alone, in any row count from
     1 to 19 (tiles of 4 activation rows and their remainders), in any order, and on one thread or several."""
     mm = getattr(hearth, kernel)
+    kind = 128 + int(qtype)
+    k = several_blocks(qtype)[1]
     rng = np.random.default_rng(8)
-    w = grouped(hearth, random_blocks(T.Q4_0, 45, 544, rng))
-    x = torch.from_numpy(rng.standard_normal((19, 544)).astype(np.float32))
-    full = mm(x, w, Q4_0_X8)
+    w = grouped(hearth, random_blocks(qtype, 45, k, rng), qtype)
+    x = torch.from_numpy(rng.standard_normal((19, k)).astype(np.float32))
+    full = mm(x, w, kind)
     for m in range(1, 20):
-        assert torch.equal(mm(x[:m], w, Q4_0_X8), full[:m]), m
+        assert torch.equal(mm(x[:m], w, kind), full[:m]), m
     for i in range(19):
-        assert torch.equal(mm(x[i : i + 1], w, Q4_0_X8), full[i : i + 1]), i
+        assert torch.equal(mm(x[i : i + 1], w, kind), full[i : i + 1]), i
     for rows in ([18, 3, 11], [5, 1, 13, 8, 2, 9, 0], list(range(18, 0, -3))):
-        assert torch.equal(mm(x[rows], w, Q4_0_X8), full[rows]), rows
+        assert torch.equal(mm(x[rows], w, kind), full[rows]), rows
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert torch.equal(mm(x, w, Q4_0_X8), full)
-        assert torch.equal(mm(x[3:4], w, Q4_0_X8), full[3:4])
+        assert torch.equal(mm(x, w, kind), full)
+        assert torch.equal(mm(x[3:4], w, kind), full[3:4])
     finally:
         torch.set_num_threads(threads)
 
 
-def test_grouped_kernels_give_the_same_bits_in_every_build(hearth: object) -> None:
+@pytest.mark.parametrize("qtype", GROUPED, ids=lambda t: t.name)
+def test_grouped_kernels_give_the_same_bits_in_every_build(hearth: object, qtype: T) -> None:
     """The VNNI tiles (gguf_mm where the build has them), the AVX2 tiles and the plain loops sum the same integers
     per block and scale them with the same fp32 operations, so the grouped rows are the same bits in all three (the
     partial group at the end runs the file-order tiles, where the plain loops agree to fp32 rounding)."""
     rng = np.random.default_rng(9)
-    for n, k in ((40, 1024), (21, 96)):
-        w = grouped(hearth, random_blocks(T.Q4_0, n, k, rng))
+    kind = 128 + int(qtype)
+    for n, k in ((40, 1024), (21, several_blocks(qtype)[0])):
+        w = grouped(hearth, random_blocks(qtype, n, k, rng), qtype)
         whole = n // 8 * 8
         for m in (1, 2, 5, 9, 19):
             x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
-            fast = hearth.gguf_mm(x, w, Q4_0_X8)  # type: ignore[attr-defined]
-            assert torch.equal(fast, hearth.gguf_mm_avx2(x, w, Q4_0_X8)), (n, m)  # type: ignore[attr-defined]
-            plain = hearth.gguf_mm_plain(x, w, Q4_0_X8)  # type: ignore[attr-defined]
+            fast = hearth.gguf_mm(x, w, kind)  # type: ignore[attr-defined]
+            assert torch.equal(fast, hearth.gguf_mm_avx2(x, w, kind)), (n, m)  # type: ignore[attr-defined]
+            plain = hearth.gguf_mm_plain(x, w, kind)  # type: ignore[attr-defined]
             assert torch.equal(fast[:, :whole], plain[:, :whole]), (n, m)
             assert relative_error(plain.numpy(), fast.numpy().astype(np.float64)) < 1e-5
 
 
-def test_grouped_bfloat16_activations(hearth: object) -> None:
+@pytest.mark.parametrize("qtype", GROUPED, ids=lambda t: t.name)
+def test_grouped_bfloat16_activations(hearth: object, qtype: T) -> None:
     rng = np.random.default_rng(10)
-    w = grouped(hearth, random_blocks(T.Q4_0, 40, 512, rng))
+    kind = 128 + int(qtype)
+    w = grouped(hearth, random_blocks(qtype, 40, 512, rng), qtype)
     x = torch.randn(5, 512, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
-    y = hearth.gguf_mm(x, w, Q4_0_X8)  # type: ignore[attr-defined]
+    y = hearth.gguf_mm(x, w, kind)  # type: ignore[attr-defined]
     assert y.dtype == torch.bfloat16 and tuple(y.shape) == (5, 40)
-    assert torch.equal(y, hearth.gguf_mm(x.float(), w, Q4_0_X8).to(torch.bfloat16))  # type: ignore[attr-defined]
+    assert torch.equal(y, hearth.gguf_mm(x.float(), w, kind).to(torch.bfloat16))  # type: ignore[attr-defined]

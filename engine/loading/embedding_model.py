@@ -110,7 +110,7 @@ def encoder_config(config: dict[str, Any], arch: EmbeddingArchitecture, where: s
         if old in config and new not in config:
             config[new] = config[old]
     rope_theta: float | None = None
-    activation = str(config.get("hidden_act", "gelu"))
+    activation = str(config.get("hidden_act", "silu" if arch.rotary else "gelu"))
     if arch.rotary:
         for key, runs in _NOMIC_FLAGS.items():
             value = config.get(key, runs)
@@ -122,9 +122,8 @@ def encoder_config(config: dict[str, Any], arch: EmbeddingArchitecture, where: s
                 raise _refuse(where, f"has a {act} MLP (activation_function; Hearth runs swiglu)")
             activation = "silu"
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-        rope_type = (
-            rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-        )
+        rope = rope if isinstance(rope, dict) else {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", "dynamic"):
             raise _refuse(where, f"scales its rotary positions ({rope_type})")
         if rope_type == "dynamic" or config.get("rotary_scaling_factor"):
@@ -132,30 +131,39 @@ def encoder_config(config: dict[str, Any], arch: EmbeddingArchitecture, where: s
             # encoder's inputs are cut there (below)
             trained = config.get("max_trained_positions") or rope.get("original_max_position_embeddings")
             config["max_trained_positions"] = trained or config.get("max_position_embeddings")
-        theta = config.get(
-            "rotary_emb_base", (rope or {}).get("rope_theta", config.get("rope_theta", 1000.0))
-        )
-        rope_theta = float(theta)
+        theta = config.get("rotary_emb_base", rope.get("rope_theta", config.get("rope_theta", 1000.0)))
+        rope_theta = float(theta) if isinstance(theta, (int, float)) else float("nan")
         if not rope_theta >= 1:
             raise ModelLoadError(f"{where} has a rotary base of {theta!r}; it must be at least 1.")
-    try:
-        hidden, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
-        heads, vocab = int(config["num_attention_heads"]), int(config["vocab_size"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ModelLoadError(f"{where} has no usable {exc} in its config; re-download the model.") from None
+    sizes: dict[str, float] = {}
+    for key, default in (
+        ("hidden_size", None), ("num_hidden_layers", None), ("num_attention_heads", None), ("vocab_size", None),
+        ("max_position_embeddings", 512), ("layer_norm_eps", 1e-12),
+    ):  # fmt: skip
+        value = config.get(key) if config.get(key) is not None else default
+        try:
+            sizes[key] = float(value) if key == "layer_norm_eps" else int(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError, OverflowError):
+            raise ModelLoadError(
+                f"{where} has no usable {key} in its config ({value!r}); re-download the model."
+            ) from None
+    hidden, layers = int(sizes["hidden_size"]), int(sizes["num_hidden_layers"])
+    heads, vocab = int(sizes["num_attention_heads"]), int(sizes["vocab_size"])
+    max_positions, eps = int(sizes["max_position_embeddings"]), sizes["layer_norm_eps"]
     if min(hidden, layers, heads, vocab) < 1 or hidden % heads:
         raise ModelLoadError(f"{where}'s config is damaged: {heads} heads cannot split a width of {hidden}.")
     pad = config.get("pad_token_id")
     pad_id = int(pad) if isinstance(pad, int) else (1 if arch.position_offset else 0)
     offset = pad_id + 1 if arch.position_offset else 0
-    positions = int(config.get("max_position_embeddings") or 512) - offset
+    positions = max_positions - offset
     trained = config.get("max_trained_positions")  # nomic v1/v1.5: 8192 positions, trained on 2048
     if arch.rotary and isinstance(trained, int) and trained > 0:
         positions = min(positions, trained)
-    eps = config.get("layer_norm_eps", 1e-12)
-    return EncoderConfig(
-        hidden, layers, heads, float(eps), activation, rope_theta, positions, pad_id, offset, vocab
-    )
+    if positions < 1 or not eps > 0:
+        raise ModelLoadError(
+            f"{where}'s config is damaged: {positions} positions, a LayerNorm epsilon of {eps}."
+        )
+    return EncoderConfig(hidden, layers, heads, eps, activation, rope_theta, positions, pad_id, offset, vocab)
 
 
 def gguf_encoder_config(metadata: dict[str, Any], where: str) -> tuple[str, EncoderConfig]:

@@ -79,8 +79,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="serve every model found here and in the usual apps' folders, each loaded when a "
                              "request names it (repeatable)")
     parser.add_argument("--embedding-model", action="append", default=[], type=Path, metavar="PATH",
-                        help="an embedding model's folder (bge, e5, gte, Qwen3-Embedding...) to serve on /v1/embeddings "
-                             "and Ollama's /api/embed beside the chat model, by its folder name (repeatable; "
+                        help="an embedding model's folder (bge, e5, gte, nomic-embed, Qwen3-Embedding...) or GGUF "
+                             "file (bert, nomic-bert) to serve on /v1/embeddings and Ollama's /api/embed beside the "
+                             "chat model, by its folder or file name (repeatable; "
                              "wordllama-l2-256 is always there; with --models-dir, the embedding models found there "
                              "are served too)")
     parser.add_argument("--keep-alive", default="5m", metavar="DURATION",

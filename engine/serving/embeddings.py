@@ -92,8 +92,10 @@ class EmbeddingSource(Protocol):
 
 def served_name(folder: Path) -> str:
     """The name a model folder is served under: its folder name, or ``owner/name`` for a Hugging Face cache
-    snapshot (whose folder is a commit hash)."""
+    snapshot (whose folder is a commit hash); a GGUF file's name without ``.gguf``."""
     folder = Path(folder)
+    if folder.suffix.lower() == ".gguf" and folder.is_file():
+        return folder.stem
     repo = folder.parent.parent.name if folder.parent.name == "snapshots" else ""
     if repo.startswith("models--"):
         return repo.removeprefix("models--").replace("--", "/")
@@ -101,7 +103,9 @@ def served_name(folder: Path) -> str:
 
 
 def folder_size(folder: Path) -> int:
-    """The bytes of the files in ``folder`` and its subfolders."""
+    """The bytes of the files in ``folder`` and its subfolders (of the file, for a GGUF file)."""
+    if Path(folder).is_file():
+        return Path(folder).stat().st_size
     return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
 
 
@@ -109,8 +113,8 @@ class LocalEmbeddings:
     """The single-model server's embedding models: model folders loaded now, and WordLlama on first use.
 
     Args:
-        folders: embedding model folders (``--embedding-model``), each served under :func:`served_name`, with
-            ``NAME:latest`` and the path as given as other names.
+        folders: embedding model folders or GGUF files (``--embedding-model``), each served under
+            :func:`served_name`, with ``NAME:latest`` and the path as given as other names.
 
     Raises:
         ValueError: a folder that holds no embedding model Hearth runs, or two with the same name (in words).

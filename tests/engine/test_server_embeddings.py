@@ -23,7 +23,7 @@ from engine.docs.embedders import load_embedder
 from engine.serving.embeddings import MODEL, embedding_routes
 from engine.serving.openai_app import uvicorn_server
 from engine.serving.transport import bind_socket
-from tests.engine.embedding_models import build_tiny_embedder
+from tests.engine.embedding_models import build_tiny_embedder, write_gguf
 from tests.engine.server_process import ServerProcess, run_server
 
 
@@ -124,9 +124,12 @@ TEXTS = ["the lighthouse keeper", "a storm at sea, the boat in the harbour", "th
 @pytest.fixture(scope="module")
 def embedder_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("embedders")
+    nomic, model = build_tiny_embedder("nomic_bert", root / "nomic-folder", pooling="mean")
     return {
         "tiny-bert": build_tiny_embedder("bert", root / "tiny-bert", pooling="cls")[0],
         "tiny-qwen3-embedding": build_tiny_embedder("qwen3", root / "tiny-qwen3-embedding", pooling="last")[0],
+        # a llama.cpp nomic-bert GGUF file, Q8_0, served by its file name
+        "tiny-nomic": write_gguf(nomic, model, root / "tiny-nomic.gguf", quantized=True),
     }
 
 
@@ -159,7 +162,7 @@ def _assert_same(got: object, folder: Path, texts: list[str]) -> None:
     assert cosines.min() > 0.9999, cosines
 
 
-@pytest.mark.parametrize("name", ["tiny-bert", "tiny-qwen3-embedding"])
+@pytest.mark.parametrize("name", ["tiny-bert", "tiny-qwen3-embedding", "tiny-nomic"])
 def test_the_openai_sdk_gets_the_index_vectors_of_an_embedding_model(
     served: ServerProcess, embedder_dirs: dict[str, Path], name: str
 ) -> None:
@@ -195,12 +198,13 @@ def test_langchain_and_the_ollama_client_get_the_same_vectors(
     assert np.allclose(wordllama.embeddings, _expected(TEXTS[:1]), atol=1e-6)
 
 
-def test_the_model_lists_name_the_embedding_models(served: ServerProcess) -> None:
+def test_the_model_lists_name_the_embedding_models(served: ServerProcess, embedder_dirs: dict[str, Path]) -> None:
     ids = [m["id"] for m in httpx.get(f"{served.v1}/models", timeout=30).json()["data"]]
-    assert ids[1:] == ["tiny-bert", "tiny-qwen3-embedding"] and len(ids) == 3
+    assert ids[1:] == ["tiny-bert", "tiny-qwen3-embedding", "tiny-nomic"] and len(ids) == 4
     tags = {m["name"]: m for m in httpx.get(f"{served.base_url}/api/tags", timeout=30).json()["models"]}
     assert tags["tiny-bert"]["details"]["family"] == "bert" and tags["tiny-bert"]["size"] > 0
     assert tags["tiny-qwen3-embedding"]["details"]["families"] == ["qwen3"]
+    assert tags["tiny-nomic"]["size"] == embedder_dirs["tiny-nomic"].stat().st_size
     shown = httpx.post(f"{served.base_url}/api/show", json={"model": "tiny-bert"}, timeout=30).json()
     assert shown["capabilities"] == ["embedding"]
 

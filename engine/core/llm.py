@@ -133,6 +133,8 @@ class LLM:
             if progress is not None:
                 progress(0.95, "warm up")
             self._warm_up(loaded.path)
+            #: the kernel shapes this load ran untimed, measured now while the model is idle, for the next load
+            self.tuning = self.engine.runner.tune_in_background(self.engine.has_work)
         except torch.OutOfMemoryError as exc:
             del loaded
             self._release()
@@ -278,6 +280,9 @@ class LLM:
 
     def close(self) -> None:
         """Stop the engine and free the model and the KV cache."""
+        tuning = self.__dict__.pop("tuning", None)
+        if tuning is not None:
+            tuning.stop()  # within one timed call; it lets go of the candidates it measured
         engine = getattr(self, "engine", None)
         if engine is None:
             return

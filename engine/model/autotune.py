@@ -45,6 +45,7 @@ import functools
 import logging
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -195,6 +196,7 @@ def warm_up(kernel: Kernel, rows: int, in_features: int, dtype: torch.dtype) -> 
     call, spent, last = _caller(kernel, rows, in_features, dtype), 0.0, 0.0
     with torch.inference_mode():
         for _ in range(_WARMUP):
+            _checkpoint()
             last = call()
             spent += last
             if spent >= _WARMUP_BUDGET_S:
@@ -214,6 +216,7 @@ def time_kernel(kernel: Kernel, rows: int, in_features: int, dtype: torch.dtype)
     flush = kernel.nbytes < 2 * _cache_bytes()
     with torch.inference_mode():
         while len(times) < _REPEATS and sum(times) < _REPEAT_BUDGET_S:
+            _checkpoint()
             if flush:
                 _evict_caches()
             times.append(call())
@@ -310,6 +313,19 @@ class Choice:
     plan: Plan
 
 
+@dataclass(slots=True)
+class Pending:
+    """A shape a load ran untimed, with what :meth:`Tuner.tune_pending` measures it with."""
+
+    role: str
+    shape: tuple[int, int]
+    key: str
+    kernels: dict[str, Kernel]
+    preferred: str
+    free: frozenset[str]
+    noisy_before: int
+
+
 class Tuner:
     """Makes (or reads) one plan per role and shape while a model's layers are built.
 
@@ -320,6 +336,9 @@ class Tuner:
         layers: How many layers share each decoder shape (a second kernel costs that many copies).
         deterministic: Choose only row-invariant kernels, one per shape for every bucket (see the module doc).
         timed: Measure the candidates; otherwise the preferred one runs (the first invariant one, if it is not).
+        defer: A shape whose plan is not cached runs its untimed plan (:meth:`untimed_plan`) for this load, and is
+            measured later by :meth:`tune_pending` (in the background, once the model answers); the plan it makes
+            is cached for the next load, never swapped into this one.
     """
 
     def __init__(
@@ -330,15 +349,19 @@ class Tuner:
         layers: int,
         deterministic: bool = False,
         timed: bool = True,
+        defer: bool = False,
     ) -> None:
         self.dtype = dtype
         self.deterministic = deterministic
         self.timed = timed
+        self.defer = defer and timed and cache is not None
         self.cache = cache
         self.budget = extra_budget
         self.layers = layers
         self.plans: dict[tuple[str, tuple[int, int]], Plan] = {}
         self.choices: list[Choice] = []
+        #: shapes this load runs untimed, to measure after it (:meth:`tune_pending`), with their candidates
+        self.pending: list[Pending] = []
 
     def plan_for(
         self,
@@ -358,23 +381,12 @@ class Tuner:
         noisy_before = 0
         if plan is not None and (any(name not in kernels for name in plan.kernels) or self._measure_again(plan)):
             noisy_before, plan = plan.noisy_loads, None
-        if plan is None:
+        if plan is None and self.defer and len(kernels) > 1:
+            plan = self.untimed_plan(shape, kernels, preferred)
+            self.pending.append(Pending(role, shape, key, dict(kernels), preferred, free, noisy_before))
+        elif plan is None:
             announce(f"{role} {shape[0]}x{shape[1]}")
-            if self.deterministic:
-                plan = self._invariant_plan(shape, kernels, preferred)
-            else:
-                measured = measure({name: kernels[name] for name in names}, shape[1], self.dtype)
-                copies = 1 if role == "lm_head" else self.layers
-
-                def may_add(name: str, main: str) -> bool:
-                    return name in free or _extra_bytes(kernels, name, main) * copies <= self.budget
-
-                by_median = choose(measured.median, preferred, may_add).kernels
-                plan = judge(choose(measured.best, preferred, may_add), measured, by_median)
-            if not plan.trusted:
-                plan.noisy_loads = noisy_before + 1
-            if self.cache is not None:
-                self.cache.put(key, plan)
+            plan = self._measured_plan(role, shape, key, kernels, preferred, free, noisy_before)
         for name in plan.used:
             if name != plan.kernels[0] and name not in free:
                 self.budget -= _extra_bytes(kernels, name, plan.kernels[0]) * (1 if role == "lm_head" else self.layers)
@@ -382,6 +394,70 @@ class Tuner:
         self.choices.append(Choice(role, shape, plan))
         log.info("kernels for %s %dx%d: %s", role, shape[0], shape[1], plan.reason)
         return plan
+
+    def _measured_plan(
+        self,
+        role: str,
+        shape: tuple[int, int],
+        key: str,
+        kernels: dict[str, Kernel],
+        preferred: str,
+        free: frozenset[str],
+        noisy_before: int,
+    ) -> Plan:
+        """Measure the candidates of one shape, choose its plan, and cache it."""
+        if self.deterministic:
+            plan = self._invariant_plan(shape, kernels, preferred)
+        else:
+            measured = measure({name: kernels[name] for name in sorted(kernels)}, shape[1], self.dtype)
+            copies = 1 if role == "lm_head" else self.layers
+
+            def may_add(name: str, main: str) -> bool:
+                return name in free or _extra_bytes(kernels, name, main) * copies <= self.budget
+
+            by_median = choose(measured.median, preferred, may_add).kernels
+            plan = judge(choose(measured.best, preferred, may_add), measured, by_median)
+        if not plan.trusted:
+            plan.noisy_loads = noisy_before + 1
+        if self.cache is not None:
+            self.cache.put(key, plan)
+        return plan
+
+    def untimed_plan(self, shape: tuple[int, int], kernels: dict[str, Kernel], preferred: str) -> Plan:
+        """The plan of a shape nothing was measured for yet: the preferred kernel in every bucket (in deterministic
+        mode the first row-invariant kernel, the preferred one probed first). Not cached."""
+        if self.deterministic:
+            timed, self.timed = self.timed, False
+            try:
+                plan = self._invariant_plan(shape, kernels, preferred)
+            finally:
+                self.timed = timed
+        else:
+            plan = Plan((preferred,) * len(BUCKETS), {}, f"{preferred} for every bucket")
+        plan.reason += "; not measured yet: measured after this load, for the next"
+        return plan
+
+    def tune_pending(self, wait: Callable[[], bool] | None = None) -> int:
+        """Measure every shape this load left untimed (:attr:`pending`), and cache its plan for the next load; the
+        layers of this load keep the kernels they run. Then the candidates are let go.
+
+        ``wait``, called before each shape, blocks while the machine is wanted for something else (a reply) and
+        returns False to stop here: the shapes not measured yet are measured by a later load. Returns how many
+        shapes were measured.
+        """
+        done = 0
+        while self.pending:
+            if wait is not None and not wait():
+                break
+            job = self.pending.pop(0)
+            with torch.inference_mode():
+                plan = self._measured_plan(job.role, job.shape, job.key, job.kernels, job.preferred, job.free,
+                                           job.noisy_before)
+            log.info("kernels for %s %dx%d, measured after the load (for the next load): %s", job.role,
+                     job.shape[0], job.shape[1], plan.reason)
+            done += 1
+        self.pending.clear()
+        return done
 
     @staticmethod
     def _measure_again(plan: Plan) -> bool:
@@ -431,6 +507,90 @@ class Tuner:
         timings = {n: [round(t, 1) for t in ts] for n, ts in invariant.best.items()} if invariant else {}
         plan = Plan((first,) * len(BUCKETS), timings, why, row_multiple=pad)
         return plan if invariant is None else judge(plan, invariant, (by_median,) * len(BUCKETS))
+
+
+class TuningStopped(Exception):
+    """Raised inside a background measurement that was asked to stop (:meth:`BackgroundTuning.stop`)."""
+
+
+_background = threading.local()
+
+
+def _checkpoint() -> None:
+    """Before each timed call: on a background tuning's thread, wait while the model is wanted (a reply is being
+    generated) and stop when asked to; elsewhere nothing. A reply then waits for one kernel call at most."""
+    hold = getattr(_background, "hold", None)
+    if hold is not None:
+        hold()
+
+
+class BackgroundTuning:
+    """Measures a :class:`Tuner`'s pending shapes (:meth:`Tuner.tune_pending`) on a thread of its own, while the
+    model is idle, and caches their plans for the next load (the running layers keep their kernels: a kernel
+    swapped under a conversation could change a greedy reply's tokens).
+
+    Args:
+        tuner: whose :attr:`Tuner.pending` shapes to measure.
+        busy: whether the model is wanted now (a request queued or running): measuring waits until it is not,
+            checked before every timed call.
+        poll_s: how often a waiting measurement looks again.
+    """
+
+    def __init__(self, tuner: Tuner, busy: Callable[[], bool], poll_s: float = 0.05) -> None:
+        self.tuner = tuner
+        self._busy = busy
+        self._poll_s = poll_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: shapes measured so far
+        self.measured = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="hearth-tune", daemon=True)
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop measuring (within one timed call) and let go of the candidates; shapes not measured yet are
+        measured by a later load."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    def join(self, timeout_s: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _hold(self) -> None:
+        while not self._stop.is_set() and self._busy():
+            self._stop.wait(self._poll_s)
+        if self._stop.is_set():
+            raise TuningStopped
+
+    def _wait(self) -> bool:
+        try:
+            self._hold()
+        except TuningStopped:
+            return False
+        return True
+
+    def _run(self) -> None:
+        _background.hold = self._hold
+        start = time.perf_counter()
+        try:
+            self.measured = self.tuner.tune_pending(self._wait)
+        except TuningStopped:
+            log.info("kernel measurement stopped; the shapes left are measured by a later load")
+        except Exception:  # a failed measurement costs only the next load's speed
+            log.exception("measuring kernels after the load failed")
+        finally:
+            self.tuner.pending.clear()
+            _background.hold = None
+        if self.measured:
+            log.info("measured %d kernel shapes after the load in %.1f s", self.measured, time.perf_counter() - start)
 
 
 def _cannot_win(best: Mapping[str, list[float]], name: str, by: str) -> bool:

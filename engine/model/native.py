@@ -13,7 +13,8 @@ to the tuner where :func:`engine.model.vnni.vnni_problem` finds nothing against 
 The extension is compiled once per machine with the system's C++ compiler, for this CPU (``-march=native``), and
 kept in ``build_cache_dir()/native`` (shared by every data dir) under a key of its source, the torch version, the
 compiler and the CPU's flags (``engine/model/native_build.py``). The first start builds it in the background, so a
-start never waits on the compiler (steps run eager meanwhile); later starts only load the library. The offline
+start never waits on the compiler; that load's steps run eager to its end (a step turning native mid-conversation
+could change a greedy reply's tokens), and later loads only load the library. The offline
 bundle carries copies built when the bundle is (``packaging/hearth.spec``, :data:`BUNDLED_BUILDS`), the most
 portable for any x86-64 CPU with AVX2 and FMA, and checks the running CPU's flags before loading one. Where there is
 no compiler, the build fails or the CPU lacks those flags, steps run eager, with the reason logged and shown by
@@ -271,11 +272,16 @@ class NativeDecode:
         self.steps = 0
         #: why each bucket runs as it does, for logs and ``python -m engine info``
         self.reasons: dict[int, str] = {}
+        #: the extension was still being built when this decoder's load enabled it: its steps stay eager until the
+        #: next load, since a step that turned native mid-conversation could change a greedy reply's tokens
+        self.built_after_load = not EXTENSION.ready
 
     def status(self) -> str:
         """One line: how each bucket seen so far runs."""
         if not EXTENSION.ready:
             return "eager: " + (EXTENSION.problem or "the native step is being built")
+        if self.built_after_load:
+            return "eager: the native step was built after this load began; it runs from the next load"
         if not self.reasons:
             return "native, per batch bucket on first use"
         return "; ".join(f"{BUCKET_NAMES[b]} rows: {r}" for b, r in sorted(self.reasons.items()))
@@ -284,7 +290,7 @@ class NativeDecode:
         """The handle of the pinned weights of the bucket of ``rows``, once it runs native; None while eager."""
         bucket = 0 if self.every_step else bucket_index(rows)
         ready = self._ready.get(bucket)
-        if ready is not None or bucket in self.reasons or not EXTENSION.ready:
+        if ready is not None or bucket in self.reasons or not EXTENSION.ready or self.built_after_load:
             return ready
         self.reasons[bucket] = self._decide(bucket)
         log.info("decode steps of %s rows: %s", rows, self.reasons[bucket])

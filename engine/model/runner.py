@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import psutil
@@ -34,7 +34,7 @@ from engine.model.attention import (
     register_hf_attention,
     step_context,
 )
-from engine.model.autotune import Choice, Tuner
+from engine.model.autotune import BackgroundTuning, Choice, Tuner
 from engine.model.cuda_graphs import GraphedDecode
 from engine.model.gguf_linear import GgufEmbedding, GgufLinear
 from engine.model.kernels import KernelBuilder
@@ -46,7 +46,9 @@ from engine.model.quantization import DenseLinear, Linear, make_linear
 
 log = logging.getLogger("engine")
 
-#: Set to "off" to skip kernel measurement: every layer then runs its level's stored kernel.
+#: Set to "off" to skip kernel measurement: every layer then runs its level's stored kernel. Unset, a shape whose
+#: plan is not cached runs untimed and is measured after the load, in the background, for the next load
+#: (:meth:`ModelRunner.tune_in_background`); "load" measures it during the load, as the layers are built.
 AUTOTUNE_ENV = "HEARTH_AUTOTUNE"
 #: Second kernels for a shape (e.g. a dense copy beside int4) may take at most this share of available RAM.
 EXTRA_KERNEL_RAM_FRACTION = 0.1
@@ -122,6 +124,7 @@ class ModelRunner:
         if deterministic and not self.deterministic:
             log.warning("deterministic mode is implemented for the CPU only; %s replies may vary", self.device)
         self._decoder: FusedDecoder | None = None
+        self._tuner: Tuner | None = None  # the load's tuner, while shapes it left untimed wait to be measured
         #: the kernel plans measured (or read from the cache) for this model, for ``python -m engine info``
         self.kernel_choices: list[Choice] = []
         #: how many fused weights came straight from the GGUF file's blocks
@@ -207,16 +210,29 @@ class ModelRunner:
         """The fused layers' kernel builder: GGUF blocks where the file has them (``file`` at the "file" level),
         plans measured per shape."""
         tuner = None
-        timed = os.environ.get(AUTOTUNE_ENV, "").strip().lower() not in ("0", "off", "no", "false")
+        setting = os.environ.get(AUTOTUNE_ENV, "").strip().lower()
+        timed = setting not in ("0", "off", "no", "false")
         if timed or self.deterministic:  # deterministic mode checks row invariance even when nothing is timed
             budget = int(psutil.virtual_memory().available * EXTRA_KERNEL_RAM_FRACTION)
             layers = int(self.config.num_hidden_layers)
             cache = PlanCache() if timed else None
-            tuner = Tuner(self.dtype, cache, budget, layers, deterministic=self.deterministic, timed=timed)
+            tuner = Tuner(self.dtype, cache, budget, layers, deterministic=self.deterministic, timed=timed,
+                          defer=setting != "load")
+        self._tuner = tuner
         gguf = file or (source_of(model) if self.weight_quantization is not None and self.device.type == "cpu" else None)
         return KernelBuilder(
             self.weight_quantization, self.dtype, self.device, self._quant_backend, gguf, tuner, self._native_mode
         )
+
+    def tune_in_background(self, busy: Callable[[], bool]) -> BackgroundTuning | None:
+        """Measure the shapes this load ran untimed (their plans were not cached) on a thread of their own while
+        ``busy()`` is False, caching the plans for the next load; None when there are none."""
+        tuner, self._tuner = self._tuner, None
+        if tuner is None or not tuner.pending:
+            return None
+        background = BackgroundTuning(tuner, busy)
+        background.start()
+        return background
 
     def _take_file_blocks(self, model: torch.nn.Module) -> GgufWeights:
         """The "file" level: check its kernels can run, and look tokens up in the embedding's own blocks; returns

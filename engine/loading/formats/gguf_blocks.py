@@ -15,7 +15,8 @@ Rows are independent: a caller may reorder them (llama's permuted Q/K rows) befo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import cast
 
@@ -234,10 +235,27 @@ def dequantize(kind: str, raw: torch.Tensor, dtype: torch.dtype = torch.float32)
     if step >= rows:
         return DEQUANTIZE[kind](raw).reshape(rows, columns).to(dtype)
     out = torch.empty(rows, columns, dtype=dtype)
-    for start in range(0, rows, step):
-        part = raw[start : start + step]
-        out[start : start + step] = DEQUANTIZE[kind](part).reshape(part.shape[0], columns)
+    with _one_thread():
+        for start in range(0, rows, step):
+            part = raw[start : start + step]
+            out[start : start + step] = DEQUANTIZE[kind](part).reshape(part.shape[0], columns)
     return out
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """torch's ops on one thread within the block. A slice's ops are short: split over the cores, each would wait on
+    every core at its end, and on a busy machine (another process holding a core) that wait is most of its time
+    (a 1B model's slices took 20 times longer on two threads than on one, at load average 9 on 2 cores)."""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 #: Values per slice of rows that :func:`dequantize` computes at once: its fp32 temporaries then fit in a core's

@@ -387,6 +387,23 @@ class Tuner:
         elif plan is None:
             announce(f"{role} {shape[0]}x{shape[1]}")
             plan = self._measured_plan(role, shape, key, kernels, preferred, free, noisy_before)
+        return self.adopt(role, shape, plan, kernels, free)
+
+    def cached(self, role: str, shape: tuple[int, int], candidates: list[str]) -> Plan | None:
+        """The cached plan of ``role`` at ``shape`` over these candidates, when it runs as it is (nothing to measure
+        again): the caller then builds only the kernels it uses and hands them to :meth:`adopt`."""
+        if self.cache is None:
+            return None
+        plan = self.cache.get(PlanCache.key(role, shape, self.dtype, sorted(candidates), self.deterministic))
+        if plan is None or any(name not in candidates for name in plan.kernels) or self._measure_again(plan):
+            return None
+        return plan
+
+    def adopt(
+        self, role: str, shape: tuple[int, int], plan: Plan, kernels: Mapping[str, Kernel], free: frozenset[str]
+    ) -> Plan:
+        """Run ``plan`` for ``role`` at ``shape`` (every later instance of the shape takes it too); ``kernels`` holds
+        at least the ones it uses."""
         for name in plan.used:
             if name != plan.kernels[0] and name not in free:
                 self.budget -= _extra_bytes(kernels, name, plan.kernels[0]) * (1 if role == "lm_head" else self.layers)

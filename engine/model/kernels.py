@@ -113,8 +113,14 @@ class KernelBuilder:
             return builds[preferred]()
         shape = (int(weight.shape[0]), int(weight.shape[1]))
         known = self.tuner.plans.get((role, shape))
+        adopt = known is None
+        if known is None:  # a cached plan: only the kernels it runs are built (the lm_head's others cost seconds)
+            known = self.tuner.cached(role, shape, list(builds))
         if known is not None and all(name in builds for name in known.used):
-            return TunedLinear({name: builds[name]() for name in known.used}, known, free)
+            kernels = {name: builds[name]() for name in known.used}
+            if adopt:
+                self.tuner.adopt(role, shape, known, kernels, free)
+            return TunedLinear(kernels, known, free)
         kernels = {name: build() for name, build in builds.items()}
         plan: Plan = self.tuner.plan_for(role, shape, kernels, preferred, free)
         return TunedLinear(kernels, plan, free)

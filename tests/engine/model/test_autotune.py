@@ -410,3 +410,32 @@ def test_retune_removes_this_machines_plans(
     assert "removed 2 kernel plans" in out and str(path) in out
     assert list(json.loads(path.read_text())) == [other]  # another machine's plans stay
     assert not _plan(path).cached
+
+
+def test_a_cached_plan_builds_only_the_kernels_it_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A later load reads the plan before building: the candidates it does not run (the lm_head's packed copies cost
+    seconds on a 1B model) are never built."""
+    from engine.model import kernels as kernels_module
+    from engine.model.kernels import KernelBuilder
+
+    built: list[str] = []
+    monkeypatch.setattr(kernels_module, "fbgemm_fp16_available", lambda: True)
+    monkeypatch.setattr(kernels_module, "PackedFp16Linear", lambda w, b: built.append("fp16_packed") or _Fake(2))
+    monkeypatch.setattr(kernels_module, "DenseLinear", lambda w, b: built.append("dense") or _Fake(1))
+    cache = PlanCache(tmp_path / "autotune.json")
+    weight = torch.zeros(8, 4)
+    key = PlanCache.key("o", (8, 4), torch.bfloat16, ["dense", "fp16_packed"])
+    cache.put(key, Plan(("fp16_packed",) * len(BUCKETS), {}, "fp16_packed is fastest"))
+    tuner = Tuner(torch.bfloat16, PlanCache(tmp_path / "autotune.json"), extra_budget=0, layers=2)
+    builder = KernelBuilder(None, torch.bfloat16, torch.device("cpu"), "auto", None, tuner)
+    first = builder("o", ["o"], weight, None)
+    second = builder("o", ["o"], weight, None)
+    assert built == ["fp16_packed", "fp16_packed"]  # one per layer, and no dense copy
+    assert isinstance(first, TunedLinear) and first.plan.cached and second.plan is first.plan
+    assert [c.role for c in tuner.choices] == ["o"]
+    # with no plan cached, the first instance builds every candidate to measure them
+    fresh = KernelBuilder(None, torch.bfloat16, torch.device("cpu"), "auto", None,
+                          Tuner(torch.bfloat16, PlanCache(tmp_path / "other.json"), 0, 2, defer=True))
+    built.clear()
+    fresh("o", ["o"], weight, None)
+    assert sorted(built) == ["dense", "fp16_packed"]

@@ -9,7 +9,9 @@ tile, thread split), so that a greedy reply never depends on its batch. The plai
 which a CPU without AVX2 runs (``gguf_mm_plain``), pass the same checks and agree with the AVX2 tiles. The AVX2 tiles
 (``gguf_mm_avx2``) are in every build with AVX2 and pass the same checks; where the build has the 512-bit tiles
 (AVX512-BW/VL and VNNI), ``gguf_mm`` runs those, and they must give the AVX2 tiles' bits exactly, so a reply is the
-same on both kinds of CPU.
+same on both kinds of CPU. Q4_0 and Q4_K rows put in groups of eight interleaved rows (``gguf_repack``, as the "file"
+level loads them; type number 128 + the ggml type's) pass the same checks for odd row counts with a partial group, and
+give the same bits in the plain loops, the AVX2 tiles and the VNNI tiles.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -313,6 +313,33 @@ class Choice:
     plan: Plan
 
 
+class LazyKernels(Mapping[str, Kernel]):
+    """A shape's candidates, each built the first time it is looked up: a load that measures nothing later (its
+    plan untimed, :meth:`Tuner.untimed_plan`) builds only the kernels it runs, and the background measurement the
+    others (the lm_head's packed copy of a 1B model takes seconds to build)."""
+
+    def __init__(self, builds: Mapping[str, Callable[[], Kernel]]) -> None:
+        self._builds = dict(builds)
+        self._built: dict[str, Kernel] = {}
+
+    def __getitem__(self, name: str) -> Kernel:
+        kernel = self._built.get(name)
+        if kernel is None:
+            kernel = self._built[name] = self._builds[name]()
+        return kernel
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._builds)
+
+    def __len__(self) -> int:
+        return len(self._builds)
+
+    @property
+    def built(self) -> list[str]:
+        """The candidates built so far."""
+        return list(self._built)
+
+
 @dataclass(slots=True)
 class Pending:
     """A shape a load ran untimed, with what :meth:`Tuner.tune_pending` measures it with."""
@@ -320,7 +347,7 @@ class Pending:
     role: str
     shape: tuple[int, int]
     key: str
-    kernels: dict[str, Kernel]
+    kernels: Mapping[str, Kernel]
     preferred: str
     free: frozenset[str]
     noisy_before: int
@@ -367,7 +394,7 @@ class Tuner:
         self,
         role: str,
         shape: tuple[int, int],
-        kernels: dict[str, Kernel],
+        kernels: Mapping[str, Kernel],
         preferred: str,
         free: frozenset[str],
     ) -> Plan:
@@ -383,7 +410,7 @@ class Tuner:
             noisy_before, plan = plan.noisy_loads, None
         if plan is None and self.defer and len(kernels) > 1:
             plan = self.untimed_plan(shape, kernels, preferred)
-            self.pending.append(Pending(role, shape, key, dict(kernels), preferred, free, noisy_before))
+            self.pending.append(Pending(role, shape, key, kernels, preferred, free, noisy_before))
         elif plan is None:
             announce(f"{role} {shape[0]}x{shape[1]}")
             plan = self._measured_plan(role, shape, key, kernels, preferred, free, noisy_before)
@@ -417,7 +444,7 @@ class Tuner:
         role: str,
         shape: tuple[int, int],
         key: str,
-        kernels: dict[str, Kernel],
+        kernels: Mapping[str, Kernel],
         preferred: str,
         free: frozenset[str],
         noisy_before: int,
@@ -440,7 +467,7 @@ class Tuner:
             self.cache.put(key, plan)
         return plan
 
-    def untimed_plan(self, shape: tuple[int, int], kernels: dict[str, Kernel], preferred: str) -> Plan:
+    def untimed_plan(self, shape: tuple[int, int], kernels: Mapping[str, Kernel], preferred: str) -> Plan:
         """The plan of a shape nothing was measured for yet: the preferred kernel in every bucket (in deterministic
         mode the first row-invariant kernel, the preferred one probed first). Not cached."""
         if self.deterministic:
@@ -482,7 +509,7 @@ class Tuner:
         the machine looks quiet (:func:`machine_quiet`); otherwise it runs, as the best calls chose it."""
         return not plan.trusted and plan.noisy_loads <= MAX_REMEASURES and machine_quiet()
 
-    def _invariant_plan(self, shape: tuple[int, int], kernels: dict[str, Kernel], preferred: str) -> Plan:
+    def _invariant_plan(self, shape: tuple[int, int], kernels: Mapping[str, Kernel], preferred: str) -> Plan:
         """One row-invariant kernel for every bucket: the fastest overall of those that are (padded if need be).
         Timed, the candidates are probed fastest first, except those that :func:`_cannot_win` against one found
         invariant; untimed, the preferred kernel is probed first, and the first invariant one runs."""

@@ -35,7 +35,7 @@ import torch
 
 from engine.loading.formats.gguf_blocks import Int4Parts
 from engine.loading.gguf_weights import GgufWeights, matches
-from engine.model.autotune import Kernel, Tuner
+from engine.model.autotune import Kernel, LazyKernels, Tuner
 from engine.model.gguf_linear import GgufLinear
 from engine.model.plan_cache import Plan
 from engine.model.quantization import (
@@ -117,13 +117,13 @@ class KernelBuilder:
         if known is None:  # a cached plan: only the kernels it runs are built (the lm_head's others cost seconds)
             known = self.tuner.cached(role, shape, list(builds))
         if known is not None and all(name in builds for name in known.used):
-            kernels = {name: builds[name]() for name in known.used}
+            used = {name: builds[name]() for name in known.used}
             if adopt:
-                self.tuner.adopt(role, shape, known, kernels, free)
-            return TunedLinear(kernels, known, free)
-        kernels = {name: build() for name, build in builds.items()}
+                self.tuner.adopt(role, shape, known, used, free)
+            return TunedLinear(used, known, free)
+        kernels = LazyKernels(builds)  # built when measured or run: an untimed plan builds only what it runs
         plan: Plan = self.tuner.plan_for(role, shape, kernels, preferred, free)
-        return TunedLinear(kernels, plan, free)
+        return TunedLinear({name: kernels[name] for name in plan.used}, plan, free)
 
     # --- candidates ------------------------------------------------------------------------------------------
     def _candidates(

@@ -433,9 +433,14 @@ def test_a_cached_plan_builds_only_the_kernels_it_runs(tmp_path: Path, monkeypat
     assert built == ["fp16_packed", "fp16_packed"]  # one per layer, and no dense copy
     assert isinstance(first, TunedLinear) and first.plan.cached and second.plan is first.plan
     assert [c.role for c in tuner.choices] == ["o"]
-    # with no plan cached, the first instance builds every candidate to measure them
-    fresh = KernelBuilder(None, torch.bfloat16, torch.device("cpu"), "auto", None,
-                          Tuner(torch.bfloat16, PlanCache(tmp_path / "other.json"), 0, 2, defer=True))
+    # with no plan cached, a load that measures later builds only the kernel it runs; the measurement the others
+    fresh_tuner = Tuner(torch.bfloat16, PlanCache(tmp_path / "other.json"), 0, 2, defer=True)
+    fresh = KernelBuilder(None, torch.bfloat16, torch.device("cpu"), "auto", None, fresh_tuner)
     built.clear()
     fresh("o", ["o"], weight, None)
-    assert sorted(built) == ["dense", "fp16_packed"]
+    fresh("o", ["o"], weight, None)
+    assert built == ["dense", "dense"] and len(fresh_tuner.pending) == 1
+    monkeypatch.setattr(autotune, "time_kernel", lambda kernel, rows, k, dtype: [float(kernel.value)])
+    assert fresh_tuner.tune_pending() == 1
+    assert built == ["dense", "dense", "fp16_packed"]
+    assert PlanCache(tmp_path / "other.json").get(key) is not None  # for the next load

@@ -376,3 +376,25 @@ def test_the_removed_compile_option_is_refused_with_the_reason(capsys: pytest.Ca
             bench.main(argv)
         assert exit_info.value.code == 2
         assert "--compile: the torch.compile decode path was removed" in capsys.readouterr().err
+
+
+def test_a_native_step_built_after_the_load_began_runs_from_the_next_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first start builds the extension in the background; a step that turned native mid-conversation could change a
+    greedy reply's tokens, so that load stays eager to its end, and says so."""
+    layers: list[int] = []
+
+    def decoder() -> native.NativeDecode:
+        return native.NativeDecode(
+            "on", None, lambda bucket: layers.append(bucket), 8, torch.float32, (1, 1, 8), None,  # type: ignore[arg-type]
+            None, "tiny",  # type: ignore[arg-type]
+        )
+
+    monkeypatch.setattr(native.EXTENSION, "ready", False)
+    monkeypatch.setattr(native.EXTENSION, "problem", None)
+    during = decoder()
+    monkeypatch.setattr(native.EXTENSION, "ready", True)  # the build ends while that model runs
+    assert during.weights_for(1) is None and layers == []  # eager: its layers are never handed over
+    assert "from the next load" in during.status()
+    after = decoder()  # the next load finds it built
+    assert not after.built_after_load
+    assert after.weights_for(1) is None and layers == [0]  # it asks for the layers (none here: eager, with a reason)

@@ -36,7 +36,16 @@ quiet (:func:`machine_quiet`), at most :data:`MAX_REMEASURES` times; a busy one 
 measure again. A clear winner is trusted on a busy machine too.
 
 Plans are cached per machine (``engine/model/plan_cache.py``: :class:`PlanCache`), so later loads measure
-nothing. Every plan records its timings, noise and a reason.
+nothing. Every plan records its timings, noise and a reason. The cache is keyed by shape, not by file: a copy of a
+model under another folder finds its plans.
+
+**After the load** (``Tuner(defer=True)``, the engine's default: ``HEARTH_AUTOTUNE``): measuring every shape of a 1B
+model took most of a first load on two cores, so a shape whose plan is not cached runs an untimed plan
+(:meth:`Tuner.untimed_plan`: the preferred kernel; in deterministic mode the first row-invariant one) and only the
+kernels it runs are built (:class:`LazyKernels`). Once the model has answered its warm-up, :class:`BackgroundTuning`
+measures those shapes on a thread of its own while the engine has no work, and caches their plans. The loaded
+layers keep their kernels: a kernel swapped mid-conversation could change a greedy reply's tokens, so the
+measured plans apply from the next load.
 """
 
 from __future__ import annotations

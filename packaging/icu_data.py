@@ -1,12 +1,14 @@
 """A smaller ICU data library for the bundle's Qt (used by packaging/hearth.spec).
 
 Qt's libicudata.so.* is one 30 MiB array (``icudt<N>_dat``) holding all of ICU's data. QtCore calls ICU only for
-case mapping, collation (QCollator, locale-aware compare), codecs (QStringConverter), and time-zone names and IDs
+case mapping, collation (QCollator, locale-aware compare), legacy codecs (QStringConverter) and time-zone names and IDs
 (QTimeZone): the ``u_strTo*``, ``ucol_*``, ``ucnv_*`` and ``ucal_*`` functions its dynamic symbols import, no other
 Qt library imports any, and nothing else in the bundle links ICU. So the data that only other ICU services read
 goes: break-iterator rules and dictionaries (brkitr/, ~3 MiB: Qt finds text boundaries with its own tables),
 measurement units (unit/), currency names (curr/), language names (lang/), transliterators (translit/) and
-rule-based number formats (rbnf/), ~13 MiB in all. Locale data, collation, converters, zone and region names stay.
+rule-based number formats (rbnf/), and the legacy codec tables (*.cnv) that only a QStringDecoder asked for such
+a codec by name reads, which neither the app nor pyqtgraph does: ~18 MiB in all. Locale data, collation, zone and region
+names stay.
 
 The array is taken out of the library, the items are removed with ICU's ``icupkg -r`` (package icu-devtools), and
 a library of the same soname exporting the same symbol is assembled around the rest. Without icupkg, or when the
@@ -22,6 +24,10 @@ from pathlib import Path
 
 # Item folders (the part after "icudt<N>l/") that no ICU service Qt calls reads.
 UNUSED_TREES = ("brkitr", "unit", "curr", "lang", "translit", "rbnf")
+# Items by suffix: the legacy codec tables (.cnv, ~4.9 MiB; only a QStringDecoder/QStringEncoder asked for such a
+# codec by name reads one, and neither the app nor the libraries it uses do; UTF-8/16/32, Latin-1 and the system
+# codec are Qt's own), and the spoof checker's confusables (.cfu).
+UNUSED_SUFFIXES = (".cnv", ".cfu")
 
 
 def data_symbol(library: Path) -> tuple[str, int, int]:
@@ -50,9 +56,14 @@ def item_names(package: Path, icupkg: str) -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
-def unused_items(names: list[str], trees: tuple[str, ...] = UNUSED_TREES) -> list[str]:
-    """The items (``icupkg -l`` names them as ``brkitr/char.brk``) under the ``trees`` folders."""
-    return [name for name in names if name.split("/")[0] in trees and "/" in name]
+def unused_items(
+    names: list[str], trees: tuple[str, ...] = UNUSED_TREES, suffixes: tuple[str, ...] = UNUSED_SUFFIXES
+) -> list[str]:
+    """The items (``icupkg -l`` names them as ``brkitr/char.brk``) under the ``trees`` folders or with one of the
+    ``suffixes``."""
+    return [
+        name for name in names if ("/" in name and name.split("/")[0] in trees) or name.endswith(suffixes)
+    ]
 
 
 def shrink(library: Path, workdir: Path, trees: tuple[str, ...] = UNUSED_TREES) -> tuple[Path, int]:

@@ -488,6 +488,7 @@ class Tuner:
         else:
             plan = Plan((preferred,) * len(BUCKETS), {}, f"{preferred} for every bucket")
         plan.reason += "; not measured yet: measured after this load, for the next"
+        plan.untimed = True
         return plan
 
     def tune_pending(self, wait: Callable[[], bool] | None = None) -> int:

@@ -43,6 +43,7 @@ class Plan:
     noise: float | None = None  # see autotune.Measurement.noise; None when nothing was timed
     trusted: bool = True  # its timings separate the candidates (autotune.judge); else it is provisional
     noisy_loads: int = 0  # loads in a row that measured it too noisily (provisional plans only)
+    untimed: bool = False  # run unmeasured by this load, and measured after it for the next (never cached so)
 
     @property
     def used(self) -> list[str]:

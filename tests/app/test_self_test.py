@@ -76,3 +76,15 @@ def test_the_engines_entry_takes_the_launchers_arguments(fake_llm: type[_FakeLLM
     assert self_test.main(["--data-dir", str(tmp_path), "--self-test", "What is the capital of France?"]) == 0
     assert capsys.readouterr().out == "The capital of France is Paris.\n"
     assert os.environ["HEARTH_DATA_DIR"] == str(tmp_path.resolve())
+
+
+def test_self_test_waits_for_the_kernels_measured_after_the_answer(
+    fake_llm: type[_FakeLLM], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A first load measures its kernels after the answer; the self-test waits for them before it closes the model, so
+    a second self-test on the same data folder finds every plan cached."""
+    joined: list[bool] = []
+    fake_llm.tuning = types.SimpleNamespace(join=lambda: joined.append(True))  # type: ignore[attr-defined]
+    assert self_test.run_self_test("What is the capital of France?") == 0
+    assert joined == [True]
+    assert "measured after the answer" in capsys.readouterr().err

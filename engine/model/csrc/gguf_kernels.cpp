@@ -901,7 +901,9 @@ void check_weights(const at::Tensor& w, const char* op) {
 // AVX2 tiles and the VNNI tiles. Several activation rows run as tiles of 4 rows by one group, the groups split
 // across threads in runs that stay in cache while every tile of rows passes over them.
 // The file's ggml type behind a grouped layout's number (any other number as it is).
-inline int64_t grouped_file_type(int64_t type) { return type == kQ4_0_X8 ? kQ4_0 : type == kQ4_K_X8 ? kQ4_K : type; }
+inline int64_t grouped_file_type(int64_t type) {
+  return type == kQ4_0_X8 ? kQ4_0 : type == kQ4_K_X8 ? kQ4_K : type == kQ6_K_X8 ? kQ6_K : type;
+}
 
 namespace x8 {
 
@@ -909,10 +911,18 @@ constexpr int64_t kGroup = 8;
 
 // Where each byte of a block of row r goes in its group's block (kGroup times the block's bytes): Q4_0's scale to
 // 2r, its nibble bytes 4c..4c+3 to 16 + 32c + 4r. Q4_K: d to 2r, dmin to 16 + 2r, its 12 bytes of packed scales
-// as three 32-bit words, word t to 32 + 32t + 4r, its nibble bytes 32i + 4c.. to 128 + 256i + 32c + 4r.
+// as three 32-bit words, word t to 32 + 32t + 4r, its nibble bytes 32i + 4c.. to 128 + 256i + 32c + 4r. Q6_K: d
+// to 2r, its 16 int8 scales as four words, word t to 16 + 32t + 4r, its 128 low-nibble bytes 4c.. to
+// 144 + 32c + 4r, its 64 high-bit bytes 4c.. to 1168 + 32c + 4r (so two neighbouring chunks, 64 bytes, hold 8 bytes
+// of each row).
 template <typename T>
 inline void scatter(const uint8_t* blk, uint8_t* out, int64_t r) {
-  if constexpr (std::is_same_v<T, Q4_0>) {
+  if constexpr (std::is_same_v<T, Q6_K>) {
+    std::memcpy(out + 2 * r, blk + 208, 2);
+    for (int t = 0; t < 4; ++t) std::memcpy(out + 16 + 32 * t + 4 * r, blk + 192 + 4 * t, 4);
+    for (int c = 0; c < 32; ++c) std::memcpy(out + 144 + 32 * c + 4 * r, blk + 4 * c, 4);
+    for (int c = 0; c < 16; ++c) std::memcpy(out + 1168 + 32 * c + 4 * r, blk + 128 + 4 * c, 4);
+  } else if constexpr (std::is_same_v<T, Q4_0>) {
     std::memcpy(out + 2 * r, blk, 2);
     for (int c = 0; c < 4; ++c) std::memcpy(out + 16 + 32 * c + 4 * r, blk + 2 + 4 * c, 4);
   } else {
@@ -925,7 +935,12 @@ inline void scatter(const uint8_t* blk, uint8_t* out, int64_t r) {
 
 template <typename T>
 inline void gather(const uint8_t* in, uint8_t* blk, int64_t r) {
-  if constexpr (std::is_same_v<T, Q4_0>) {
+  if constexpr (std::is_same_v<T, Q6_K>) {
+    std::memcpy(blk + 208, in + 2 * r, 2);
+    for (int t = 0; t < 4; ++t) std::memcpy(blk + 192 + 4 * t, in + 16 + 32 * t + 4 * r, 4);
+    for (int c = 0; c < 32; ++c) std::memcpy(blk + 4 * c, in + 144 + 32 * c + 4 * r, 4);
+    for (int c = 0; c < 16; ++c) std::memcpy(blk + 128 + 4 * c, in + 1168 + 32 * c + 4 * r, 4);
+  } else if constexpr (std::is_same_v<T, Q4_0>) {
     std::memcpy(blk, in + 2 * r, 2);
     for (int c = 0; c < 4; ++c) std::memcpy(blk + 2 + 4 * c, in + 16 + 32 * c + 4 * r, 4);
   } else {
@@ -964,18 +979,22 @@ void unpack(const uint8_t* src, uint8_t* dst, int64_t n, int64_t row_bytes) {
   std::memcpy(dst + groups * group_bytes, src + groups * group_bytes, static_cast<size_t>((n - groups * kGroup) * row_bytes));
 }
 
-// Each activation row quantized per block (32 for Q4_0, 256 for Q4_K), row after row: q [m][k], d [m][nb]; for
-// Q4_0 8 * sum(q) [m][nb], for Q4_K the sums of each sub-block of 32 [m][nb][8] in the order 0 2 1 3 4 6 5 7 (so
-// that one 32-bit broadcast pairs sub-blocks 2t and 2t + 2 against the minimums' byte pairs, see tile_k).
+// Each activation row quantized per block (32 for Q4_0, 256 for Q4_K and Q6_K), row after row: q [m][k], d [m][nb];
+// for Q4_0 8 * sum(q) [m][nb], for Q4_K the sums of each sub-block of 32 [m][nb][8] in the order 0 2 1 3 4 6 5 7 (so
+// that one 32-bit broadcast pairs sub-blocks 2t and 2t + 2 against the minimums' byte pairs, see tile_k); for Q6_K
+// (sixteenths) -32 times the sum of each 16 [m][nb][16] in off (the weights are q - 32).
 struct RowActs {
   int64_t m, k, size, nb;
+  bool sixteenths;
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<int32_t> off;
   std::vector<int16_t> sums;
-  RowActs(int64_t m_, int64_t k_, int64_t size_)
-      : m(m_), k(k_), size(size_), nb(k_ / size_), q(static_cast<size_t>(m_ * k_)), d(static_cast<size_t>(m_ * nb)),
-        off(size_ == 32 ? static_cast<size_t>(m_ * nb) : 0), sums(size_ == 256 ? static_cast<size_t>(m_ * nb * 8) : 0) {}
+  RowActs(int64_t m_, int64_t k_, int64_t size_, bool sixteenths_ = false)
+      : m(m_), k(k_), size(size_), nb(k_ / size_), sixteenths(sixteenths_), q(static_cast<size_t>(m_ * k_)),
+        d(static_cast<size_t>(m_ * nb)),
+        off(size_ == 32 ? static_cast<size_t>(m_ * nb) : sixteenths_ ? static_cast<size_t>(m_ * nb * 16) : 0),
+        sums(size_ == 256 && !sixteenths_ ? static_cast<size_t>(m_ * nb * 8) : 0) {}
   template <bool kPlain, typename X>
   void quantize_row(const X* x, int64_t r) {
     for (int64_t b = 0; b < nb; ++b) {
@@ -988,6 +1007,12 @@ struct RowActs {
 #endif
       if (size == 32) {
         off[static_cast<size_t>(r * nb + b)] = 8 * sum;
+      } else if (sixteenths) {
+        for (int g = 0; g < 16; ++g) {
+          int32_t t = 0;
+          for (int l = 0; l < 16; ++l) t += qb[16 * g + l];
+          off[static_cast<size_t>((r * nb + b) * 16 + g)] = -32 * t;
+        }
       } else {
         static constexpr int kOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
         for (int j = 0; j < 8; ++j) {
@@ -1058,6 +1083,41 @@ void tile_plain_q4_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, i
         }
         acc = std::fma(half_at(blk + 2 * j) * xd[b], static_cast<float>(sum), acc);
         acc = std::fma(-(half_at(blk + 16 + 2 * j) * xd[b]), static_cast<float>(mins), acc);
+      }
+      y[i * ldy + j] = acc;
+    }
+  }
+}
+
+
+// Q6_K: per super-block, each sub-block g of 16 (half 8h + 2i + e of run i, in half h) takes the dot product of its
+// unsigned 6-bit quants with the activations, less 32 times the activations' sum (the weights are q - 32), times its
+// int8 scale; their sum, an exact integer, meets d_w * d_x in one fma per block.
+template <int MR>
+void tile_plain_q6_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+  constexpr int64_t kBlock = kGroup * Q6_K::kBytes;
+  for (int i = 0; i < MR; ++i) {
+    const int8_t* xq = a.q.data() + (r0 + i) * a.k;
+    const float* xd = a.d.data() + (r0 + i) * a.nb;
+    const int32_t* xo = a.off.data() + (r0 + i) * a.nb * 16;
+    for (int j = 0; j < kGroup; ++j) {
+      float acc = 0.f;
+      for (int64_t b = 0; b < a.nb; ++b) {
+        const uint8_t* blk = w + b * kBlock;
+        const int8_t* x = xq + 256 * b;
+        int32_t sum = 0;
+        for (int g = 0; g < 16; ++g) {
+          const int h = g / 8, run = (g % 8) / 2, e = g % 2;
+          int32_t dot = xo[b * 16 + g];
+          for (int l = 16 * e; l < 16 * e + 16; ++l) {
+            const uint8_t lo = blk[144 + 32 * ((64 * h + 32 * (run % 2) + l) / 4) + 4 * j + l % 4];
+            const uint8_t hi = blk[1168 + 32 * ((32 * h + l) / 4) + 4 * j + l % 4];
+            const int q = ((lo >> (4 * (run / 2))) & 0xF) | (((hi >> (2 * run)) & 3) << 4);
+            dot += q * x[128 * h + 32 * run + l];
+          }
+          sum += static_cast<int8_t>(blk[16 + 32 * (g / 4) + 4 * j + g % 4]) * dot;
+        }
+        acc = std::fma(half_at(blk + 2 * j) * xd[b], static_cast<float>(sum), acc);
       }
       y[i * ldy + j] = acc;
     }
@@ -1189,6 +1249,73 @@ void tile_avx_q4_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int
   }
   for (int i = 0; i < MR; ++i) _mm256_storeu_ps(y + i * ldy, acc[i]);
 }
+
+// Q6_K, 4 bytes of the eight rows per vector: the 6-bit quants of four runs from two low-nibble chunks and one
+// high-bit chunk, each run's dot product with the broadcast activations one lane per row (VPDPBUSD; AVX2: VPMADDUBSW
+// and VPMADDWD), started from -32 times the activations' sum and times the sub-block's int8 scale per lane. The
+// integers are tile_plain_q6_k's, and so is the fp32 code.
+template <bool kVnni, int MR>
+void tile_avx_q6_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+  constexpr int64_t kBlock = kGroup * Q6_K::kBytes;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
+  const int64_t k = a.k, nb = a.nb;
+  const int8_t* xq = a.q.data() + r0 * k;
+  const float* xd = a.d.data() + r0 * nb;
+  const int32_t* xo = a.off.data() + r0 * nb * 16;
+  __m256 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, w += kBlock) {
+    // the block's 1680 bytes are read out of order: prefetched, or the weights stream at a quarter of the speed
+    for (int64_t o = 0; o < kBlock; o += 64) _mm_prefetch(reinterpret_cast<const char*>(w + 4 * kBlock + o), _MM_HINT_T0);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    __m256i sum[MR];
+    for (int i = 0; i < MR; ++i) sum[i] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      for (int e = 0; e < 2; ++e) {  // sub-blocks 8h + 2run + e: bytes 16e.. of each run
+        __m256i dot[MR][4];
+        for (int i = 0; i < MR; ++i) {
+          for (int run = 0; run < 4; ++run) dot[i][run] = _mm256_set1_epi32(xo[(i * nb + b) * 16 + 8 * h + 2 * run + e]);
+        }
+        for (int c = 0; c < 4; ++c) {
+          const int l = 16 * e + 4 * c;
+          const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 144 + 32 * ((64 * h + l) / 4)));
+          const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 144 + 32 * ((64 * h + 32 + l) / 4)));
+          const __m256i vh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 1168 + 32 * ((32 * h + l) / 4)));
+          const __m256i q[4] = {
+              _mm256_or_si256(_mm256_and_si256(v0, low4), _mm256_and_si256(_mm256_slli_epi16(vh, 4), bits45)),
+              _mm256_or_si256(_mm256_and_si256(v1, low4), _mm256_and_si256(_mm256_slli_epi16(vh, 2), bits45)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), low4), _mm256_and_si256(vh, bits45)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), low4),
+                              _mm256_and_si256(_mm256_srli_epi16(vh, 2), bits45))};
+          for (int i = 0; i < MR; ++i) {
+            for (int run = 0; run < 4; ++run) {
+              const __m256i x = bcast4(xq + i * k + 256 * b + 128 * h + 32 * run + l);
+#ifdef HEARTH_GGUF_AVX512
+              if constexpr (kVnni) {
+                dot[i][run] = _mm256_dpbusd_epi32(dot[i][run], q[run], x);
+                continue;
+              }
+#endif
+              // a pair of 6-bit quants times activations: at most 2 * 63 * 127, no saturation
+              dot[i][run] = _mm256_add_epi32(dot[i][run], _mm256_madd_epi16(_mm256_maddubs_epi16(q[run], x),
+                                                                            _mm256_set1_epi16(1)));
+            }
+          }
+        }
+        for (int run = 0; run < 4; ++run) {
+          const int g = 8 * h + 2 * run + e;
+          const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * (g / 4)));
+          const __m256i sc = _mm256_srai_epi32(_mm256_slli_epi32(words, 24 - 8 * (g % 4)), 24);
+          for (int i = 0; i < MR; ++i) sum[i] = _mm256_add_epi32(sum[i], _mm256_mullo_epi32(dot[i][run], sc));
+        }
+      }
+    }
+    for (int i = 0; i < MR; ++i) {
+      acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xd[i * nb + b])), _mm256_cvtepi32_ps(sum[i]), acc[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) _mm256_storeu_ps(y + i * ldy, acc[i]);
+}
 #endif
 
 #ifdef HEARTH_GGUF_AVX512
@@ -1297,6 +1424,78 @@ void tile_pair_q4_k(const uint8_t* w0, const uint8_t* w1, const RowActs& a, int6
   for (int i = 0; i < MR; ++i) _mm512_storeu_ps(y + i * ldy, acc[i]);
 }
 
+
+// Q6_K in the VNNI build, one group, 8 bytes of the eight rows per 512-bit vector: two neighbouring chunks, their
+// 32-bit words interleaved (lane 2r the first 4 bytes of row r, lane 2r + 1 the next 4), against 8 broadcast
+// activation bytes (VPDPBUSD; no shuffle per activation row). The -32 offsets start the even lanes only, the scales
+// multiply both lanes of a row, and the two are added at the end of each super-block: each row then holds exactly
+// tile_avx_q6_k's integer, and the fp32 code is its own. The next blocks are prefetched: the group's block reads
+// its 1680 bytes out of order, and from memory (a 1B head, 8192 x 2048) it ran at a quarter of the file order's
+// speed without (AVX512 EPYC, one thread).
+template <int MR>
+void tile_wide_q6_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+  constexpr int64_t kBlock = kGroup * Q6_K::kBytes;
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+  constexpr int64_t kPrefetch = 4;
+  const __m512i interleave = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
+  const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i evens = _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0);
+  const int64_t k = a.k, nb = a.nb;
+  const int8_t* xq = a.q.data() + r0 * k;
+  const float* xd = a.d.data() + r0 * nb;
+  const int32_t* xo = a.off.data() + r0 * nb * 16;
+  __m256 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, w += kBlock) {
+    for (int64_t o = 0; o < kBlock; o += 64) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetch * kBlock + o), _MM_HINT_T0);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    __m512i sum[MR];
+    for (int i = 0; i < MR; ++i) sum[i] = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {
+      for (int e = 0; e < 2; ++e) {
+        __m512i dot[MR][4];
+        for (int i = 0; i < MR; ++i) {
+          for (int run = 0; run < 4; ++run) {
+            dot[i][run] = _mm512_maskz_set1_epi32(0x5555, xo[(i * nb + b) * 16 + 8 * h + 2 * run + e]);
+          }
+        }
+        for (int c = 0; c < 4; c += 2) {
+          const int l = 16 * e + 4 * c;
+          const __m512i v0 = _mm512_maskz_permutexvar_epi32(0xFFFF, interleave, _mm512_loadu_si512(w + 144 + 32 * ((64 * h + l) / 4)));
+          const __m512i v1 = _mm512_maskz_permutexvar_epi32(0xFFFF, interleave, _mm512_loadu_si512(w + 144 + 32 * ((64 * h + 32 + l) / 4)));
+          const __m512i vh = _mm512_maskz_permutexvar_epi32(0xFFFF, interleave, _mm512_loadu_si512(w + 1168 + 32 * ((32 * h + l) / 4)));
+          const __m512i q[4] = {
+              _mm512_or_si512(_mm512_and_si512(v0, low4), _mm512_and_si512(_mm512_slli_epi16(vh, 4), bits45)),
+              _mm512_or_si512(_mm512_and_si512(v1, low4), _mm512_and_si512(_mm512_slli_epi16(vh, 2), bits45)),
+              _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v0, 4), low4), _mm512_and_si512(vh, bits45)),
+              _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v1, 4), low4),
+                              _mm512_and_si512(_mm512_srli_epi16(vh, 2), bits45))};
+          for (int i = 0; i < MR; ++i) {
+            for (int run = 0; run < 4; ++run) {  // activation bytes 0-3 to the even lanes, 4-7 to the odd ones
+              int64_t x8;
+              std::memcpy(&x8, xq + i * k + 256 * b + 128 * h + 32 * run + l, sizeof x8);
+              dot[i][run] = _mm512_dpbusd_epi32(dot[i][run], q[run], _mm512_set1_epi64(x8));
+            }
+          }
+        }
+        for (int run = 0; run < 4; ++run) {
+          const int g = 8 * h + 2 * run + e;
+          const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * (g / 4)));
+          const __m256i sc = _mm256_srai_epi32(_mm256_slli_epi32(words, 24 - 8 * (g % 4)), 24);
+          const __m512i sc2 = _mm512_maskz_permutexvar_epi32(0xFFFF, twice, avx2::pair512(sc, sc));
+          for (int i = 0; i < MR; ++i) sum[i] = _mm512_add_epi32(sum[i], _mm512_mullo_epi32(dot[i][run], sc2));
+        }
+      }
+    }
+    for (int i = 0; i < MR; ++i) {
+      const __m512i both = _mm512_add_epi32(sum[i], _mm512_maskz_shuffle_epi32(0xFFFF, sum[i], _MM_PERM_CDAB));
+      const __m256i rows = _mm512_maskz_extracti64x4_epi64(0xF, _mm512_maskz_permutexvar_epi32(0xFFFF, evens, both), 0);
+      acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xd[i * nb + b])), _mm256_cvtepi32_ps(rows), acc[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) _mm256_storeu_ps(y + i * ldy, acc[i]);
+}
+
 template <typename T, int MR>
 void pair_mr(const uint8_t* w0, const uint8_t* w1, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
   if constexpr (std::is_same_v<T, Q4_0>) {
@@ -1322,14 +1521,21 @@ template <typename T, typename K, int MR>
 void tile_mr(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
 #ifdef HEARTH_GGUF_AVX2
   if constexpr (!K::kPlain) {
-    if constexpr (std::is_same_v<T, Q4_0>) {
+    if constexpr (std::is_same_v<T, Q6_K>) {
+#ifdef HEARTH_GGUF_AVX512
+      if constexpr (K::kWide) return tile_wide_q6_k<MR>(w, a, r0, y, ldy);
+#endif
+      return tile_avx_q6_k<K::kWide, MR>(w, a, r0, y, ldy);
+    } else if constexpr (std::is_same_v<T, Q4_0>) {
       return tile_avx_q4_0<K::kWide, MR>(w, a, r0, y, ldy);
     } else {
       return tile_avx_q4_k<K::kWide, MR>(w, a, r0, y, ldy);
     }
   }
 #endif
-  if constexpr (std::is_same_v<T, Q4_0>) {
+  if constexpr (std::is_same_v<T, Q6_K>) {
+    tile_plain_q6_k<MR>(w, a, r0, y, ldy);
+  } else if constexpr (std::is_same_v<T, Q4_0>) {
     tile_plain_q4_0<MR>(w, a, r0, y, ldy);
   } else {
     tile_plain_q4_k<MR>(w, a, r0, y, ldy);
@@ -1354,7 +1560,7 @@ constexpr int64_t kPairRows = 8;
 template <typename K, typename T>
 void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0), row_bytes = w.size(1), groups = n / kGroup;
-  RowActs acts(m, k, T::kActBlock);
+  RowActs acts(m, k, T::kActBlock, std::is_same_v<T, Q6_K>);
   const auto quantize = [&](auto* xp) {
     at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) acts.template quantize_row<K::kPlain>(xp + r * k, r);
@@ -1381,7 +1587,7 @@ void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
         // tiles arithmetic-bound: at one row the two streams a group apart ran a 1B Q4_K file's layers at 0.6x the
         // one-group tiles' speed (weights from memory) and at 4 rows at about 0.8x, at 512 rows 2.1-2.5x faster
         // (AVX512 EPYC, one thread)
-        if constexpr (K::kWide) {
+        if constexpr (K::kWide && !std::is_same_v<T, Q6_K>) {
           for (; m >= kPairRows && g + 1 < c1; g += 2) {
             tile_pair<T>(mr, wp + g * group_bytes, wp + (g + 1) * group_bytes, acts, i0, yp + i0 * n + g * kGroup, n);
           }
@@ -1424,7 +1630,7 @@ at::Tensor gguf_mm_with(const at::Tensor& x_in, const at::Tensor& w_in, int64_t 
     const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
     at::Tensor y = at::empty({x.size(0), w.size(0)}, x.options().dtype(at::kFloat));
     if (y.numel()) {
-      if constexpr (std::is_same_v<T, Q4_0> || std::is_same_v<T, Q4_K>) {
+      if constexpr (std::is_same_v<T, Q4_0> || std::is_same_v<T, Q4_K> || std::is_same_v<T, Q6_K>) {
         if (grouped) {
           x8::matmul<K, T>(x, w, y);
         } else {
@@ -1462,9 +1668,9 @@ std::string gguf_kernel_family() {
 namespace {
 void check_repack(const at::Tensor& w, int64_t type, const char* op) {
   check_weights(w, op);
-  TORCH_CHECK(type == kQ4_0 || type == kQ4_K, op, ": ggml type ", type,
-              " has no grouped layout here (Q4_0=2, Q4_K=12)");
-  const int64_t block = type == kQ4_0 ? Q4_0::kBytes : Q4_K::kBytes;
+  TORCH_CHECK(type == kQ4_0 || type == kQ4_K || type == kQ6_K, op, ": ggml type ", type,
+              " has no grouped layout here (Q4_0=2, Q4_K=12, Q6_K=14)");
+  const int64_t block = type == kQ4_0 ? Q4_0::kBytes : type == kQ4_K ? Q4_K::kBytes : Q6_K::kBytes;
   TORCH_CHECK(w.size(1) % block == 0, op, ": a row of ", w.size(1), " bytes is not a whole number of ", block,
               "-byte blocks of ggml type ", type);
 }
@@ -1473,8 +1679,10 @@ void check_repack(const at::Tensor& w, int64_t type, const char* op) {
 void repack_rows(const uint8_t* from, uint8_t* to, int64_t n, int64_t row_bytes, int64_t type) {
   if (type == kQ4_0) {
     x8::repack<Q4_0>(from, to, n, row_bytes);
-  } else {
+  } else if (type == kQ4_K) {
     x8::repack<Q4_K>(from, to, n, row_bytes);
+  } else {
+    x8::repack<Q6_K>(from, to, n, row_bytes);
   }
 }
 }  // namespace
@@ -1494,7 +1702,9 @@ int64_t gguf_repack_(at::Tensor& w, int64_t type) {
   return gguf_grouped_type(type);
 }
 
-int64_t gguf_grouped_type(int64_t type) { return type == kQ4_0 ? kQ4_0_X8 : type == kQ4_K ? kQ4_K_X8 : -1; }
+int64_t gguf_grouped_type(int64_t type) {
+  return type == kQ4_0 ? kQ4_0_X8 : type == kQ4_K ? kQ4_K_X8 : type == kQ6_K ? kQ6_K_X8 : -1;
+}
 
 at::Tensor gguf_dequantize(const at::Tensor& w_in, int64_t type) {
   if (grouped_file_type(type) != type) {  // the file's row order back, then as the file's type
@@ -1505,6 +1715,8 @@ at::Tensor gguf_dequantize(const at::Tensor& w_in, int64_t type) {
     if (w.numel()) {
       if (file_type == kQ4_0) {
         x8::unpack<Q4_0>(w.data_ptr<uint8_t>(), rows.data_ptr<uint8_t>(), w.size(0), w.size(1));
+      } else if (file_type == kQ6_K) {
+        x8::unpack<Q6_K>(w.data_ptr<uint8_t>(), rows.data_ptr<uint8_t>(), w.size(0), w.size(1));
       } else {
         x8::unpack<Q4_K>(w.data_ptr<uint8_t>(), rows.data_ptr<uint8_t>(), w.size(0), w.size(1));
       }

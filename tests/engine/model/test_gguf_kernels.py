@@ -9,7 +9,7 @@ tile, thread split), so that a greedy reply never depends on its batch. The plai
 which a CPU without AVX2 runs (``gguf_mm_plain``), pass the same checks and agree with the AVX2 tiles. The AVX2 tiles
 (``gguf_mm_avx2``) are in every build with AVX2 and pass the same checks; where the build has the 512-bit tiles
 (AVX512-BW/VL and VNNI), ``gguf_mm`` runs those, and they must give the AVX2 tiles' bits exactly, so a reply is the
-same on both kinds of CPU. Q4_0 and Q4_K rows put in groups of eight interleaved rows (``gguf_repack``, as the "file"
+same on both kinds of CPU. Q4_0, Q4_K and Q6_K rows put in groups of eight interleaved rows (``gguf_repack``, as the "file"
 level loads them; type number 128 + the ggml type's) pass the same checks for odd row counts with a partial group, and
 give the same bits in the plain loops, the AVX2 tiles and the VNNI tiles.
 """
@@ -201,10 +201,10 @@ def test_the_wide_tiles_give_the_avx2_tiles_bits(hearth: object) -> None:
             assert torch.equal(fast, narrow), (qtype.name, m, family)
 
 
-# --- Q4_0 and Q4_K rows in groups of eight (gguf_repack; ggml type + 128 for gguf_mm) -------------------------------
+# --- Q4_0, Q4_K and Q6_K rows in groups of eight (gguf_repack; ggml type + 128 for gguf_mm) ------------------------
 #: Row counts around the groups of eight: a lone partial group, odd counts, whole groups with and without a tail.
 GROUPED_ROWS = (1, 3, 7, 8, 9, 13, 16, 19, 37)
-GROUPED = (T.Q4_0, T.Q4_K)
+GROUPED = (T.Q4_0, T.Q4_K, T.Q6_K)
 
 
 def grouped(hearth: object, w: np.ndarray, qtype: T) -> torch.Tensor:

@@ -25,11 +25,11 @@ log = logging.getLogger("engine")
 
 #: Set by the loader on a model read from a GGUF file: the file's path.
 GGUF_SOURCE_ATTR = "hearth_gguf_source"
-#: ``0`` keeps a file's Q4_0, Q4_K and Q6_K layers in the file's own row order (the per-row tiles of ``gguf_mm``) instead of the
+#: ``0`` keeps a file's Q4_0, Q8_0, Q4_K and Q6_K layers in the file's own row order (the per-row tiles of ``gguf_mm``) instead of the
 #: groups of eight interleaved rows :meth:`GgufWeights.blocks` makes of them
 GROUPED_ENV = "HEARTH_GGUF_GROUPED"
 #: the ggml types ``torch.ops.hearth.gguf_repack_`` puts in groups of eight rows (engine/model/csrc/gguf_kernels.cpp)
-_GROUPED = frozenset({"Q4_0", "Q4_K", "Q6_K"})
+_GROUPED = frozenset({"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
 
 
 class Blocks(NamedTuple):
@@ -163,7 +163,7 @@ def _grouped_kind(kind_id: int) -> int:
 
 def grouped(blocks: Blocks) -> Blocks:
     """A layer's own blocks (``data`` not shared) with their rows put in groups of eight in place where the native
-    kernels have a grouped layout for the type (Q4_0, Q4_K, Q6_K): one vector then holds 4 bytes of 8 rows, and ``gguf_mm``
+    kernels have a grouped layout for the type (Q4_0, Q8_0, Q4_K, Q6_K): one vector then holds 4 bytes of 8 rows, and ``gguf_mm``
     multiplies 8 rows at once with no horizontal sums (engine/model/csrc/gguf_kernels.cpp). The same bytes in
     another order; the products agree with the file-order tiles' to fp32 rounding (those add Q4_0's -8 offset in
     fp32 once per eight blocks, the grouped tiles take it off each block's integer sum). ``HEARTH_GGUF_GROUPED=0``

@@ -6,7 +6,7 @@ Each entry is the median of repeated calls on random valid blocks: microseconds 
 per second for one row (decode, where the weights' bandwidth is the limit), and GFLOP/s for many rows (prefill,
 where arithmetic is). Where the build runs the 512-bit tiles (``"family": "avx512"``), each entry also times the
 AVX2 tiles (``gguf_mm_avx2``, the same bits) in calls alternating with it, as ``avx2_us`` and ``avx2_ratio``. Q4_0,
-Q4_K and Q6_K also get an entry for their rows in groups of eight (``Q4_0x8``, ``Q4_Kx8``, ``Q6_Kx8``: ``gguf_repack``, as the
+Q8_0, Q4_K and Q6_K also get an entry for their rows in groups of eight (``Q4_0x8``, ``Q6_Kx8``, ...: ``gguf_repack``, as the
 "file" level loads them), timed in calls alternating with the file's row order, as ``file_order_us`` and
 ``grouped_ratio`` (above 1: the groups are faster). Only ratios between entries of one run mean much on a shared
 machine.
@@ -35,7 +35,7 @@ TYPES = {
 }
 SHAPES = ((2048, 2048), (8192, 2048), (2048, 8192))
 #: the types with a grouped layout (engine/model/csrc/gguf_kernels.cpp); its type number is 128 + the ggml type's
-GROUPED = ("Q4_0", "Q4_K", "Q6_K")
+GROUPED = ("Q4_0", "Q8_0", "Q4_K", "Q6_K")
 ROWS = (1, 8, 512)
 
 

@@ -902,7 +902,7 @@ void check_weights(const at::Tensor& w, const char* op) {
 // across threads in runs that stay in cache while every tile of rows passes over them.
 // The file's ggml type behind a grouped layout's number (any other number as it is).
 inline int64_t grouped_file_type(int64_t type) {
-  return type == kQ4_0_X8 ? kQ4_0 : type == kQ4_K_X8 ? kQ4_K : type == kQ6_K_X8 ? kQ6_K : type;
+  return type == kQ4_0_X8 ? kQ4_0 : type == kQ4_K_X8 ? kQ4_K : type == kQ6_K_X8 ? kQ6_K : type == kQ8_0_X8 ? kQ8_0 : type;
 }
 
 namespace x8 {
@@ -914,10 +914,13 @@ constexpr int64_t kGroup = 8;
 // as three 32-bit words, word t to 32 + 32t + 4r, its nibble bytes 32i + 4c.. to 128 + 256i + 32c + 4r. Q6_K: d
 // to 2r, its 16 int8 scales as four words, word t to 16 + 32t + 4r, its 128 low-nibble bytes 4c.. to
 // 144 + 32c + 4r, its 64 high-bit bytes 4c.. to 1168 + 32c + 4r (so two neighbouring chunks, 64 bytes, hold 8 bytes
-// of each row).
+// of each row). Q8_0: d to 2r, its quant bytes 4c.. to 16 + 32c + 4r.
 template <typename T>
 inline void scatter(const uint8_t* blk, uint8_t* out, int64_t r) {
-  if constexpr (std::is_same_v<T, Q6_K>) {
+  if constexpr (std::is_same_v<T, Q8_0>) {
+    std::memcpy(out + 2 * r, blk, 2);
+    for (int c = 0; c < 8; ++c) std::memcpy(out + 16 + 32 * c + 4 * r, blk + 2 + 4 * c, 4);
+  } else if constexpr (std::is_same_v<T, Q6_K>) {
     std::memcpy(out + 2 * r, blk + 208, 2);
     for (int t = 0; t < 4; ++t) std::memcpy(out + 16 + 32 * t + 4 * r, blk + 192 + 4 * t, 4);
     for (int c = 0; c < 32; ++c) std::memcpy(out + 144 + 32 * c + 4 * r, blk + 4 * c, 4);
@@ -935,7 +938,10 @@ inline void scatter(const uint8_t* blk, uint8_t* out, int64_t r) {
 
 template <typename T>
 inline void gather(const uint8_t* in, uint8_t* blk, int64_t r) {
-  if constexpr (std::is_same_v<T, Q6_K>) {
+  if constexpr (std::is_same_v<T, Q8_0>) {
+    std::memcpy(blk, in + 2 * r, 2);
+    for (int c = 0; c < 8; ++c) std::memcpy(blk + 2 + 4 * c, in + 16 + 32 * c + 4 * r, 4);
+  } else if constexpr (std::is_same_v<T, Q6_K>) {
     std::memcpy(blk + 208, in + 2 * r, 2);
     for (int t = 0; t < 4; ++t) std::memcpy(blk + 192 + 4 * t, in + 16 + 32 * t + 4 * r, 4);
     for (int c = 0; c < 32; ++c) std::memcpy(blk + 4 * c, in + 144 + 32 * c + 4 * r, 4);
@@ -982,16 +988,18 @@ void unpack(const uint8_t* src, uint8_t* dst, int64_t n, int64_t row_bytes) {
 // Each activation row quantized per block (32 for Q4_0, 256 for Q4_K and Q6_K), row after row: q [m][k], d [m][nb];
 // for Q4_0 8 * sum(q) [m][nb], for Q4_K the sums of each sub-block of 32 [m][nb][8] in the order 0 2 1 3 4 6 5 7 (so
 // that one 32-bit broadcast pairs sub-blocks 2t and 2t + 2 against the minimums' byte pairs, see tile_k); for Q6_K
-// (sixteenths) -32 times the sum of each 16 [m][nb][16] in off (the weights are q - 32).
+// (sixteenths) -32 times the sum of each 16 [m][nb][16] in off (the weights are q - 32); for Q8_0 128 * sum(q)
+// (offset 128: the VNNI tile's weights are w + 128, unsigned).
 struct RowActs {
   int64_t m, k, size, nb;
   bool sixteenths;
+  int32_t offset;
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<int32_t> off;
   std::vector<int16_t> sums;
-  RowActs(int64_t m_, int64_t k_, int64_t size_, bool sixteenths_ = false)
-      : m(m_), k(k_), size(size_), nb(k_ / size_), sixteenths(sixteenths_), q(static_cast<size_t>(m_ * k_)),
+  RowActs(int64_t m_, int64_t k_, int64_t size_, bool sixteenths_ = false, int32_t offset_ = 8)
+      : m(m_), k(k_), size(size_), nb(k_ / size_), sixteenths(sixteenths_), offset(offset_), q(static_cast<size_t>(m_ * k_)),
         d(static_cast<size_t>(m_ * nb)),
         off(size_ == 32 ? static_cast<size_t>(m_ * nb) : sixteenths_ ? static_cast<size_t>(m_ * nb * 16) : 0),
         sums(size_ == 256 && !sixteenths_ ? static_cast<size_t>(m_ * nb * 8) : 0) {}
@@ -1006,7 +1014,7 @@ struct RowActs {
       const int32_t sum = plain::quantize_block(x + size * b, size, db, qb);
 #endif
       if (size == 32) {
-        off[static_cast<size_t>(r * nb + b)] = 8 * sum;
+        off[static_cast<size_t>(r * nb + b)] = offset * sum;
       } else if (sixteenths) {
         for (int g = 0; g < 16; ++g) {
           int32_t t = 0;
@@ -1118,6 +1126,30 @@ void tile_plain_q6_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, i
           sum += static_cast<int8_t>(blk[16 + 32 * (g / 4) + 4 * j + g % 4]) * dot;
         }
         acc = std::fma(half_at(blk + 2 * j) * xd[b], static_cast<float>(sum), acc);
+      }
+      y[i * ldy + j] = acc;
+    }
+  }
+}
+
+// Q8_0: per block, the exact dot product of the signed quants with the activations, then fma(d_w * d_x, sum, acc).
+template <int MR>
+void tile_plain_q8_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+  constexpr int64_t kBlock = kGroup * Q8_0::kBytes;
+  for (int i = 0; i < MR; ++i) {
+    const int8_t* xq = a.q.data() + (r0 + i) * a.k;
+    const float* xd = a.d.data() + (r0 + i) * a.nb;
+    for (int j = 0; j < kGroup; ++j) {
+      float acc = 0.f;
+      for (int64_t b = 0; b < a.nb; ++b) {
+        const uint8_t* blk = w + b * kBlock;
+        const int8_t* x = xq + 32 * b;
+        int32_t s = 0, t = 0;  // (w + 128) - 128 as unsigned bytes, as Q8_0::dot does (GCC 12's VPDPBUSD)
+        for (int l = 0; l < 32; ++l) {
+          s += static_cast<uint8_t>(blk[16 + 32 * (l / 4) + 4 * j + l % 4] ^ 0x80) * x[l];
+          t += x[l];
+        }
+        acc = std::fma(half_at(blk + 2 * j) * xd[b], static_cast<float>(s - 128 * t), acc);
       }
       y[i * ldy + j] = acc;
     }
@@ -1245,6 +1277,36 @@ void tile_avx_q4_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int
       const __m256 dx = _mm256_set1_ps(xd[i * nb + b]);
       acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(sum[i]), acc[i]);
       acc[i] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(m), acc[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) _mm256_storeu_ps(y + i * ldy, acc[i]);
+}
+
+// Q8_0, 4 quant bytes of the eight rows per vector: |w| times the broadcast activations with w's sign (VPMADDUBSW,
+// at most 2 * 128 * 127 per pair), summed per lane (VPMADDWD): tile_plain_q8_0's integers, and its fp32 code.
+template <int MR>
+void tile_avx_q8_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+  constexpr int64_t kBlock = kGroup * Q8_0::kBytes;
+  const int64_t k = a.k, nb = a.nb;
+  const int8_t* xq = a.q.data() + r0 * k;
+  const float* xd = a.d.data() + r0 * nb;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, w += kBlock) {
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    __m256i s[MR];
+    for (int i = 0; i < MR; ++i) s[i] = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * c));
+      const __m256i av = _mm256_sign_epi8(v, v);
+      for (int i = 0; i < MR; ++i) {
+        const __m256i x = _mm256_sign_epi8(bcast4(xq + i * k + 32 * b + 4 * c), v);
+        s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(_mm256_maddubs_epi16(av, x), ones));
+      }
+    }
+    for (int i = 0; i < MR; ++i) {
+      acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd[i * nb + b])), _mm256_cvtepi32_ps(s[i]), acc[i]);
     }
   }
   for (int i = 0; i < MR; ++i) _mm256_storeu_ps(y + i * ldy, acc[i]);
@@ -1496,6 +1558,43 @@ void tile_wide_q6_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, in
   for (int i = 0; i < MR; ++i) _mm256_storeu_ps(y + i * ldy, acc[i]);
 }
 
+// Q8_0 in the VNNI build: 8 quant bytes of the eight rows per 512-bit vector, interleaved as tile_wide_q6_k's, made
+// unsigned (w + 128) for VPDPBUSD against 8 broadcast activation bytes; 128 times the activations' sum starts the
+// even lanes negative, and the two lanes of a row are added per block: tile_avx_q8_0's integers and fp32 code.
+template <int MR>
+void tile_wide_q8_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+  constexpr int64_t kBlock = kGroup * Q8_0::kBytes;
+  const __m512i interleave = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
+  const __m512i evens = _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const int64_t k = a.k, nb = a.nb;
+  const int8_t* xq = a.q.data() + r0 * k;
+  const float* xd = a.d.data() + r0 * nb;
+  const int32_t* xo = a.off.data() + r0 * nb;
+  __m256 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, w += kBlock) {
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    __m512i s[MR];
+    for (int i = 0; i < MR; ++i) s[i] = _mm512_maskz_set1_epi32(0x5555, -xo[i * nb + b]);
+    for (int c = 0; c < 8; c += 2) {
+      const __m512i v = _mm512_xor_si512(
+          _mm512_maskz_permutexvar_epi32(0xFFFF, interleave, _mm512_loadu_si512(w + 16 + 32 * c)), flip);
+      for (int i = 0; i < MR; ++i) {
+        int64_t x8;
+        std::memcpy(&x8, xq + i * k + 32 * b + 4 * c, sizeof x8);
+        s[i] = _mm512_dpbusd_epi32(s[i], v, _mm512_set1_epi64(x8));
+      }
+    }
+    for (int i = 0; i < MR; ++i) {
+      const __m512i both = _mm512_add_epi32(s[i], _mm512_maskz_shuffle_epi32(0xFFFF, s[i], _MM_PERM_CDAB));
+      const __m256i rows = _mm512_maskz_extracti64x4_epi64(0xF, _mm512_maskz_permutexvar_epi32(0xFFFF, evens, both), 0);
+      acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd[i * nb + b])), _mm256_cvtepi32_ps(rows), acc[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) _mm256_storeu_ps(y + i * ldy, acc[i]);
+}
+
 template <typename T, int MR>
 void pair_mr(const uint8_t* w0, const uint8_t* w1, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
   if constexpr (std::is_same_v<T, Q4_0>) {
@@ -1521,7 +1620,12 @@ template <typename T, typename K, int MR>
 void tile_mr(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
 #ifdef HEARTH_GGUF_AVX2
   if constexpr (!K::kPlain) {
-    if constexpr (std::is_same_v<T, Q6_K>) {
+    if constexpr (std::is_same_v<T, Q8_0>) {
+#ifdef HEARTH_GGUF_AVX512
+      if constexpr (K::kWide) return tile_wide_q8_0<MR>(w, a, r0, y, ldy);
+#endif
+      return tile_avx_q8_0<MR>(w, a, r0, y, ldy);
+    } else if constexpr (std::is_same_v<T, Q6_K>) {
 #ifdef HEARTH_GGUF_AVX512
       if constexpr (K::kWide) return tile_wide_q6_k<MR>(w, a, r0, y, ldy);
 #endif
@@ -1533,7 +1637,9 @@ void tile_mr(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t l
     }
   }
 #endif
-  if constexpr (std::is_same_v<T, Q6_K>) {
+  if constexpr (std::is_same_v<T, Q8_0>) {
+    tile_plain_q8_0<MR>(w, a, r0, y, ldy);
+  } else if constexpr (std::is_same_v<T, Q6_K>) {
     tile_plain_q6_k<MR>(w, a, r0, y, ldy);
   } else if constexpr (std::is_same_v<T, Q4_0>) {
     tile_plain_q4_0<MR>(w, a, r0, y, ldy);
@@ -1560,7 +1666,7 @@ constexpr int64_t kPairRows = 8;
 template <typename K, typename T>
 void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0), row_bytes = w.size(1), groups = n / kGroup;
-  RowActs acts(m, k, T::kActBlock, std::is_same_v<T, Q6_K>);
+  RowActs acts(m, k, T::kActBlock, std::is_same_v<T, Q6_K>, std::is_same_v<T, Q8_0> ? 128 : 8);
   const auto quantize = [&](auto* xp) {
     at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) acts.template quantize_row<K::kPlain>(xp + r * k, r);
@@ -1587,7 +1693,7 @@ void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
         // tiles arithmetic-bound: at one row the two streams a group apart ran a 1B Q4_K file's layers at 0.6x the
         // one-group tiles' speed (weights from memory) and at 4 rows at about 0.8x, at 512 rows 2.1-2.5x faster
         // (AVX512 EPYC, one thread)
-        if constexpr (K::kWide && !std::is_same_v<T, Q6_K>) {
+        if constexpr (K::kWide && (std::is_same_v<T, Q4_0> || std::is_same_v<T, Q4_K>)) {
           for (; m >= kPairRows && g + 1 < c1; g += 2) {
             tile_pair<T>(mr, wp + g * group_bytes, wp + (g + 1) * group_bytes, acts, i0, yp + i0 * n + g * kGroup, n);
           }
@@ -1630,7 +1736,8 @@ at::Tensor gguf_mm_with(const at::Tensor& x_in, const at::Tensor& w_in, int64_t 
     const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
     at::Tensor y = at::empty({x.size(0), w.size(0)}, x.options().dtype(at::kFloat));
     if (y.numel()) {
-      if constexpr (std::is_same_v<T, Q4_0> || std::is_same_v<T, Q4_K> || std::is_same_v<T, Q6_K>) {
+      if constexpr (std::is_same_v<T, Q4_0> || std::is_same_v<T, Q4_K> || std::is_same_v<T, Q6_K> ||
+                    std::is_same_v<T, Q8_0>) {
         if (grouped) {
           x8::matmul<K, T>(x, w, y);
         } else {
@@ -1668,9 +1775,9 @@ std::string gguf_kernel_family() {
 namespace {
 void check_repack(const at::Tensor& w, int64_t type, const char* op) {
   check_weights(w, op);
-  TORCH_CHECK(type == kQ4_0 || type == kQ4_K || type == kQ6_K, op, ": ggml type ", type,
-              " has no grouped layout here (Q4_0=2, Q4_K=12, Q6_K=14)");
-  const int64_t block = type == kQ4_0 ? Q4_0::kBytes : type == kQ4_K ? Q4_K::kBytes : Q6_K::kBytes;
+  TORCH_CHECK(type == kQ4_0 || type == kQ4_K || type == kQ6_K || type == kQ8_0, op, ": ggml type ", type,
+              " has no grouped layout here (Q4_0=2, Q8_0=8, Q4_K=12, Q6_K=14)");
+  const int64_t block = type == kQ4_0 ? Q4_0::kBytes : type == kQ4_K ? Q4_K::kBytes : type == kQ6_K ? Q6_K::kBytes : Q8_0::kBytes;
   TORCH_CHECK(w.size(1) % block == 0, op, ": a row of ", w.size(1), " bytes is not a whole number of ", block,
               "-byte blocks of ggml type ", type);
 }
@@ -1681,8 +1788,10 @@ void repack_rows(const uint8_t* from, uint8_t* to, int64_t n, int64_t row_bytes,
     x8::repack<Q4_0>(from, to, n, row_bytes);
   } else if (type == kQ4_K) {
     x8::repack<Q4_K>(from, to, n, row_bytes);
-  } else {
+  } else if (type == kQ6_K) {
     x8::repack<Q6_K>(from, to, n, row_bytes);
+  } else {
+    x8::repack<Q8_0>(from, to, n, row_bytes);
   }
 }
 }  // namespace
@@ -1703,7 +1812,7 @@ int64_t gguf_repack_(at::Tensor& w, int64_t type) {
 }
 
 int64_t gguf_grouped_type(int64_t type) {
-  return type == kQ4_0 ? kQ4_0_X8 : type == kQ4_K ? kQ4_K_X8 : type == kQ6_K ? kQ6_K_X8 : -1;
+  return type == kQ4_0 ? kQ4_0_X8 : type == kQ4_K ? kQ4_K_X8 : type == kQ6_K ? kQ6_K_X8 : type == kQ8_0 ? kQ8_0_X8 : -1;
 }
 
 at::Tensor gguf_dequantize(const at::Tensor& w_in, int64_t type) {
@@ -1717,6 +1826,8 @@ at::Tensor gguf_dequantize(const at::Tensor& w_in, int64_t type) {
         x8::unpack<Q4_0>(w.data_ptr<uint8_t>(), rows.data_ptr<uint8_t>(), w.size(0), w.size(1));
       } else if (file_type == kQ6_K) {
         x8::unpack<Q6_K>(w.data_ptr<uint8_t>(), rows.data_ptr<uint8_t>(), w.size(0), w.size(1));
+      } else if (file_type == kQ8_0) {
+        x8::unpack<Q8_0>(w.data_ptr<uint8_t>(), rows.data_ptr<uint8_t>(), w.size(0), w.size(1));
       } else {
         x8::unpack<Q4_K>(w.data_ptr<uint8_t>(), rows.data_ptr<uint8_t>(), w.size(0), w.size(1));
       }

@@ -9,7 +9,7 @@ tile, thread split), so that a greedy reply never depends on its batch. The plai
 which a CPU without AVX2 runs (``gguf_mm_plain``), pass the same checks and agree with the AVX2 tiles. The AVX2 tiles
 (``gguf_mm_avx2``) are in every build with AVX2 and pass the same checks; where the build has the 512-bit tiles
 (AVX512-BW/VL and VNNI), ``gguf_mm`` runs those, and they must give the AVX2 tiles' bits exactly, so a reply is the
-same on both kinds of CPU. Q4_0, Q4_K and Q6_K rows put in groups of eight interleaved rows (``gguf_repack``, as the "file"
+same on both kinds of CPU. Q4_0, Q8_0, Q4_K and Q6_K rows put in groups of eight interleaved rows (``gguf_repack``, as the "file"
 level loads them; type number 128 + the ggml type's) pass the same checks for odd row counts with a partial group, and
 give the same bits in the plain loops, the AVX2 tiles and the VNNI tiles.
 """
@@ -201,10 +201,10 @@ def test_the_wide_tiles_give_the_avx2_tiles_bits(hearth: object) -> None:
             assert torch.equal(fast, narrow), (qtype.name, m, family)
 
 
-# --- Q4_0, Q4_K and Q6_K rows in groups of eight (gguf_repack; ggml type + 128 for gguf_mm) ------------------------
+# --- Q4_0, Q8_0, Q4_K and Q6_K rows in groups of eight (gguf_repack; ggml type + 128 for gguf_mm) ------------------
 #: Row counts around the groups of eight: a lone partial group, odd counts, whole groups with and without a tail.
 GROUPED_ROWS = (1, 3, 7, 8, 9, 13, 16, 19, 37)
-GROUPED = (T.Q4_0, T.Q4_K, T.Q6_K)
+GROUPED = (T.Q4_0, T.Q8_0, T.Q4_K, T.Q6_K)
 
 
 def grouped(hearth: object, w: np.ndarray, qtype: T) -> torch.Tensor:
@@ -214,7 +214,7 @@ def grouped(hearth: object, w: np.ndarray, qtype: T) -> torch.Tensor:
 def several_blocks(qtype: T) -> tuple[int, int]:
     """Two widths of several blocks: 3 and 17 blocks of 32 (a partial run of 8 in the file-order tiles), or 1 and
     3 super-blocks."""
-    return (96, 544) if qtype == T.Q4_0 else (256, 768)
+    return (96, 544) if BLOCKS[qtype][0] == 32 else (256, 768)
 
 
 @pytest.mark.parametrize("qtype", GROUPED, ids=lambda t: t.name)
@@ -228,7 +228,7 @@ def test_grouped_rows_hold_the_files_rows(hearth: object, qtype: T, n: int) -> N
     assert g.shape == w.shape and g.dtype == torch.uint8
     kind = 128 + int(qtype)
     assert int(hearth.gguf_grouped_type(int(qtype))) == kind  # type: ignore[attr-defined]
-    assert int(hearth.gguf_grouped_type(int(T.Q8_0))) == -1  # type: ignore[attr-defined]
+    assert int(hearth.gguf_grouped_type(int(T.Q4_1))) == -1  # type: ignore[attr-defined]
     np.testing.assert_array_equal(hearth.gguf_dequantize(g, kind).numpy(), gguf.quants.dequantize(w, qtype))  # type: ignore[attr-defined]
     in_place = torch.from_numpy(w.copy())
     assert hearth.gguf_repack_(in_place, int(qtype)) == kind  # type: ignore[attr-defined]
@@ -237,7 +237,7 @@ def test_grouped_rows_hold_the_files_rows(hearth: object, qtype: T, n: int) -> N
         assert not torch.equal(g[:8], torch.from_numpy(w[:8]))
     assert torch.equal(g[n // 8 * 8 :], torch.from_numpy(w[n // 8 * 8 :]))  # a partial group stays as in the file
     with pytest.raises(RuntimeError, match="no grouped layout"):
-        hearth.gguf_repack(torch.from_numpy(w), int(T.Q8_0))  # type: ignore[attr-defined]
+        hearth.gguf_repack(torch.from_numpy(w), int(T.Q4_1))  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("qtype", GROUPED, ids=lambda t: t.name)

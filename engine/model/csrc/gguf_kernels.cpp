@@ -885,18 +885,20 @@ void check_weights(const at::Tensor& w, const char* op) {
 }
 
 
-// --- Q4_0 and Q4_K in groups of eight interleaved rows (types kQ4_0_X8, kQ4_K_X8) -------------------------------
-// gguf_repack turns Q4_0 or Q4_K rows into groups of eight, as llama.cpp's repacked layouts do: block b of a group
-// holds the eight rows' block b, the fp16 scales of the eight rows side by side (one vector), then the nibble bytes
-// in chunks of 32: chunk c holds bytes 4c..4c+3 of each row's nibbles, row r at 4r (see scatter). One 256-bit load
+// --- Q4_0, Q8_0, Q4_K and Q6_K in groups of eight interleaved rows (types kQ4_0_X8 ... kQ6_K_X8) -----------------
+// gguf_repack turns Q4_0, Q8_0, Q4_K or Q6_K rows into groups of eight, as llama.cpp's repacked layouts do (it has
+// none for Q6_K on x86): block b of a group holds the eight rows' block b, the fp16 scales of the eight rows side by
+// side (one vector), then the quant bytes in chunks of 32: chunk c holds bytes 4c..4c+3 of each row's quants, row r
+// at 4r (see scatter). One 256-bit load
 // is then 4 bytes of 8 rows, one 32-bit lane per row; the activation's 4 matching bytes, broadcast to every lane,
 // meet all eight rows in one VPDPBUSD (AVX2: VPMADDUBSW, summed in int16, then VPMADDWD), with no horizontal sum.
 // A partial group of rows at the end (n not a multiple of 8) stays in the file's layout and runs the file-order
 // tiles above. The tensor keeps the file's shape and bytes, only their order changes, so a load can repack in place.
 //
 // Each (weight row, activation row) pair takes, per block, exact integer sums (Q4_0: nibbles times activations less
-// 8 times the activations' sum; Q4_K: the sub-blocks' dot products times their scales, and the minimums times the
-// activations' sub-block sums), then fma(d_w * d_x, float(sum), acc) (Q4_K: and the minimums' fnmadd), block after
+// 8 times the activations' sum; Q8_0: quants times activations; Q4_K: the sub-blocks' dot products times their
+// scales, and the minimums times the activations' sub-block sums; Q6_K: each 16's dot product less 32 times the
+// activations' sum, times its scale), then fma(d_w * d_x, float(sum), acc) (Q4_K: and the minimums' fnmadd), block after
 // block: the same bits whatever the row count, the tile or the thread split, and the same in the plain loops, the
 // AVX2 tiles and the VNNI tiles. Several activation rows run as tiles of 4 rows by one group, the groups split
 // across threads in runs that stay in cache while every tile of rows passes over them.

@@ -48,7 +48,7 @@ def _retune() -> None:
 def _kernels(model: str, device: str, dtype: str, level: str) -> None:
     """Build the engine at ``level`` and print the kernel plans its layers run."""
     from engine.core.llm import LLM
-    from engine.model.autotune import BUCKET_NAMES
+    from engine.model.kernel_timing import BUCKET_NAMES
 
     llm = LLM(
         model, device=device, dtype=dtype, quantization=level, start_loop=False, kv_cache_bytes=16 << 20

@@ -46,7 +46,8 @@ from pathlib import Path
 
 import torch
 
-from engine.model.autotune import BUCKET_NAMES, BUCKETS, MAX_REMEASURES, bucket_index, machine_quiet
+from engine.model.autotune import MAX_REMEASURES
+from engine.model.kernel_timing import BUCKET_NAMES, BUCKETS, bucket_index, machine_quiet
 from engine.model.layer_spec import LayerShape, LayerWeights, LinearSpec, Rotary, VerdictCache
 from engine.model.native_build import build, build_key, compiler, source_digest, sources
 from engine.system import hardware

@@ -34,9 +34,10 @@ from engine.model.attention import (
     register_hf_attention,
     step_context,
 )
-from engine.model.autotune import BackgroundTuning, Choice, Tuner
+from engine.model.autotune import Choice, Tuner
 from engine.model.cuda_graphs import GraphedDecode
 from engine.model.gguf_linear import GgufEmbedding, GgufLinear
+from engine.model.kernel_timing import BackgroundTuning
 from engine.model.kernels import KernelBuilder
 from engine.model.kv_cache import NULL_BLOCK, KVCache
 from engine.model.llama import FusedDecoder

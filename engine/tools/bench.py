@@ -26,6 +26,8 @@ import torch
 from engine.api import COMPILE_REMOVED, SamplingParams
 from engine.core.llm import LLM
 from engine.system import hardware
+from engine.tools.bench_cuda_graphs import bench_cuda_graphs, median_row
+from engine.tools.fresh_verdicts import forget_verdicts
 from engine.tools.timings import Timings
 
 QUESTIONS = [
@@ -197,7 +199,7 @@ def _bench_against_llama_server(llm: LLM, args: argparse.Namespace, levels: list
             for _ in range(max(1, args.repeats)):
                 ours.append(bench_engine(llm, c, args.max_tokens).row("hearth", c))
                 theirs.append(run().row("llama_server", c))
-        mine, row = _median_row(ours), _median_row(theirs)
+        mine, row = median_row(ours), median_row(theirs)
         mine.update(level=llm.quantization, rounds_tok_s=[r["tok_s"] for r in ours])
         row.update(gguf=gguf.name, no_repack=no_repack, rounds_tok_s=[r["tok_s"] for r in theirs])
         if no_repack:
@@ -260,68 +262,6 @@ def _gguf_of(args: argparse.Namespace) -> Path | None:
     if args.model == "default":
         return source_gguf_path()
     return None
-
-
-def _median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The round with the median tok/s (the lower middle one of an even count)."""
-    return dict(sorted(rows, key=lambda r: r["tok_s"])[(len(rows) - 1) // 2])
-
-
-def _bench_cuda_graphs(llm: LLM, levels: list[int], max_tokens: int, repeats: int) -> dict[tuple[str, int], Any]:
-    """Our engine with its CUDA graphs and without, in alternating rounds (each row the median round)."""
-    graphs = llm.engine.runner.cuda_graphs
-    if graphs is None:
-        raise SystemExit(f"--cuda-graphs: this engine replays no CUDA graphs ({llm.graph_status})")
-    rows: dict[tuple[str, int], Any] = {}
-    for c in levels:
-        rounds: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
-        for paused in (False, True):  # capture this batch shape's graphs, warm the eager path
-            graphs.paused = paused
-            bench_engine(llm, c, max_tokens)
-        for _ in range(max(1, repeats)):
-            for paused in (False, True):
-                graphs.paused = paused
-                rounds[not paused].append(bench_engine(llm, c, max_tokens).row("hearth", c))
-        graphs.paused = False
-        for on, name in ((True, "hearth"), (False, "hearth_no_cuda_graphs")):
-            row = _median_row(rounds[on])
-            row.update(system=name, level=llm.quantization, rounds_tok_s=[r["tok_s"] for r in rounds[on]])
-            rows[(name, c)] = row
-            _emit(row)
-        _emit({"system": "cuda_graphs", "concurrency": c, "captured": graphs.captured,
-               "disabled_reason": graphs.disabled_reason})
-    return rows
-
-
-def forget_verdicts(quiet_wait_s: float) -> dict[str, Any]:
-    """Delete the data folder's kernel plans and native-step verdicts, then wait for a quiet machine.
-
-    A plan or verdict timed while the machine was busy is cached as provisional and timed again only by a load that
-    starts on a quiet machine (``engine/model/autotune.py``); a bench that runs servers and loads back to back keeps
-    the load average up, so stale ones would stick and the bench would measure the kernels a busy moment chose.
-    """
-    from engine.model import layer_spec, plan_cache
-    from engine.model.autotune import machine_quiet
-    from engine.system.paths import data_dir
-
-    removed = []
-    for name in (plan_cache.CACHE_FILENAME, layer_spec.CACHE_FILENAME):
-        path = data_dir() / name
-        if path.is_file():
-            path.unlink()
-            removed.append(str(path))
-    start = time.monotonic()
-    while not machine_quiet() and time.monotonic() - start < quiet_wait_s:
-        time.sleep(2.0)
-    return {"system": "fresh_verdicts", "removed": removed, "waited_s": round(time.monotonic() - start, 1),
-            "quiet": machine_quiet(), "load_1min": round(_load_average(), 2)}
-
-
-def _load_average() -> float:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return 0.0
 
 
 def _emit(row: dict[str, Any]) -> None:
@@ -415,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.llama_server:
         results.update(_bench_against_llama_server(llm, args, levels))
     elif args.cuda_graphs:
-        results.update(_bench_cuda_graphs(llm, levels, args.max_tokens, args.repeats))
+        results.update(bench_cuda_graphs(llm, levels, args.max_tokens, args.repeats, bench_engine, _emit))
     else:
         for c in levels:
             bench_engine(llm, c, 4)  # warm this batch shape

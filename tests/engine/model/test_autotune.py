@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine.model import autotune
-from engine.model.autotune import BUCKETS, Measurement, Tuner, bucket_index, choose
+from engine.model import autotune, kernel_timing
+from engine.model.autotune import Tuner, choose
+from engine.model.kernel_timing import BUCKETS, Measurement, bucket_index
 from engine.model.plan_cache import CACHE_FILENAME, Plan, PlanCache
 from engine.model.tuned_linear import TunedLinear
 
@@ -92,21 +93,21 @@ def test_plans_are_cached_per_machine_and_shape(tmp_path: Path, monkeypatch: pyt
     def fake_time(kernel: _Fake, rows: int, in_features: int, dtype: torch.dtype) -> list[float]:
         name = "int4" if kernel.value == 4 else "dense"
         measured.append(name)
-        return [fake[name][BUCKETS.index(rows)]] * autotune._REPEATS  # steady: every call alike
+        return [fake[name][BUCKETS.index(rows)]] * kernel_timing._REPEATS  # steady: every call alike
 
-    monkeypatch.setattr(autotune, "time_kernel", fake_time)
+    monkeypatch.setattr(kernel_timing, "time_kernel", fake_time)
     cache = PlanCache(tmp_path / "autotune.json")
     kernels = {"int4": _Fake(4), "dense": _Fake(16)}
     tuner = Tuner(torch.bfloat16, cache, extra_budget=10_000, layers=30)
     plan = tuner.plan_for("qkv", (8, 4), kernels, "int4", frozenset())
     assert plan.kernels == ("int4", "int4", "dense", "dense") and not plan.cached and plan.noise == 0
-    assert len(measured) == 8 * autotune._ROUNDS  # 2 kernels x 4 buckets, per round
+    assert len(measured) == 8 * kernel_timing._ROUNDS  # 2 kernels x 4 buckets, per round
     assert tuner.plan_for("qkv", (8, 4), kernels, "int4", frozenset()) is plan  # once per shape and role
     assert tuner.budget == 10_000 - 100 * 30  # the second kernel is held by every layer
     # a later load reads the plan back without measuring
     again = Tuner(torch.bfloat16, PlanCache(tmp_path / "autotune.json"), extra_budget=10_000, layers=30)
     cached = again.plan_for("qkv", (8, 4), kernels, "int4", frozenset())
-    assert cached.cached and cached.kernels == plan.kernels and len(measured) == 8 * autotune._ROUNDS
+    assert cached.cached and cached.kernels == plan.kernels and len(measured) == 8 * kernel_timing._ROUNDS
     # too little memory for 30 dense copies: one kernel
     poor = Tuner(torch.bfloat16, None, extra_budget=100, layers=30)
     assert len(poor.plan_for("qkv", (8, 4), kernels, "int4", frozenset()).used) == 1
@@ -122,7 +123,7 @@ class _CountsRows(_Fake):
 def test_deterministic_plans_run_one_row_invariant_kernel_everywhere(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(autotune, "time_kernel", lambda kernel, rows, in_features, dtype: [1.0] * autotune._REPEATS)
+    monkeypatch.setattr(kernel_timing, "time_kernel", lambda kernel, rows, in_features, dtype: [1.0] * kernel_timing._REPEATS)
     kernels = {"fast": _CountsRows(1.0), "steady": _Fake(2.0)}
     tuner = Tuner(torch.bfloat16, PlanCache(tmp_path / "autotune.json"), 10_000, 30, deterministic=True)
     plan = tuner.plan_for("qkv", (8, 4), kernels, "fast", frozenset())
@@ -145,7 +146,7 @@ def _probing(monkeypatch: pytest.MonkeyPatch, base: dict[str, list[float]], inva
         probed.append(name := list(base)[int(kernel.value)])
         return 1 if name in invariant else None
 
-    monkeypatch.setattr(autotune, "time_kernel", fake_time)
+    monkeypatch.setattr(kernel_timing, "time_kernel", fake_time)
     monkeypatch.setattr(autotune, "row_multiple", fake_multiple)
     return probed
 
@@ -247,7 +248,7 @@ def test_a_plan_too_noisy_to_separate_the_candidates_runs_and_is_measured_again_
     """Two rounds of three ran while the cores were busy, slowing the dense kernel: its median calls would
     choose int4 for 5-16 rows. The best calls still choose this load's plan; it is cached as provisional, run by
     later loads on a busy machine, and measured again by the first load on a quiet one."""
-    monkeypatch.setattr(autotune, "time_kernel", _Timings(busy_rounds=2, factor=6.0, slowed=(16,)))
+    monkeypatch.setattr(kernel_timing, "time_kernel", _Timings(busy_rounds=2, factor=6.0, slowed=(16,)))
     monkeypatch.setattr(autotune, "machine_quiet", lambda: False)
     path = tmp_path / "autotune.json"
     with caplog.at_level(logging.INFO, logger="engine"):
@@ -257,16 +258,16 @@ def test_a_plan_too_noisy_to_separate_the_candidates_runs_and_is_measured_again_
     assert "provisional, too noisy to separate the candidates" in caplog.text and "500%" in caplog.text
     # a busy machine runs the provisional plan rather than measure again
     busy = _Timings()
-    monkeypatch.setattr(autotune, "time_kernel", busy)
+    monkeypatch.setattr(kernel_timing, "time_kernel", busy)
     reused = _plan(path)
     assert reused.cached and not reused.trusted and reused.kernels == plan.kernels and busy.calls == 0
     # a quiet one measures again; its plan is trusted, cached, and read back by the load after
     monkeypatch.setattr(autotune, "machine_quiet", lambda: True)
     again = _plan(path)
-    assert not again.cached and again.trusted and again.noise == 0 and busy.calls == 8 * autotune._ROUNDS
+    assert not again.cached and again.trusted and again.noise == 0 and busy.calls == 8 * kernel_timing._ROUNDS
     third = _plan(path)
     assert third.cached and third.trusted and third.kernels == again.kernels and third.noise == 0
-    assert busy.calls == 8 * autotune._ROUNDS  # read back, nothing measured
+    assert busy.calls == 8 * kernel_timing._ROUNDS  # read back, nothing measured
 
 
 def test_a_shape_measured_too_noisily_every_time_is_measured_again_only_so_often(
@@ -277,7 +278,7 @@ def test_a_shape_measured_too_noisily_every_time_is_measured_again_only_so_often
     loads = []
     for _ in range(autotune.MAX_REMEASURES + 3):
         timings = _Timings(busy_rounds=2, factor=6.0, slowed=(16,))
-        monkeypatch.setattr(autotune, "time_kernel", timings)
+        monkeypatch.setattr(kernel_timing, "time_kernel", timings)
         plan = _plan(path)
         loads.append(timings.calls > 0)
         assert not plan.trusted and plan.kernels == ("int4", "int4", "dense", "dense")
@@ -290,11 +291,11 @@ def test_noise_that_cannot_change_the_plan_does_not_stop_caching(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # every kernel slowed alike for most of the measurement: the median calls choose the same plan
-    monkeypatch.setattr(autotune, "time_kernel", _Timings(busy_rounds=2, factor=6.0))
+    monkeypatch.setattr(kernel_timing, "time_kernel", _Timings(busy_rounds=2, factor=6.0))
     plan = _plan(tmp_path / "busy.json")
     assert plan.noise == pytest.approx(5.0) and plan.trusted and _plan(tmp_path / "busy.json").cached
     # one disturbed round of three: the median call is a quiet one
-    monkeypatch.setattr(autotune, "time_kernel", _Timings(busy_rounds=1, factor=6.0, slowed=(16,)))
+    monkeypatch.setattr(kernel_timing, "time_kernel", _Timings(busy_rounds=1, factor=6.0, slowed=(16,)))
     assert _plan(tmp_path / "once.json").noise == 0 and _plan(tmp_path / "once.json").cached
 
 
@@ -311,51 +312,51 @@ class _Sleeps(_Fake):
 
 
 def test_long_calls_are_warmed_up_and_timed_fewer_times(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(autotune, "_evict_caches", lambda: None)
-    monkeypatch.setattr(autotune, "_WARMUP_BUDGET_S", 0.01)
-    monkeypatch.setattr(autotune, "_REPEAT_BUDGET_S", 0.03)
+    monkeypatch.setattr(kernel_timing, "_evict_caches", lambda: None)
+    monkeypatch.setattr(kernel_timing, "_WARMUP_BUDGET_S", 0.01)
+    monkeypatch.setattr(kernel_timing, "_REPEAT_BUDGET_S", 0.03)
     quick = _Fake(1.0)
-    autotune.warm_up(quick, 4, 8, torch.float32)
-    assert quick.calls == autotune._WARMUP
-    assert len(autotune.time_kernel(quick, 4, 8, torch.float32)) == autotune._REPEATS
+    kernel_timing.warm_up(quick, 4, 8, torch.float32)
+    assert quick.calls == kernel_timing._WARMUP
+    assert len(kernel_timing.time_kernel(quick, 4, 8, torch.float32)) == kernel_timing._REPEATS
     slow = _Sleeps(0.02)  # past the warm-up budget in one call, the timed budget in two
-    autotune.warm_up(slow, 4, 8, torch.float32)
-    times = autotune.time_kernel(slow, 4, 8, torch.float32)
+    kernel_timing.warm_up(slow, 4, 8, torch.float32)
+    times = kernel_timing.time_kernel(slow, 4, 8, torch.float32)
     assert slow.calls == 1 + 2 and len(times) == 2 and min(times) >= 20_000
     slower = _Sleeps(0.04)
-    assert len(autotune.time_kernel(slower, 4, 8, torch.float32)) == 1 and slower.calls == 1
+    assert len(kernel_timing.time_kernel(slower, 4, 8, torch.float32)) == 1 and slower.calls == 1
 
 
 def test_a_long_warm_up_call_is_kept_as_the_first_rounds_timed_call(monkeypatch: pytest.MonkeyPatch) -> None:
     """At 64 rows the warm-up call takes the whole timing budget: it is the first round's sample, and only the
     later rounds time calls there."""
-    long_us = autotune._REPEAT_BUDGET_S * 1e6 * 2
-    monkeypatch.setattr(autotune, "warm_up", lambda kernel, rows, in_features, dtype: long_us if rows == 64 else 5.0)
+    long_us = kernel_timing._REPEAT_BUDGET_S * 1e6 * 2
+    monkeypatch.setattr(kernel_timing, "warm_up", lambda kernel, rows, in_features, dtype: long_us if rows == 64 else 5.0)
     timed: list[int] = []
 
     def fake_time(kernel: _Fake, rows: int, in_features: int, dtype: torch.dtype) -> list[float]:
         timed.append(rows)
         return [long_us / 2]
 
-    monkeypatch.setattr(autotune, "time_kernel", fake_time)
+    monkeypatch.setattr(kernel_timing, "time_kernel", fake_time)
     measured = autotune.measure({"a": _Fake(1.0)}, 8, torch.float32)
-    assert timed.count(64) == autotune._ROUNDS - 1 and timed.count(16) == autotune._ROUNDS
+    assert timed.count(64) == kernel_timing._ROUNDS - 1 and timed.count(16) == kernel_timing._ROUNDS
     assert measured.best["a"][3] == long_us / 2 and measured.median["a"][3] == long_us / 2
 
 
 def test_weights_twice_the_cache_are_timed_without_flushing_it(monkeypatch: pytest.MonkeyPatch) -> None:
     flushes: list[None] = []
-    monkeypatch.setattr(autotune, "_evict_caches", lambda: flushes.append(None))
-    monkeypatch.setattr(autotune, "_cache_bytes", lambda: 1000)
-    assert len(autotune.time_kernel(_Fake(1.0, nbytes=1999), 4, 8, torch.float32)) == len(flushes) > 0
+    monkeypatch.setattr(kernel_timing, "_evict_caches", lambda: flushes.append(None))
+    monkeypatch.setattr(kernel_timing, "_cache_bytes", lambda: 1000)
+    assert len(kernel_timing.time_kernel(_Fake(1.0, nbytes=1999), 4, 8, torch.float32)) == len(flushes) > 0
     flushes.clear()
-    assert autotune.time_kernel(_Fake(1.0, nbytes=2000), 4, 8, torch.float32) and not flushes
+    assert kernel_timing.time_kernel(_Fake(1.0, nbytes=2000), 4, 8, torch.float32) and not flushes
 
 
 def test_only_the_first_round_warms_up(monkeypatch: pytest.MonkeyPatch) -> None:
     warmed: list[tuple[str, int]] = []
-    monkeypatch.setattr(autotune, "warm_up", lambda kernel, rows, in_features, dtype: warmed.append((kernel, rows)))
-    monkeypatch.setattr(autotune, "time_kernel", lambda kernel, rows, in_features, dtype: [1.0])
+    monkeypatch.setattr(kernel_timing, "warm_up", lambda kernel, rows, in_features, dtype: warmed.append((kernel, rows)))
+    monkeypatch.setattr(kernel_timing, "time_kernel", lambda kernel, rows, in_features, dtype: [1.0])
     autotune.measure({"a": "ka", "b": "kb"}, 8, torch.float32)  # type: ignore[dict-item]
     assert warmed == [(k, rows) for k in ("ka", "kb") for rows in BUCKETS]
 
@@ -375,19 +376,19 @@ def test_a_kernel_far_slower_on_long_calls_is_timed_there_only_in_the_first_roun
         calls[(name, rows)] = calls.get((name, rows), 0) + 1
         return [base[name][BUCKETS.index(rows)]] * 2
 
-    monkeypatch.setattr(autotune, "time_kernel", fake_time)
+    monkeypatch.setattr(kernel_timing, "time_kernel", fake_time)
     measured = autotune.measure(kernels, 8, torch.bfloat16)
-    assert calls.pop(("far", 64)) == 1 and set(calls.values()) == {autotune._ROUNDS}
+    assert calls.pop(("far", 64)) == 1 and set(calls.values()) == {kernel_timing._ROUNDS}
     assert measured.best["far"] == base["far"] and measured.noise == 0
     assert choose(measured.best, "near", _always).kernels == ("fast",) * 4
 
 
 def test_the_machine_is_quiet_when_its_load_is_under_half_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(autotune.os, "cpu_count", lambda: 8)
-    monkeypatch.setattr(autotune.os, "getloadavg", lambda: (3.0, 1.0, 1.0))
-    assert autotune.machine_quiet()
-    monkeypatch.setattr(autotune.os, "getloadavg", lambda: (4.5, 1.0, 1.0))
-    assert not autotune.machine_quiet()
+    monkeypatch.setattr(kernel_timing.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(kernel_timing.os, "getloadavg", lambda: (3.0, 1.0, 1.0))
+    assert kernel_timing.machine_quiet()
+    monkeypatch.setattr(kernel_timing.os, "getloadavg", lambda: (4.5, 1.0, 1.0))
+    assert not kernel_timing.machine_quiet()
 
 
 def test_retune_removes_this_machines_plans(
@@ -396,7 +397,7 @@ def test_retune_removes_this_machines_plans(
     from engine.__main__ import main
 
     monkeypatch.setenv("HEARTH_DATA_DIR", str(tmp_path))
-    monkeypatch.setattr(autotune, "time_kernel", _Timings())
+    monkeypatch.setattr(kernel_timing, "time_kernel", _Timings())
     path = tmp_path / CACHE_FILENAME
     _plan(path)
     Tuner(torch.bfloat16, PlanCache(), 10_000, 30, deterministic=True).plan_for(
@@ -440,7 +441,7 @@ def test_a_cached_plan_builds_only_the_kernels_it_runs(tmp_path: Path, monkeypat
     fresh("o", ["o"], weight, None)
     fresh("o", ["o"], weight, None)
     assert built == ["dense", "dense"] and len(fresh_tuner.pending) == 1
-    monkeypatch.setattr(autotune, "time_kernel", lambda kernel, rows, k, dtype: [float(kernel.value)])
+    monkeypatch.setattr(kernel_timing, "time_kernel", lambda kernel, rows, k, dtype: [float(kernel.value)])
     assert fresh_tuner.tune_pending() == 1
     assert built == ["dense", "dense", "fp16_packed"]
     assert PlanCache(tmp_path / "other.json").get(key) is not None  # for the next load

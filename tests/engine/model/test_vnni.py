@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.model import autotune, native, plan_cache, vnni
+from engine.model import autotune, kernel_timing, native, plan_cache, vnni
 from engine.model.autotune import Kernel, PaddedRows, Tuner
 from engine.model.kernels import KernelBuilder
 from engine.model.quantization import Int4Linear, Int4VnniLinear, Int8Linear, Int8VnniLinear
@@ -161,9 +161,9 @@ def test_beside_torchs_kernel_it_costs_no_memory(monkeypatch: pytest.MonkeyPatch
 
     def fake_time(kernel: object, rows: int, in_features: int, dtype: torch.dtype) -> list[float]:
         few = rows < 16  # torch's kernel is faster for few rows, the other from 16 rows
-        return [(1.0 if few == (kernel is base) else 3.0)] * autotune._REPEATS
+        return [(1.0 if few == (kernel is base) else 3.0)] * kernel_timing._REPEATS
 
-    monkeypatch.setattr(autotune, "time_kernel", fake_time)
+    monkeypatch.setattr(kernel_timing, "time_kernel", fake_time)
     tuner = Tuner(torch.bfloat16, None, extra_budget=2000, layers=30)  # far less than another copy would need
     plan = tuner.plan_for("gate_up", (8, 4), {"int4": base, "int4_vnni": over}, "int4", frozenset())
     assert plan.kernels == ("int4", "int4", "int4_vnni", "int4_vnni")
@@ -182,10 +182,11 @@ def test_native_steps_run_it_as_eager_layers_do(
 
     def fake_time(kernel: object, rows: int, in_features: int, dtype: torch.dtype) -> list[float]:
         inner = kernel.kernel if isinstance(kernel, PaddedRows) else kernel
-        return [1.0 if isinstance(inner, Int4VnniLinear) else 5.0] * autotune._REPEATS
+        return [1.0 if isinstance(inner, Int4VnniLinear) else 5.0] * kernel_timing._REPEATS
 
-    monkeypatch.setattr(autotune, "time_kernel", fake_time)
+    monkeypatch.setattr(kernel_timing, "time_kernel", fake_time)
     monkeypatch.setattr(plan_cache, "data_dir", lambda: tmp_path)  # plans from the fake timings stay here
+    monkeypatch.setenv("HEARTH_AUTOTUNE", "load")  # the fake timings choose this load's kernels, not the next's
     llm = LLM("default", quantization="int4", native="on", start_loop=False, kv_cache_bytes=64 << 20)
     try:
         for choice in llm.engine.runner.kernel_choices:

@@ -282,7 +282,7 @@ class ChatTools(QObject):
 
     @Slot(object, object)
     def _on_measured(self, key: object, measure: ToolsMeasure) -> None:
-        if isinstance(key, int):
+        if isinstance(key, int) and not self._closed:  # news the bridge posted before the window closed
             self._measures[key] = measure
             self._offered[key] = measure.offered
             self.changed.emit(key)
@@ -292,6 +292,6 @@ class ChatTools(QObject):
     @Slot(object)
     def _on_model_loaded(self, info: ModelInfo) -> None:
         self._measures.clear()  # counted with another model's template, or with none
-        if self._current is not None:
+        if self._current is not None and not self._closed:  # a load that ended as the window closed: storage is shut
             self.measure(self._current)
             self._refresh()

@@ -8,6 +8,7 @@ from typing import Any
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDockWidget, QLabel, QProgressBar, QPushButton, QSpinBox
 
+from app.bridge.tool_runs import ToolsMeasure
 from app.window.main_window import MainWindow
 from tests.app import ui_flows
 from tests.app.fake_engine import FakeLLM
@@ -132,3 +133,20 @@ def test_close_shuts_the_bridge_down(qtbot: Any, window: MainWindow) -> None:
 
 def test_edit_and_regenerate_make_switchable_branches(qtbot: Any, window: MainWindow) -> None:
     ui_flows.flow_edit_and_regenerate_branch(qtbot, window)
+
+
+def test_what_the_bridge_posted_before_closing_lands_harmlessly_after(qtbot: Any, open_window: Any,
+                                                                      tmp_path: Path) -> None:
+    """A load that ends as the window closes posts ``model_loaded`` into the event loop; it arrives after the storage
+    closed (a CI run saw the tools' handler read the closed database). Every handler of the bridge's news ignores it."""
+    win = open_window(tmp_path / "data")
+    with qtbot.wait_signal(win.bridge.signals.model_loaded, timeout=30_000) as loaded:
+        ui_flows.load_model(qtbot, win)
+    info = loaded.args[0]
+    win.close()
+    signals = win.bridge.signals
+    signals.model_loaded.emit(info)
+    signals.tools_measured.emit(win.chat_pane.current_conversation.id, ToolsMeasure((), 12))
+    signals.model_unloaded.emit()
+    signals.model_load_failed.emit("late")
+    qtbot.wait(50)

@@ -59,7 +59,10 @@ check: $(STAMP) ## ruff, import-linter layer contracts, mypy on engine/, app/ an
 	$(PY) -m mypy engine app tests/app/fake_engine.py
 
 .PHONY: test
-test: install check ## the checks, then the whole suite offscreen
+test: ## the setup and the checks, then the whole suite offscreen
+	@# the setup and the checks need only the venv, so they run side by side: mypy keeps one core busy while the
+	@# default model converts and the native step builds (a failure in either still stops here)
+	$(MAKE) --no-print-directory -j2 --output-sync=target install check
 	@# two worker processes (pytest-xdist): most tests wait on a window, a server or one torch thread, so two
 	@# processes keep both cores busy; TEST_WORKERS=0 runs the suite in this one process. loadgroup: a module that
 	@# shares a module-scoped fixture, the model or a server runs in one worker (tests/conftest.py marks them)

@@ -306,9 +306,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paths", action="store_true",
                         help="only the engine stepped by hand against its loop thread and Hearth's server "
                              "(engine/tools/bench_paths.py)")
+    parser.add_argument("--loads", type=int, default=0, metavar="N",
+                        help="only N loads of --model, each in a fresh process, the first in an empty data folder: "
+                             "load times and RSS (engine/tools/bench_loads.py)")
     args = parser.parse_args(argv)
     if args.compile is not None:
         parser.error(f"--compile: {COMPILE_REMOVED}")
+    if args.loads:
+        from engine.tools import bench_loads
+
+        bench_loads.main(args.model, args.level or "auto", args.loads, _emit)
+        return 0
     # kernel plans not cached yet are measured during the load, not beside the benchmark's own timings
     os.environ.setdefault("HEARTH_AUTOTUNE", "load")
     args.concurrency = args.concurrency or ("1,4" if args.structured else "1,4,16")

@@ -89,7 +89,9 @@ class KernelBuilder:
         self.from_file = 0  # weights taken straight from the GGUF blocks
         self.deterministic = tuner is not None and tuner.deterministic
         on_cpu = device.type == "cpu" and backend in ("auto", "torch")
-        self.tunable = on_cpu and (dtype != torch.float32 or self.deterministic)
+        # fp32 layers stay HF's own dense op unless timed for row invariance; quantized ones (an fp32 model's int4
+        # draft) are tuned like any other level's
+        self.tunable = on_cpu and (dtype != torch.float32 or self.deterministic or level is not None)
         #: the native extension's VNNI kernels may serve (int4 layers, the int8 lm_head)
         self.vnni = (
             self.tunable and level in ("int8", "int4") and native != "off" and dtype in Int4VnniLinear.dtypes
@@ -149,7 +151,7 @@ class KernelBuilder:
             if self.vnni and not weight.shape[1] % 32 and not weight.shape[0] % 8:
                 head["int8_vnni"] = lambda: Int8VnniLinear(int8())
                 head["int8_gemv"] = lambda: Int8VnniLinear(int8(), gemv=True)
-            return head, "int8", frozenset({"dense"})
+            return head, self._first_choice(head, "int8_gemv", "int8"), frozenset({"dense"})
         # decoder layers at int8/int4: the level's one packed kernel. A dense copy of the dequantized weights can
         # win on batched rows on CPUs with AVX512_BF16 (docs/BENCHMARKS.md), but would hold more memory than the
         # bf16 model itself: the level is chosen to save it
@@ -170,7 +172,13 @@ class KernelBuilder:
         builds: dict[str, Build] = {"int4": build}
         if self.vnni and not weight.shape[0] % 64:  # its blocks of 64 output channels
             builds["int4_vnni"] = lambda: Int4VnniLinear(build())
-        return builds, "int4", frozenset()
+        return builds, self._first_choice(builds, "int4_vnni", "int4"), frozenset()
+
+    def _first_choice(self, builds: dict[str, Build], vnni: str, level: str) -> str:
+        """The kernel a shape runs before it is measured. torch's int4 and int8 kernels have no fast path for fp32
+        activations (an fp32 model's int4 draft): there they ran 20-150x slower than the VNNI kernels, 12 ms against
+        0.08-0.1 ms for one row of a 2048x8192 layer (docs/BENCHMARKS.md), so fp32 starts on the VNNI kernel."""
+        return vnni if self.dtype == torch.float32 and vnni in builds else level
 
     def _int4_parts(self, names: list[str], weight: torch.Tensor) -> Int4Parts | None:
         """The GGUF file's int4 blocks for these tensors, if it has them and they match the loaded weight."""

@@ -144,6 +144,29 @@ def test_the_builder_offers_it_beside_torchs_kernel(
             assert kernel.gemv == (name == "int8_gemv")
 
 
+def test_an_fp32_int4_model_starts_on_the_vnni_kernels_before_anything_is_measured(
+    vnni_kernels: None, tmp_path: Path
+) -> None:
+    """An fp32 model's int4 draft (``speculative="self-int4"``): torch's int4 and int8 kernels have no fast fp32
+    path, so the untimed plan of a first load runs the VNNI kernels, and the shapes are still measured later."""
+    tuner = Tuner(torch.float32, plan_cache.PlanCache(tmp_path / "autotune.json"), 1 << 30, layers=1, defer=True)
+    builder = KernelBuilder("int4", torch.float32, torch.device("cpu"), "auto", None, tuner)
+    assert builder.tunable and builder.vnni
+    w = torch.randn(128, 64)
+    layer = builder("qkv", ["w"], w, None)
+    head = builder("lm_head", ["w"], torch.randn(128, 64), None)
+    assert isinstance(layer, TunedLinear) and set(layer.plan.kernels) == {"int4_vnni"}
+    assert isinstance(head, TunedLinear) and set(head.plan.kernels) == {"int8_gemv"}
+    assert layer.plan.untimed and [p.role for p in tuner.pending] == ["qkv", "lm_head"]
+    x = torch.randn(3, 64)
+    out, ref = layer(x), Int4Linear.quantize(w, None)(x)  # torch's kernel on the same int4 weights
+    assert out.dtype == torch.float32 and float((out - ref).norm() / ref.norm()) < 0.02
+    # bf16 keeps torch's kernel first: which is faster there differs by CPU, and the measurement decides
+    bf16 = KernelBuilder("int4", torch.bfloat16, torch.device("cpu"), "auto", None, None)
+    assert bf16._candidates("qkv", ["w"], w, None)[1] == "int4"
+    assert bf16._candidates("lm_head", ["w"], w, None)[1] == "int8"
+
+
 def test_beside_torchs_kernel_it_costs_no_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two kernels over one kernel's bytes: the tuner keeps both where each is faster, charging no memory budget,
     and the layer counts the bytes once. (Fakes: no extension needed.)"""

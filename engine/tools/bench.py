@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.compile is not None:
         parser.error(f"--compile: {COMPILE_REMOVED}")
-    if args.loads:
+    if args.loads:  # before the setting below: each load measures its kernels as the app does, after its answer
         from engine.tools import bench_loads
 
         bench_loads.main(args.model, args.level or "auto", args.loads, _emit)

@@ -29,7 +29,7 @@ WARM_START_TARGET_S = 3.0
 RSS_ALLOWANCE_MIB = 400
 
 _CHILD = """
-import json, os, sys, time
+import json, sys, time
 t0 = time.perf_counter()
 import psutil
 from engine import LLM, SamplingParams
@@ -62,8 +62,6 @@ def run_once(model: str, level: str, data_dir: Path) -> dict[str, Any]:
 def main(model: str, level: str, runs: int, emit: Callable[[dict[str, Any]], None]) -> None:
     """Emit ``runs`` load rows, the first in an empty data folder, then the verdicts."""
     file_mib = Path(model).stat().st_size / 2**20 if Path(model).is_file() else None
-    # the app measures kernels in the background after the first answer; the engine bench's own setting is not it
-    os.environ.pop("HEARTH_AUTOTUNE", None)
     with tempfile.TemporaryDirectory(prefix="hearth-loads-") as folder:
         rows = []
         for i in range(max(1, runs)):

@@ -49,6 +49,7 @@ from app import log
 from app.bridge.jobs import Job, Threads, find_models, import_engine, quantization_advice
 from app.bridge.kept_models import MAX_KEPT, LoadedModelsSignals, model_key
 from app.bridge.loop import Cancel, Command, Submit
+from app.bridge.model_folders import watched_model_folders
 from app.bridge.model_lifecycle import ModelLifecycle
 from app.bridge.protocols import EngineApi
 from app.bridge.remote_backend import RemoteBackend, RemoteEvents
@@ -427,10 +428,14 @@ class EngineBridge(QObject):
 
     def discover_models(self, extra_dirs: list[str]) -> None:
         """Look for the models on disk (and in ``extra_dirs``) in the background; emits
-        ``model_folders_unreadable``, then ``models_discovered``."""
+        ``model_folders_unreadable``, then ``models_discovered``, then ``model_folders_scanned``."""
         if not self._shutdown.is_set():
             dirs = list(extra_dirs)
-            self._start_job("discover", lambda: self._emit_found(*find_models(self._engine_api, dirs)))
+            self._start_job("discover", lambda: self._discover(dirs))
+
+    def _discover(self, extra_dirs: list[str]) -> None:
+        self._emit_found(*find_models(self._engine_api, extra_dirs))
+        self._emit_unless_shut(self.signals.model_folders_scanned, watched_model_folders(extra_dirs))
 
     def recommend_quantization(self, spec: str, device: str = "auto", settings: LoadSettings | None = None) -> None:
         """Estimate, in the background, which quantization ``spec`` should load at on ``device`` and what each

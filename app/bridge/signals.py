@@ -36,6 +36,8 @@ class EngineSignals(QObject):
             ``engine.loading.describe.FoundModel.to_json()``.
         model_folders_unreadable(list[str]): the places ``discover_models`` could not read ("folder: why"),
             emitted just before ``models_discovered``; empty when every one was read.
+        model_folders_scanned(list[str]): after ``models_discovered``, the folders that scan looked in and the ones
+            inside them where models sit (``app.bridge.model_folders``), for the Models list to watch.
         tool_step(request_id, ToolStepRecord): a tools reply's call ran, failed or was denied
             (``app.bridge.tool_runs``).
         tools_measured(key, ToolsMeasure): result of ``measure_tools``: a chat's tools and their prompt tokens.
@@ -59,6 +61,7 @@ class EngineSignals(QObject):
     recommendation_ready = Signal(object)
     models_discovered = Signal(object)
     model_folders_unreadable = Signal(object)
+    model_folders_scanned = Signal(object)
     tool_step = Signal(str, object)
     tools_measured = Signal(object, object)
     native_build_changed = Signal(object)

@@ -7,6 +7,9 @@ found, architecture, parameters, the file's quantization, its size in GiB and wh
 model Hearth cannot run is greyed out and says why. The model that is running is listed too (first, in bold,
 "(running)" after its name), also when it was loaded from a path no scan reaches. Long names elide in the middle,
 and their tooltip holds the whole name.
+
+The list is looked up again on Refresh, when a folder is added, and by itself when a model appears in or leaves
+a watched folder (:meth:`ModelsView.watch_folders`, :class:`~app.model.folder_watch.FolderWatch`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+
+from app.model.folder_watch import FolderWatch
 
 COLUMNS = ("Name", "Source", "Architecture", "Parameters", "Quantization", "Size", "Fits")
 SOURCE_NAMES = {"huggingface": "Hugging Face", "lmstudio": "LM Studio", "ollama": "Ollama", "gpt4all": "GPT4All",
@@ -77,6 +82,8 @@ class ModelsView(QWidget):
         self._folders: list[str] = []
         self._models: list[dict[str, Any]] = []
         self._running: tuple[str, str] | None = None  # (spec, name) of the model that is running
+        self._folder_watch = FolderWatch(self)
+        self._folder_watch.changed.connect(self.refresh)
         self._status = QLabel("Looking for models…")
         self._status.setObjectName("modelsStatusLabel")
         self._status.setWordWrap(True)
@@ -142,6 +149,15 @@ class ModelsView(QWidget):
         """Ask for the list again (``refresh_requested``)."""
         self._status.setText("Looking for models…")
         self.refresh_requested.emit(self.folders)
+
+    def watch_folders(self, folders: list[str]) -> None:
+        """Look the list up again (as Refresh does) whenever something is made, renamed or deleted in ``folders``
+        (the ones the last scan looked in: ``model_folders_scanned``), and only in them."""
+        self._folder_watch.set_paths(folders)
+
+    @property
+    def watched_folders(self) -> list[str]:
+        return self._folder_watch.paths
 
     def show_unreadable(self, folders: list[str]) -> None:
         """Say which folders could not be read ("folder: why" each); the models elsewhere are listed still."""

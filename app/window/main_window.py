@@ -256,6 +256,7 @@ class MainWindow(QMainWindow):
         signals.error.connect(self._on_engine_error)
         signals.models_discovered.connect(self.models_view.show_models)
         signals.model_folders_unreadable.connect(self.models_view.show_unreadable)
+        signals.model_folders_scanned.connect(self.models_view.watch_folders)
         self.models_view.refresh_requested.connect(self.bridge.discover_models)
         self.models_view.load_requested.connect(self._on_found_model_load_requested)
         self.models_view.folders_changed.connect(self._on_model_folders_changed)

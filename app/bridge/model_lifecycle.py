@@ -375,7 +375,8 @@ class ModelLifecycle:
                          device_reason=llm.device_reason, weights_bytes=llm.weights_bytes,
                          load_s=time.monotonic() - started, quantization=llm.quantization,
                          sampling_defaults=dict(llm.sampling_defaults),
-                         kv_cache_bytes=kv_cache_size(llm), context_length=settings.max_model_len)
+                         kv_cache_bytes=kv_cache_size(llm), context_length=settings.max_model_len,
+                         settings=settings)
         with self.lock:  # from here on the caller runs the loop: a registered loop must run, or teardown waits
             is_current = generation == self._generation and not self._shutdown.is_set()
             if is_current:

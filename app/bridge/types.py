@@ -91,6 +91,8 @@ class ModelInfo:
     #: The KV cache's size and the context it serves (0 when unknown or remote).
     kv_cache_bytes: int = 0
     context_length: int = 0
+    #: The engine settings the model was loaded with (None for a remote server's model).
+    settings: LoadSettings | None = None
 
     @property
     def precision(self) -> str:

@@ -41,7 +41,7 @@ from app.model.device_precision_form import DevicePrecisionForm
 from app.model.discover import show_discover
 from app.model.generation_form import GenerationForm
 from app.model.hardware_box import HardwareBox
-from app.model.load_settings import LoadSettingsForm
+from app.model.load_settings import PENDING_TITLE, TITLE, LoadSettingsForm
 from app.model.load_stage import load_stage_text
 from app.model.load_status import LoadStatus
 from app.model.loaded_models_box import LoadedModelsBox
@@ -109,6 +109,8 @@ class ModelPane(QWidget):
         self._load_settings_form = LoadSettingsForm()
         self._load_settings_form.sizing_changed.connect(self._recommend_timer.start)
         self._load_settings_form.overflow_changed.connect(self._bridge.set_overflow_policy)
+        self._load_settings_form.reload_requested.connect(self._on_reload_requested)
+        self._load_settings_form.pending_changed.connect(self._on_settings_pending_changed)
         self._generation_form = GenerationForm()
         self._generation_form.sampling_params_changed.connect(self.sampling_params_changed)
         self._hardware_box = HardwareBox()
@@ -290,8 +292,8 @@ class ModelPane(QWidget):
         """Show generation defaults (``sampling_params()`` keys) in the Generation box."""
         self._generation_form.set_sampling_params(params)
 
-    def load(self) -> None:
-        """Load the chosen model with the chosen device, precision and settings.
+    def load(self, spec: str | None = None) -> None:
+        """Load the chosen model (or ``spec``) with the chosen device, precision and settings.
 
         The weights' dtype follows the precision (``engine.api.LEVEL_DTYPES``; "auto" leaves both to the engine).
         """
@@ -307,7 +309,7 @@ class ModelPane(QWidget):
                                         self._remote_model_combo.currentText().strip())
             return
         level = self.quantization()
-        self._bridge.load_model(self.model_spec(), self._choices.device(), LEVEL_DTYPES.get(level, "auto"),
+        self._bridge.load_model(spec or self.model_spec(), self._choices.device(), LEVEL_DTYPES.get(level, "auto"),
                                 self.load_settings())
 
     # -- widget events ----------------------------------------------------------------------------
@@ -321,6 +323,17 @@ class ModelPane(QWidget):
         self._bridge.unload_model()
         self._set_state(loaded=False, loading=False)
         self.load_status.set_stage("Unloading…")
+
+    @Slot()
+    def _on_reload_requested(self) -> None:
+        """Load the model in use again, with the settings shown."""
+        info = self._bridge.model_info
+        if info is not None and info.device != REMOTE_DEVICE and not self._bridge.is_loading:
+            self.load(info.spec)
+
+    @Slot(bool)
+    def _on_settings_pending_changed(self, pending: bool) -> None:
+        self.engine_section.set_title(PENDING_TITLE if pending else TITLE)
 
     @Slot()
     def _on_browse_folder_clicked(self) -> None:
@@ -383,6 +396,7 @@ class ModelPane(QWidget):
         self._set_state(loaded=True, loading=False)
         self._progress.setValue(1000)
         self._error_label.hide()
+        self._load_settings_form.set_loaded(info.settings)
         if info.device == REMOTE_DEVICE:
             self.load_status.set_stage(f"Connected in {info.load_s:.1f} s")
             self._remote_model_combo.setCurrentText(info.model_name)
@@ -409,6 +423,7 @@ class ModelPane(QWidget):
 
     @Slot()
     def _on_model_unloaded(self) -> None:
+        self._load_settings_form.set_loaded(None)
         self._progress.setValue(0)
         self.load_status.set_stage("Model unloaded")
         self._info_label.setText("No model loaded.")

@@ -98,13 +98,17 @@ class Threads:
 def quantization_advice(engine_api: Callable[[], EngineApi], spec: str, device: str, context_length: int | None = None,
                         num_chats: int = 1) -> QuantizationAdvice:
     """The recommended level for ``spec`` on ``device`` and the numbers for every level, with a KV cache of
-    ``context_length`` tokens for each of ``num_chats`` chats (as the engine will size it); an error in words."""
+    ``context_length`` tokens for each of ``num_chats`` chats (as the engine will size it); an error in words.
+
+    While the native extension is being built, or where it failed, the recommendation leaves out the "file" level
+    (its block kernels are the extension's): a load never waits for the compiler."""
     advice = QuantizationAdvice(spec, device)
     try:
         # hardware=None: each call measures free memory itself (and knows whether torch can use a GPU)
         api = engine_api()
+        block_kernels = api.native_build().state not in ("building", "failed")
         advice.recommendation = api.recommend(spec, device=device, context_length=context_length,
-                                              num_chats=num_chats)
+                                              num_chats=num_chats, block_kernels=block_kernels)
         advice.estimates = {level: api.estimate(spec, level, device=device, context_length=context_length,
                                                 num_chats=num_chats)
                             for level in QUANTIZATION_LEVELS if level != "auto"}

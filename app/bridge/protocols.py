@@ -120,10 +120,11 @@ class Estimator(Protocol):
 
 
 class Recommender(Protocol):
-    """``engine.loading.recommend.recommend``: the best level that fits."""
+    """``engine.loading.recommend.recommend``: the best level that fits (the "file" level only with
+    ``block_kernels``)."""
 
     def __call__(self, model: str, /, *, device: str, context_length: int | None,
-                 num_chats: int) -> Recommendation: ...
+                 num_chats: int, block_kernels: bool) -> Recommendation: ...
 
 
 class FoundModel(Protocol):

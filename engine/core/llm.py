@@ -31,7 +31,7 @@ from engine.loading.recommend import recommend
 from engine.model.autotune_progress import reporting
 from engine.model.drafter import same_vocabulary
 from engine.model.kv_cache import kv_bytes_per_token, resolve_kv_dtype
-from engine.model.native import EXTENSION, file_problem, native_problem
+from engine.model.native import STILL_BUILDING, file_problem
 from engine.system import hardware
 from engine.system.memory import give_back
 
@@ -107,6 +107,8 @@ class LLM:
         if level == "auto":
             # an explicit dtype means "this precision, no weight quantization"
             level = self._auto_level(model, device) if dtype == "auto" else "fp32"
+        elif level == "file" and file_problem(wait=False) == STILL_BUILDING:
+            level = self._level_while_building(model, device, progress)
         if dtype == "auto":
             dtype = LEVEL_DTYPES[level]
         self.quantization = level
@@ -176,8 +178,7 @@ class LLM:
             if rec.quantization == "file":
                 # the block kernels need the native extension; while it is still being built in the background this
                 # load runs without them rather than wait for the compiler (a later load finds it built)
-                problem = native_problem(torch.device("cpu"), torch.float32) or EXTENSION.start(wait=False)
-                problem = file_problem() if problem is None else problem
+                problem = file_problem(wait=False)
                 if problem is not None:
                     log.info("the GGUF file's blocks cannot run as they are: %s", problem)
                     rec = recommend(model, device=device, block_kernels=False)
@@ -185,6 +186,21 @@ class LLM:
             return "bf16"
         log.info("quantization auto -> %s: %s", rec.quantization, rec.reason)
         return rec.quantization
+
+    @staticmethod
+    def _level_while_building(model: str | Path, device: str, progress: ProgressFn | None) -> str:
+        """The level a "file" load runs at while the native extension (its block kernels) is still being built in
+        the background: the one "auto" picks without the block kernels. The load never waits for the compiler; the
+        next load, once the build is done, runs the file's blocks."""
+        try:
+            level = recommend(model, device=device, block_kernels=False).quantization
+        except Exception:  # noqa: BLE001 -- the loader will report what is wrong with the model
+            level = "bf16"
+        log.info("the 'file' precision's block kernels are still being built; this load runs %s (the file's own "
+                 "blocks from the next load, once they are built)", level)
+        if progress is not None:
+            progress(0.0, f"block kernels still building: loading {level}")
+        return level
 
     def _build_engine(
         self, loaded: LoadedModel, level: str, quant_backend: str, draft: torch.nn.Module | None

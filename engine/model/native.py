@@ -97,10 +97,17 @@ def native_problem(device: torch.device, kv_dtype: torch.dtype) -> str | None:
     return None
 
 
-def file_problem() -> str | None:
+#: What :func:`file_problem` says, not waiting, while the extension is still being built in the background.
+STILL_BUILDING = "the native extension is still being built"
+
+
+def file_problem(wait: bool = True) -> str | None:
     """Why a GGUF file's blocks cannot be multiplied as they are here (the "file" precision's kernels,
-    ``engine/model/gguf_linear.py``), or None. Builds the extension first on a machine that has none (once)."""
-    problem = native_problem(torch.device("cpu"), torch.float32) or EXTENSION.start(wait=True)
+    ``engine/model/gguf_linear.py``), or None. On a machine that has no build, starts one (once) and waits for it, or
+    with ``wait=False`` says :data:`STILL_BUILDING` while it runs: a load never waits for the compiler."""
+    problem = native_problem(torch.device("cpu"), torch.float32) or EXTENSION.start(wait=wait)
+    if problem == "building":
+        return STILL_BUILDING
     if problem is None and not hasattr(torch.ops.hearth, "gguf_mm"):
         problem = "the native extension carries no GGUF block kernels"
     return problem

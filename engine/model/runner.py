@@ -243,7 +243,7 @@ class ModelRunner:
                 "The 'file' precision runs a GGUF file's own blocks on the CPU, for Llama-family models read with "
                 "their weights left in the file; choose int4, int8 or bf16 for this model."
             )
-        problem = file_problem()
+        problem = file_problem(wait=False)  # LLM has already turned a load during the build to another level
         if problem is not None:
             raise ModelLoadError(
                 f"The 'file' precision needs the native block kernels, which cannot run here: {problem}. Choose "

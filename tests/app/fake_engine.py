@@ -340,8 +340,9 @@ def estimate(model: Any, level: str, hardware: Any = None, context_length: int |
 
 
 def recommend(model: Any, hardware: Any = None, context_length: int | None = None,
-              device: str = "auto", num_chats: int = 1) -> Recommendation:
-    """Same role as ``engine.loading.recommend.recommend``: the best level that fits (int8 for the fake model)."""
+              device: str = "auto", num_chats: int = 1, block_kernels: bool = True) -> Recommendation:
+    """Same role as ``engine.loading.recommend.recommend``: the best level that fits (int8 for the fake model, which
+    is no GGUF file: ``block_kernels`` changes nothing)."""
     for level in ("bf16", "int8", "int4"):
         rec = estimate(model, level, hardware, context_length, device)
         if rec.fits != "no":

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from tests.app import ui_flows
 from tests.app.fake_engine import FakeLLM, FakeNativeBuild, make_fake_api
 
 TIMEOUT_MS = 5000
+BUILD_S = 8  # how long the stand-in first build runs: a load that waits for it outlasts it
 
 
 @pytest.mark.parametrize(
@@ -115,3 +117,48 @@ def test_the_real_engine_reads_its_build_without_starting_one() -> None:
     build = api.native_build()
     assert isinstance(build, NativeBuild) and build.state in ("absent", "building", "ready", "failed")
     assert (EXTENSION.ready, EXTENSION.problem, EXTENSION._thread) == before
+
+
+@pytest.fixture
+def first_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[threading.Thread]:
+    """The real extension as a fresh machine has it during its first build: nothing built on disk, nothing loaded,
+    the build thread running (for ``BUILD_S`` at most; it ends at teardown)."""
+    from engine.model import native
+
+    done = threading.Event()
+    thread = threading.Thread(target=done.wait, args=(BUILD_S,), name="hearth-native", daemon=True)
+    thread.start()
+    monkeypatch.setattr(native, "library_path", lambda: tmp_path / "not-built-yet.so")
+    monkeypatch.setattr(native.EXTENSION, "ready", False)
+    monkeypatch.setattr(native.EXTENSION, "problem", None)
+    monkeypatch.setattr(native.EXTENSION, "_thread", thread)
+    yield thread
+    done.set()
+    thread.join()
+
+
+def test_a_gguf_load_during_the_first_build_never_waits_for_it(first_build: threading.Thread, tmp_path: Path) -> None:
+    """The advice leaves out the "file" level while its block kernels build, and a "file" load asked for anyway (an
+    advice given before the build began) runs the level the advice names, at once, and says so."""
+    from app.bridge.jobs import import_engine, quantization_advice
+    from engine import SamplingParams
+    from engine.tools.make_gguf import write_gguf
+
+    path = tmp_path / "tiny-Q4_K_M.gguf"
+    write_gguf(path, "tiny", "Q4_K_M", seed=1)
+    api = import_engine()
+    assert api.native_build() == NativeBuild("building")
+    advice = quantization_advice(lambda: api, str(path), "cpu")
+    assert advice.recommendation is not None and advice.recommendation.quantization not in ("file", "auto")
+    assert advice.estimates["file"].fits != "no"  # still offered, for a later load
+    stages: list[str] = []
+    llm: Any = api.LLM(str(path), device="cpu", quantization="file", start_loop=False, kv_cache_bytes=8 << 20,
+                  progress=lambda fraction, stage: stages.append(stage))
+    try:
+        assert first_build.is_alive(), "the load waited for the native build"
+        assert llm.quantization == advice.recommendation.quantization
+        assert f"block kernels still building: loading {llm.quantization}" in stages
+        out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+        assert len(out[0].token_ids) == 4
+    finally:
+        llm.close()

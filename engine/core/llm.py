@@ -27,6 +27,7 @@ from engine.core.request import Prompt, RequestHandle
 from engine.core.speculative import SpeculationRefused
 from engine.loading.default_model import sampling_defaults
 from engine.loading.loader import LoadedModel, load_model
+from engine.loading.ollama import manifest_name
 from engine.loading.recommend import recommend
 from engine.model.autotune_progress import reporting
 from engine.model.drafter import same_vocabulary
@@ -158,7 +159,7 @@ class LLM:
                 f"{where} loaded but cannot run ({type(exc).__name__}: {summary}). The file is damaged or its "
                 "settings are impossible; re-download it, or pick another model."
             ) from None
-        self.model_name = Path(loaded.path).name if str(model) != "default" else "SmolLM2-135M-Instruct"
+        self.model_name = self._name_of(model, loaded.path)
         self.path = loaded.path
         self.device = str(loaded.device)
         self.dtype = str(loaded.dtype).removeprefix("torch.")
@@ -170,6 +171,18 @@ class LLM:
         self.sampling_defaults = sampling_defaults("default" if str(model) == "default" else loaded.path)
         if progress is not None:
             progress(1.0, "ready")
+
+    @staticmethod
+    def _name_of(model: str | Path, path: Path) -> str:
+        """What the model is called (served as, listed as): for an Ollama blob (``blobs/sha256-…``) the name of its
+        tag (``smollm2:135m``), as ``ollama list`` calls it; else the file's or folder's name."""
+        if str(model) == "default":
+            return "SmolLM2-135M-Instruct"
+        try:
+            tag = manifest_name(Path(model))
+        except (OSError, ValueError):  # a damaged store: the blob keeps its own name
+            tag = None
+        return tag or Path(path).name
 
     @staticmethod
     def _auto_level(model: str | Path, device: str) -> str:

@@ -7,7 +7,8 @@ tokens, and each message's content is tokenized with ``split_special_tokens=True
 stays ordinary text.
 
 When no message contains special-token text, the ids are exactly what ``apply_chat_template(tokenize=True)``
-gives, and that path is used as is.
+gives. Either way the template renders in :mod:`engine.loading.chat_render`, within bounds on time and memory,
+never in the tokenizer's own method (transformers' has none).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from engine.loading.chat_render import apply_chat_template
 
 
 def _special_texts(tokenizer: Any) -> list[str]:
@@ -40,15 +43,14 @@ def chat_token_ids(
 ) -> list[int]:
     """Token ids of ``messages`` rendered by the tokenizer's chat template; message text never becomes control tokens."""
     if not has_special_text(tokenizer, messages):
-        rendered = tokenizer.apply_chat_template(
+        rendered = apply_chat_template(
+            tokenizer,
             messages,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
             tokenize=True,
             **template_kwargs,
         )
-        if hasattr(rendered, "keys"):
-            rendered = rendered["input_ids"]
         return [int(t) for t in rendered]
     # Render with a unique marker around each content, then tokenize template text and content text apart.
     tag = secrets.token_hex(8)
@@ -61,7 +63,8 @@ def chat_token_ids(
             originals.append(content)
         else:
             marked.append(dict(message))
-    text = tokenizer.apply_chat_template(
+    text = apply_chat_template(
+        tokenizer,
         marked,
         add_generation_prompt=add_generation_prompt,
         continue_final_message=continue_final_message,

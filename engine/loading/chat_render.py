@@ -11,6 +11,10 @@ and :class:`_BoundedEnvironment` stops it spending unbounded time or memory. Eve
 against a step budget and a wall-clock budget; every string or list a template builds (``*``, ``+``, ``~``, ``%``,
 filters, methods, ``{{ }}`` output) is measured before it is built where its size can be foreseen, and counted
 against a total. A template past any bound fails the render with :class:`ChatTemplateLimitError`.
+
+Every chat render in the engine comes here, whichever tokenizer the model has: :func:`apply_chat_template` stands
+in for the tokenizer's own method, transformers' included (a Qwen2 or SentencePiece tokenizer loads through
+transformers, whose render has no bounds).
 """
 
 from __future__ import annotations
@@ -87,6 +91,38 @@ def render_chat(
         at = text.rindex(_CONTINUE_TAG.strip())
         text = text[:at] if text[at : at + len(_CONTINUE_TAG)] == _CONTINUE_TAG else text[:at].rstrip()
     return text
+
+
+def apply_chat_template(
+    tokenizer: Any,
+    conversation: Sequence[Mapping[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    documents: list[dict[str, Any]] | None = None,
+    chat_template: str | None = None,
+    add_generation_prompt: bool = False,
+    continue_final_message: bool | str = False,
+    tokenize: bool = True,
+    **kwargs: Any,
+) -> str | list[int]:
+    """``tokenizer.apply_chat_template(..., return_dict=False)`` for any tokenizer, transformers' or Hearth's, with
+    the render bounded: the template ``tokenizer.get_chat_template`` picks (a name among several, ``tool_use`` when
+    tools are given, the default), the tokenizer's ``special_tokens_map`` under ``kwargs`` as variables, and the text
+    tokenized as transformers 5 tokenizes it, with ``add_special_tokens=False``. One conversation, tools as JSON
+    schemas; text (``tokenize=False``) or ids."""
+    template = tokenizer.get_chat_template(chat_template, tools)
+    if not conversation:
+        raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
+    if continue_final_message and add_generation_prompt:
+        raise ValueError("continue_final_message and add_generation_prompt are not compatible")
+    if tools is not None and not all(isinstance(t, dict) for t in tools):
+        raise ValueError("tools must be JSON schemas (dicts)")
+    if documents is not None and not all(isinstance(d, dict) for d in documents):
+        raise TypeError("Documents should be a list of dicts with 'title' and 'text' keys!")
+    values = {**tokenizer.special_tokens_map, **kwargs}
+    text = render_chat(template, conversation, tools, documents, add_generation_prompt, continue_final_message, values)
+    if not tokenize:
+        return text
+    return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
 
 
 def _bounded_render(compiled: Any, variables: dict[str, Any]) -> str:
@@ -444,4 +480,4 @@ def _environment_class() -> type:
     return BoundedEnvironment
 
 
-__all__ = ["MAX_TEXT", "ChatTemplateLimitError", "render_chat"]
+__all__ = ["MAX_TEXT", "ChatTemplateLimitError", "apply_chat_template", "render_chat"]

@@ -24,7 +24,7 @@ from typing import Any
 
 import tokenizers
 
-from engine.loading.chat_render import render_chat
+from engine.loading.chat_render import apply_chat_template
 
 #: Tokenizer classes that are the plain tokenizers-backed class (no per-model Python behaviour).
 PLAIN_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
@@ -349,18 +349,11 @@ class Tokenizer:
     ) -> Any:
         """One conversation through the chat template, as transformers renders it: text, ids or
         ``{"input_ids", "attention_mask"}`` (``tokenize``/``return_dict``). Other keywords reach the template."""
-        if not conversation:
-            raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
-        if continue_final_message and add_generation_prompt:
-            raise ValueError("continue_final_message and add_generation_prompt are not compatible")
-        if tools is not None and not all(isinstance(t, dict) for t in tools):
-            raise ValueError("tools must be JSON schemas (dicts)")
-        template = self.get_chat_template(chat_template, tools)
-        values = {**self.special_tokens_map, **kwargs}
-        text = render_chat(template, conversation, tools, documents, add_generation_prompt, continue_final_message, values)
+        text = apply_chat_template(self, conversation, tools, documents, chat_template, add_generation_prompt,
+                                   continue_final_message, tokenize=False, **kwargs)  # fmt: skip
         if not tokenize:
             return text
-        out = self(text, add_special_tokens=False)
+        out = self(str(text), add_special_tokens=False)
         return out if return_dict else out["input_ids"]
 
     def __repr__(self) -> str:

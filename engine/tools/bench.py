@@ -25,6 +25,7 @@ import torch
 
 from engine.api import COMPILE_REMOVED, SamplingParams
 from engine.core.llm import LLM
+from engine.loading.chat_render import apply_chat_template
 from engine.system import hardware
 from engine.tools.bench_cuda_graphs import bench_cuda_graphs, median_row
 from engine.tools.fresh_verdicts import forget_verdicts
@@ -84,7 +85,8 @@ class _Clock:
 
 
 def _hf_inputs(tokenizer: Any, indices: list[int]) -> dict[str, torch.Tensor]:
-    texts = [tokenizer.apply_chat_template(_messages(i), add_generation_prompt=True, tokenize=False) for i in indices]
+    texts = [str(apply_chat_template(tokenizer, _messages(i), add_generation_prompt=True, tokenize=False))
+             for i in indices]  # fmt: skip
     tokenizer.padding_side = "left"
     return dict(tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False))
 

@@ -10,10 +10,13 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from engine.loading.chat_render import ChatTemplateLimitError, render_chat
+from tests.engine.transformers_tokenizers import llama_folder, qwen2_folder
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "What is 2+2?"}]  # fmt: skip
@@ -78,6 +81,73 @@ def test_hostile_template_fails_fast_in_words(name: str) -> None:
     assert result["rss_kib"] < 1024 * 1024, result  # under 1 GiB
 
 
+# The same templates in the engine's path for tokenizers that load through transformers (Qwen2Tokenizer,
+# LlamaTokenizer): one child loads each and renders the cases in turn, each case's peak memory on its own
+# (clear_refs resets VmHWM), under a cap of 3 GiB past what loading took. The cases that spend a whole step or time
+# budget (seconds each) run through the first tokenizer only: the budgets are the renderer's, whatever the tokenizer.
+_BUDGET_CASES = ("nested_loops", "nested_loops_output", "branching_macro", "string_loops")
+_TOKENIZER_CHILD = textwrap.dedent("""
+    import json, resource, sys, time
+    from pathlib import Path
+    from engine.core.chat_template import chat_token_ids
+    from engine.loading.native import load_tokenizer
+
+    def status(key):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
+
+    given = json.loads(sys.stdin.read())
+    tokenizers = {kind: load_tokenizer(Path(folder)) for kind, folder in given["folders"].items()}
+    for kind, tokenizer in tokenizers.items():
+        print(json.dumps({"kind": kind, "class": type(tokenizer).__name__}), flush=True)
+    cap = status("VmSize") * 1024 + 3 * 2**30
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    for kind, tokenizer in tokenizers.items():
+        for name, template in given["templates"][kind].items():
+            tokenizer.chat_template = template
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            start = time.monotonic()
+            try:
+                ids = chat_token_ids(tokenizer, [{"role": "user", "content": "hi"}], True, False)
+                result = {"ok": len(ids)}
+            except Exception as e:
+                result = {"error": type(e).__name__, "message": str(e)}
+            result.update(kind=kind, name=name, seconds=time.monotonic() - start, rss_kib=status("VmHWM"))
+            print(json.dumps(result), flush=True)
+""")
+
+
+def test_hostile_templates_fail_fast_through_transformers_tokenizers(
+    default_model_dir: Path, tmp_path: Path, repo_root: Path
+) -> None:
+    """A Qwen2 GGUF's tokenizer, a SentencePiece one and other non-plain ones load through transformers, whose own
+    render has no bounds: the engine renders their templates within the same bounds."""
+    folders = {"Qwen2Tokenizer": qwen2_folder(default_model_dir, tmp_path / "qwen2"),
+               "LlamaTokenizer": llama_folder(tmp_path / "llama")}  # fmt: skip
+    cases = [(kind, name) for kind in folders for name in HOSTILE
+             if kind == "Qwen2Tokenizer" or name not in _BUDGET_CASES]  # fmt: skip
+    templates = {kind: {name: HOSTILE[name] for k, name in cases if k == kind} for kind in folders}
+    given = {"folders": {k: str(v) for k, v in folders.items()}, "templates": templates}
+    try:
+        done = subprocess.run([sys.executable, "-c", _TOKENIZER_CHILD], input=json.dumps(given), capture_output=True,
+                              text=True, timeout=60, check=False, cwd=repo_root)  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        finished = max(len(out.strip().splitlines()) - len(folders), 0)
+        pytest.fail(f"{cases[min(finished, len(cases) - 1)]} still rendered after 60 s ({finished} cases done)")
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.strip().splitlines()]
+    assert {line["kind"]: line["class"] for line in lines[: len(folders)]} == {k: k for k in folders}
+    results = lines[len(folders) :]
+    assert [(r["kind"], r["name"]) for r in results] == cases
+    for result in results:
+        assert result.get("error") == "ChatTemplateLimitError", result
+        assert "chat template exceeded a limit" in result["message"]
+        assert result["seconds"] < 5, result
+        assert result["rss_kib"] < 1024 * 1024, result  # under 1 GiB, the loaded tokenizers and torch included
+
+
 def test_limit_error_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="exceeded a limit"):
         render_chat(HOSTILE["string_times"], CHAT, None, None, True, False, {})
@@ -116,8 +186,8 @@ TOOLS_TEMPLATE = (
 def test_normal_templates_render_as_transformers_does(template: str, add_generation_prompt: bool) -> None:
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    values = {"bos_token": "<s>", "eos_token": "</s>"}
+    tools: list[Any] = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    values: dict[str, Any] = {"bos_token": "<s>", "eos_token": "</s>"}
     ours = render_chat(template, CHAT, tools, None, add_generation_prompt, False, values)
     theirs = render_jinja_template([CHAT], tools=tools, chat_template=template,
                                    add_generation_prompt=add_generation_prompt, **values)  # fmt: skip

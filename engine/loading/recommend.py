@@ -5,9 +5,12 @@ folder, a GGUF file (by its ``.gguf`` name or its magic bytes: Ollama's blobs ha
 config. Everything is estimated from the config (and a GGUF's header)
 alone, before any weight is read, with the formulas of the model registry (``engine.architectures``):
 
-* weights = parameter count x bytes per parameter of the level (int4 adds its group scales);
+* weights: the loader's rules (:mod:`engine.loading.footprint`): the level's dtype for what stays dense, the
+  int8/int4 kernels' own bytes with their scales, and the second kernels the fused decoder holds on a CPU (the LM
+  head's int8 copy, the packed fp16 copies of measured plans; ``plans`` says which run);
 * KV bytes per token = 2 x layers x KV heads x head dim x dtype size (K and V, every layer; fp32 on a CPU);
-* the KV budget is one full-length context plus a working margin.
+* the KV pool is sized as the engine sizes it: whole blocks of a full-length context for each chat, plus the
+  null block.
 
 The highest precision that fits with a margin wins. On a CPU, bf16 is preferred when the CPU has native bf16
 (avx512_bf16 or AMX) or torch has fbgemm's packed fp16 GEMM (bf16 weights converted exactly to fp16, fp32 math:
@@ -33,14 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.api import BYTES_PER_PARAM, Recommendation
-from engine.architectures import (
-    count_parameters,
-    execution_path,
-    gguf_layout,
-    kv_bytes_per_token,
-    ties_embeddings,
-)
+from engine.api import BYTES_PER_PARAM, EngineConfig, Recommendation
+from engine.architectures import count_parameters, execution_path, gguf_layout, kv_bytes_per_token
+from engine.loading import footprint
+from engine.loading.footprint import KernelPlans
 from engine.loading.formats import FLOAT_TYPES, KERNEL_TYPES, file_level
 from engine.loading.gguf_reader import gguf_config, is_gguf_file, read_gguf_header
 
@@ -204,14 +203,37 @@ def _large(cfg: dict[str, Any]) -> bool:
         return False
 
 
-def _weights_bytes(num_params: int, level: str, cfg: dict[str, Any], blocks: FileBlocks | None = None) -> int:
-    """int8/int4 leave the embedding and lm_head in 16-bit; "file" holds the file's tensors as they are."""
+def gguf_kinds(model: Any) -> dict[str, str] | None:
+    """The GGUF block type of each HF weight ``model``'s weights are read from (:func:`gguf_source`); None when
+    they come from no GGUF file the engine reads itself."""
+    from engine.api import ModelLoadError
+
+    gguf = gguf_source(model)
+    if gguf is None:
+        return None
+    try:
+        metadata, tensors = read_gguf_header(gguf)
+    except (ModelLoadError, OSError, ValueError):
+        return None
+    layout = gguf_layout(str(metadata.get("general.architecture", "")))
+    if layout is None:
+        return None
+    names = ((layout.hf_name(name), kind) for name, _count, kind, _nbytes in tensors)
+    return {hf: kind for hf, kind in names if hf is not None}
+
+
+def _weights_bytes(
+    num_params: int, level: str, cfg: dict[str, Any], blocks: FileBlocks | None = None, target: str = "cpu",
+    plans: KernelPlans | None = None, kinds: dict[str, str] | None = None,
+) -> int:
+    """What a load at ``level`` holds (:func:`engine.loading.footprint.weights_bytes`); "file" holds the file's
+    tensors as they are."""
     if level == "file":
         return blocks.nbytes if blocks is not None else int(num_params * BYTES_PER_PARAM["int8"])
-    if level in ("int8", "int4") and "vocab_size" in cfg:
-        embed = int(cfg["vocab_size"]) * int(cfg["hidden_size"]) * (1 if ties_embeddings(cfg) else 2)
-        return int(embed * 2 + (num_params - embed) * BYTES_PER_PARAM[level])
-    return int(num_params * BYTES_PER_PARAM[level])
+    try:
+        return footprint.weights_bytes(cfg, level, target, plans, kinds)
+    except (KeyError, TypeError, ValueError):  # a config without the shape (only ``num_parameters``)
+        return int(num_params * BYTES_PER_PARAM[level])
 
 
 def _candidates(device: str, hardware: Any, num_params: int) -> list[str]:
@@ -256,16 +278,22 @@ class _Budget:
     free: int
     where: str
     overhead: int
+    chats: int
+    plans: KernelPlans | None
+    kinds: dict[str, str] | None
 
     @property
     def cache_words(self) -> str:
         """The cache in words: "a 4096-token KV cache", with " for 4 chats" when the pool holds several."""
-        chats = self.kv_budget // max(self.per_token * self.context, 1)
-        return f"a {self.context}-token KV cache" + (f" for {chats} chats" if chats > 1 else "")
+        return f"a {self.context}-token KV cache" + (f" for {self.chats} chats" if self.chats > 1 else "")
 
     @property
     def usable(self) -> float:
         return self.free * MARGIN - self.overhead
+
+    def weights(self, level: str, blocks: FileBlocks | None = None) -> int:
+        """The weights a load at ``level`` holds here."""
+        return _weights_bytes(self.num_params, level, self.cfg, blocks, self.target, self.plans, self.kinds)
 
     def fits(self, weights: int) -> str:
         need = weights + self.kv_budget
@@ -274,7 +302,17 @@ class _Budget:
         return "tight" if need > self.free * TIGHT - self.overhead else "yes"
 
 
-def _budget(model: Any, hardware: Any, context_length: int | None, device: str, num_chats: int = 1) -> _Budget:
+def kv_pool_bytes(per_token: int, context: int, num_chats: int, block_size: int | None = None) -> int:
+    """The KV pool the engine allocates (``engine/core/llm.py``): whole blocks of ``context`` tokens for each of
+    ``num_chats`` chats, plus the null block."""
+    size = block_size or EngineConfig().block_size
+    return per_token * size * (max(num_chats, 1) * -(-context // size) + 1)
+
+
+def _budget(
+    model: Any, hardware: Any, context_length: int | None, device: str, num_chats: int = 1,
+    plans: KernelPlans | None = None, kv_itemsize: int | None = None,
+) -> _Budget:
     from engine.system import hardware as hw
 
     info = hardware if hardware is not None else hw.detect()
@@ -283,7 +321,8 @@ def _budget(model: Any, hardware: Any, context_length: int | None, device: str, 
     model_len = int(cfg.get("max_position_embeddings") or 4096)
     context = min(int(context_length or 4096), model_len)  # the engine clamps the context to the model's own
     use_gpu = device in ("auto", "cuda") and bool(info.gpus) and (info.torch_cuda_available or hardware is not None)
-    per_token = kv_bytes_per_token(cfg, 2 if use_gpu else 4)  # the KV pool is fp32 on a CPU (kv_cache.py)
+    # the KV pool is fp32 on a CPU, in the model's dtype on a GPU (kv_cache.py)
+    per_token = kv_bytes_per_token(cfg, 4 if not use_gpu else kv_itemsize or 2)
     if use_gpu:
         free = max(g.free_bytes for g in info.gpus)
         where = f"the GPU's {free / _GIB:.1f} GiB free"
@@ -291,30 +330,33 @@ def _budget(model: Any, hardware: Any, context_length: int | None, device: str, 
         free = int(info.ram_available_bytes)
         where = f"{free / _GIB:.1f} GiB of free RAM"
     overhead = GPU_OVERHEAD_BYTES if use_gpu else RUNTIME_OVERHEAD_BYTES
-    return _Budget(info, cfg, num_params, context, per_token, per_token * context * max(num_chats, 1),
-                   "cuda" if use_gpu else "cpu", free, where, overhead)
+    kinds = gguf_kinds(model) if not use_gpu else None
+    return _Budget(info, cfg, num_params, context, per_token, kv_pool_bytes(per_token, context, num_chats),
+                   "cuda" if use_gpu else "cpu", free, where, overhead, max(num_chats, 1), plans, kinds)
 
 
 def estimate(
     model: Any, level: str, hardware: Any = None, context_length: int | None = None, device: str = "auto",
-    num_chats: int = 1,
+    num_chats: int = 1, plans: KernelPlans | None = None,
 ) -> Recommendation:
     """The numbers for loading ``model`` at one given ``level`` ("fp32", "bf16", "fp16", "int8", "int4"), with the
     same estimates as :func:`recommend`; ``fits`` says whether that level fits, ``reason`` in one sentence.
-    "auto" gives :func:`recommend`'s answer."""
-    from engine.api import check_level
+    "auto" gives :func:`recommend`'s answer. ``plans`` says which kernels the fused shapes run here
+    (``engine.model.kernel_plans.cached_plans()``); without it each counts its first choice."""
+    from engine.api import LEVEL_DTYPES, check_level
 
     level = check_level(level)
     if level == "auto":
-        return recommend(model, hardware, context_length, device, num_chats)
-    b = _budget(model, hardware, context_length, device, num_chats)
+        return recommend(model, hardware, context_length, device, num_chats, plans=plans)
+    kv_itemsize = 4 if LEVEL_DTYPES[level] == "float32" else 2
+    b = _budget(model, hardware, context_length, device, num_chats, plans, kv_itemsize)
     blocks = file_blocks(model, b.cfg, only_file=True) if level == "file" else None
     if level == "file" and (blocks is None or b.target != "cpu"):
         why = ("The 'file' precision runs a GGUF file's own blocks on the CPU; this model is not a GGUF file whose "
                "blocks the engine multiplies as they are (choose int4, int8 or bf16).")
         return Recommendation(b.target, level, "no", 0, b.per_token, b.kv_budget, b.free, why, b.num_params,
                               b.context)
-    weights = _weights_bytes(b.num_params, level, b.cfg, blocks)
+    weights = b.weights(level, blocks)
     fits = b.fits(weights)
     name = level
     need = weights + b.kv_budget
@@ -330,24 +372,24 @@ def estimate(
 
 def recommend(
     model: Any, hardware: Any = None, context_length: int | None = None, device: str = "auto",
-    num_chats: int = 1, block_kernels: bool = True,
+    num_chats: int = 1, block_kernels: bool = True, plans: KernelPlans | None = None,
 ) -> Recommendation:
     """Recommend a device and quantization level for ``model`` (a path, "default", a config or a dict).
 
     The KV cache is sized as the engine sizes it: ``context_length`` tokens for each of ``num_chats`` concurrent
     chats (the engine's ``max_batch_size``). ``block_kernels`` says whether the native block kernels can run here
-    (the "file" level; :func:`file_blocks`)."""
-    b = _budget(model, hardware, context_length, device, num_chats)
+    (the "file" level; :func:`file_blocks`); ``plans`` which kernels the fused shapes run here (:func:`estimate`)."""
+    b = _budget(model, hardware, context_length, device, num_chats, plans)
     info, cfg, num_params, context = b.info, b.cfg, b.num_params, b.context
     per_token, kv_budget, target, free, where = b.per_token, b.kv_budget, b.target, b.free, b.where
     overhead, usable = b.overhead, b.usable
     order = _candidates(target, info, num_params)
     blocks = file_blocks(model, cfg, block_kernels) if target == "cpu" else None
     if blocks is not None:  # the file's own blocks first, then only smaller levels
-        own = _weights_bytes(num_params, blocks.level, cfg, blocks)
-        order = [blocks.level] + [lv for lv in order if lv != blocks.level and _weights_bytes(num_params, lv, cfg) < own]
+        own = b.weights(blocks.level, blocks)
+        order = [blocks.level] + [lv for lv in order if lv != blocks.level and b.weights(lv) < own]
     for level in order:
-        weights = _weights_bytes(num_params, level, cfg, blocks)
+        weights = b.weights(level, blocks)
         need = weights + kv_budget
         if need <= usable:
             fits = "tight" if need > free * TIGHT - overhead else "yes"
@@ -360,14 +402,14 @@ def recommend(
                 why += f"; {blocks.words}"
             elif level != order[0]:
                 first = order[0]
-                why += f"; {first} would need {_weights_bytes(num_params, order[0], cfg, blocks) / _GIB:.1f} GiB"
+                why += f"; {first} would need {b.weights(order[0], blocks) / _GIB:.1f} GiB"
             elif target == "cpu" and level == "fp32":
                 why += "; the model is small, so full precision costs little speed"
             return Recommendation(
                 target, level, fits, weights, per_token, kv_budget, free, why + ".", num_params, context
             )
     smallest = order[-1]
-    weights = _weights_bytes(num_params, smallest, cfg, blocks)
+    weights = b.weights(smallest, blocks)
     return Recommendation(
         target,
         smallest,

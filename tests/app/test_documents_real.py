@@ -27,8 +27,14 @@ PAGES = [
 ]
 
 
-@pytest.mark.parametrize(("question", "page"), [("Who is the lighthouse keeper of Port Wendle?", 2),
-                                                ("How high does the spring tide rise?", 3)])
+#: The questions of the preset measurement, with the page each one's answer is on.
+QUESTIONS = [("Who is the lighthouse keeper of Port Wendle?", 2), ("How high does the spring tide rise?", 3),
+             ("When does the harbour open?", 1), ("Since when has the keeper kept the light?", 2)]
+
+
+# the harbour question's fp32 reply answers from page 1 and then copies out the sources that follow it, page 2's
+# included: the list names both, and the measurement below counts it as a miss
+@pytest.mark.parametrize(("question", "page"), [QUESTIONS[0], QUESTIONS[1], QUESTIONS[3]])
 def test_the_default_models_answer_cites_the_page_it_comes_from(shared_default_llm: Any, tmp_path: Path,
                                                                 question: str, page: int) -> None:
     """The prompt the app sends (the whole PDF, a numbered source per page), the default model's greedy reply, and
@@ -49,9 +55,6 @@ def test_the_default_models_answer_cites_the_page_it_comes_from(shared_default_l
     assert shown.is_cited and [source.page for _, source in shown.entries] == [page], (reply, shown)
 
 
-#: The questions of the preset measurement, with the page each one's answer is on.
-QUESTIONS = [("Who is the lighthouse keeper of Port Wendle?", 2), ("How high does the spring tide rise?", 3),
-             ("When does the harbour open?", 1), ("Since when has the keeper kept the light?", 2)]
 NUM_SEEDS = 4
 
 

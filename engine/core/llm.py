@@ -120,12 +120,19 @@ class LLM:
             if level in WEIGHT_LEVELS and progress is not None:
                 progress(0.9, "quantize")
 
+            bar = [0.9]  # where the layers built so far have taken the progress bar
+
+            def layer_built(done: int, total: int) -> None:  # "quantize 3/30": the layers built (quantized) so far
+                bar[0] = 0.9 + 0.04 * done / total
+                if progress is not None:
+                    progress(bar[0], f"quantize {done}/{total}")
+
             def tuning(what: str, count: int) -> None:  # each shape measured, named: the lm_head's may take long
                 if progress is not None:
-                    progress(0.9 + 0.05 * count / (count + 1), f"tune {what}")
+                    progress(bar[0], f"tune {what}")
 
             with reporting(tuning):
-                self.engine = self._build_engine(loaded, level, quant_backend, draft)
+                self.engine = self._build_engine(loaded, level, quant_backend, draft, layer_built)
             self.engine.runner.enable_native(self.config.native)
             #: whether decode steps replay from CUDA graphs, and why not (``EngineConfig.cuda_graphs``)
             self.graph_status = "off (cuda_graphs=False)"
@@ -216,7 +223,8 @@ class LLM:
         return level
 
     def _build_engine(
-        self, loaded: LoadedModel, level: str, quant_backend: str, draft: torch.nn.Module | None
+        self, loaded: LoadedModel, level: str, quant_backend: str, draft: torch.nn.Module | None,
+        layer_built: Callable[[int, int], None] | None = None,
     ) -> LLMEngine:
         cfg = self.config
         kv_dtype = resolve_kv_dtype(cfg.kv_dtype, loaded.dtype, loaded.device)
@@ -235,7 +243,8 @@ class LLM:
         log.info("KV cache: %d blocks (%.0f MiB) for %d tokens x %d sequences", num_blocks,
                  num_blocks * per_token * cfg.block_size / 2**20, max_model_len, cfg.max_batch_size)
         return LLMEngine(
-            loaded.model, loaded.tokenizer, cfg, num_blocks, kv_dtype, max_model_len, level, quant_backend, draft
+            loaded.model, loaded.tokenizer, cfg, num_blocks, kv_dtype, max_model_len, level, quant_backend, draft,
+            layer_built,
         )
 
     @staticmethod

@@ -56,6 +56,7 @@ class LLMEngine:
         quantization: str = "fp32",
         quant_backend: str = "auto",
         draft_model: torch.nn.Module | None = None,
+        layer_built: Callable[[int, int], None] | None = None,
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
@@ -64,7 +65,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.block_manager)
         self.runner = ModelRunner(
             model, num_blocks, config.block_size, kv_dtype, quantization, quant_backend, config.deterministic,
-            config.native,
+            config.native, layer_built,
         )
         self.sampler = Sampler()
         self.speculator = make_speculator(

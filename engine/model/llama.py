@@ -172,9 +172,11 @@ class FusedDecoder:
         quantized: the linears are quantized; the HF modules' dense weights are then dropped to free memory.
             Otherwise the HF modules are pointed at views of the fused tensors, so nothing is stored twice and
             the HF model stays usable.
+        layer_built: ``layer_built(done, total)`` after each layer is built, for a load's progress.
     """
 
-    def __init__(self, model: Any, linear: LinearFactory, quantized: bool) -> None:
+    def __init__(self, model: Any, linear: LinearFactory, quantized: bool,
+                 layer_built: Callable[[int, int], None] | None = None) -> None:
         self._inner = model.model
         self._quantized = quantized
         self._config = model.config
@@ -205,15 +207,17 @@ class FusedDecoder:
                         module.weight = _frozen(torch.empty(0, dtype=dtype))
                     for module in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
                         module.weight = _frozen(torch.empty(0, dtype=dtype))
-                    continue
-                q_dim = attn.q_proj.weight.shape[0]
-                kv_dim = attn.k_proj.weight.shape[0]
-                attn.q_proj.weight = _frozen(qkv[:q_dim])
-                attn.k_proj.weight = _frozen(qkv[q_dim : q_dim + kv_dim])
-                attn.v_proj.weight = _frozen(qkv[q_dim + kv_dim :])
-                inter = mlp.gate_proj.weight.shape[0]
-                mlp.gate_proj.weight = _frozen(gate_up[:inter])
-                mlp.up_proj.weight = _frozen(gate_up[inter:])
+                else:
+                    q_dim = attn.q_proj.weight.shape[0]
+                    kv_dim = attn.k_proj.weight.shape[0]
+                    attn.q_proj.weight = _frozen(qkv[:q_dim])
+                    attn.k_proj.weight = _frozen(qkv[q_dim : q_dim + kv_dim])
+                    attn.v_proj.weight = _frozen(qkv[q_dim + kv_dim :])
+                    inter = mlp.gate_proj.weight.shape[0]
+                    mlp.gate_proj.weight = _frozen(gate_up[:inter])
+                    mlp.up_proj.weight = _frozen(gate_up[inter:])
+                if layer_built is not None:
+                    layer_built(index + 1, len(self._inner.layers))
             head = model.lm_head
             final_norm = self._inner.norm.weight
             lm_head = linear("lm_head", ["lm_head.weight"], head.weight, head.bias)

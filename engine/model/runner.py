@@ -105,6 +105,7 @@ class ModelRunner:
         quant_backend: str = "auto",
         deterministic: bool = False,
         native: str = "auto",
+        layer_built: Callable[[int, int], None] | None = None,
     ):
         self.model = model
         self.config: Any = model.config
@@ -133,12 +134,12 @@ class ModelRunner:
         file = self._take_file_blocks(model) if self.weight_quantization == "file" else None
         if self.is_fused:
             builder = self._kernel_builder(model, file)
-            self._decoder = FusedDecoder(model, builder, self.weight_quantization is not None)
+            self._decoder = FusedDecoder(model, builder, self.weight_quantization is not None, layer_built)
             self.kernel_choices = builder.tuner.choices if builder.tuner is not None else []
             self.weights_from_gguf = builder.from_file
         else:
             if self.weight_quantization is not None:
-                self._quantize_hf_modules()
+                self._quantize_hf_modules(layer_built)
             register_hf_attention()
             model.set_attn_implementation(ATTN_IMPLEMENTATION)  # type: ignore[operator]
         log.info(
@@ -263,16 +264,19 @@ class ModelRunner:
             return DenseLinear(weight, bias)
         return make_linear(weight, bias, self.weight_quantization, self.device, self._quant_backend)
 
-    def _quantize_hf_modules(self) -> None:
-        """Swap every ``nn.Linear`` inside the decoder layers for a quantized one (HF-module path)."""
+    def _quantize_hf_modules(self, layer_built: Callable[[int, int], None] | None = None) -> None:
+        """Swap every ``nn.Linear`` inside the decoder layers for a quantized one (HF-module path); ``layer_built(done,
+        total)`` after each layer."""
         inner: Any = self.model.model
         with torch.no_grad():
-            for layer in inner.layers:
+            for index, layer in enumerate(inner.layers):
                 for parent in list(layer.modules()):
                     for name, child in list(parent.named_children()):
                         if isinstance(child, torch.nn.Linear):
                             linear = self._linear(child.weight, child.bias)
                             setattr(parent, name, _QuantizedModule(linear))
+                if layer_built is not None:
+                    layer_built(index + 1, len(inner.layers))
 
     @property
     def weights_bytes(self) -> int:

@@ -14,6 +14,8 @@ from app.model.load_stage import load_stage_text
         ("convert 3/272", 0.3, "Converting… 3/272"),
         ("read weights", 0.6, "Reading the weights…"),
         ("quantize", 0.9, "Building the layers…"),
+        ("quantize 3/30", 0.904, "Building the layers… 3/30"),
+        ("block kernels still building: loading int4", 0.0, "Block kernels still building: loading int4…"),
         ("tune lm_head 49152x576", 0.92, "Tuning kernels… lm_head 49152x576"),
         ("warm up", 0.95, "Warming up…"),
         ("Starting", 0.0, "Starting…"),

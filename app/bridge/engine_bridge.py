@@ -447,7 +447,7 @@ class EngineBridge(QObject):
             self._start_job("recommend", lambda: self._emit_unless_shut(
                 self.signals.recommendation_ready,
                 quantization_advice(self._engine_api, spec, device, load_settings.max_model_len,
-                                    load_settings.max_batch_size)))
+                                    load_settings.max_batch_size, load_settings.deterministic)))
 
     def detect_hardware(self) -> None:
         """Detect CPU/GPU/RAM in the background; emits ``hardware_detected``."""

@@ -36,6 +36,7 @@ def import_engine() -> EngineApi:
     """
     import engine
     from engine.loading import discovery, recommend, validate
+    from engine.model.kernel_plans import cached_plans
     from engine.model.native import EXTENSION
     from engine.system import hardware, monitor
 
@@ -53,6 +54,7 @@ def import_engine() -> EngineApi:
         inspect_model=validate.inspect_model,
         discover_models=discovery.discover_models,
         native_build=native_build,
+        kernel_plans=lambda deterministic: cached_plans(deterministic=deterministic),
     )
 
 
@@ -96,9 +98,10 @@ class Threads:
 
 
 def quantization_advice(engine_api: Callable[[], EngineApi], spec: str, device: str, context_length: int | None = None,
-                        num_chats: int = 1) -> QuantizationAdvice:
+                        num_chats: int = 1, deterministic: bool = True) -> QuantizationAdvice:
     """The recommended level for ``spec`` on ``device`` and the numbers for every level, with a KV cache of
-    ``context_length`` tokens for each of ``num_chats`` chats (as the engine will size it); an error in words.
+    ``context_length`` tokens for each of ``num_chats`` chats (as the engine will size it) and the weights as the
+    kernels this CPU's plan cache picks (``deterministic``: those of repeatable replies) hold them; an error in words.
 
     While the native extension is being built, or where it failed, the recommendation leaves out the "file" level
     (its block kernels are the extension's): a load never waits for the compiler."""
@@ -107,10 +110,11 @@ def quantization_advice(engine_api: Callable[[], EngineApi], spec: str, device: 
         # hardware=None: each call measures free memory itself (and knows whether torch can use a GPU)
         api = engine_api()
         block_kernels = api.native_build().state not in ("building", "failed")
+        plans = api.kernel_plans(deterministic)
         advice.recommendation = api.recommend(spec, device=device, context_length=context_length,
-                                              num_chats=num_chats, block_kernels=block_kernels)
+                                              num_chats=num_chats, block_kernels=block_kernels, plans=plans)
         advice.estimates = {level: api.estimate(spec, level, device=device, context_length=context_length,
-                                                num_chats=num_chats)
+                                                num_chats=num_chats, plans=plans)
                             for level in QUANTIZATION_LEVELS if level != "auto"}
     except Exception as exc:  # noqa: BLE001 (a worker thread must report, not die)
         log.bridge.info("no quantization recommendation for %s: %s", spec, exc)

@@ -116,7 +116,7 @@ class Estimator(Protocol):
     """``engine.loading.recommend.estimate``: the numbers for one level."""
 
     def __call__(self, model: str, level: str, /, *, device: str, context_length: int | None,
-                 num_chats: int) -> Recommendation: ...
+                 num_chats: int, plans: Any = None) -> Recommendation: ...
 
 
 class Recommender(Protocol):
@@ -124,7 +124,7 @@ class Recommender(Protocol):
     ``block_kernels``)."""
 
     def __call__(self, model: str, /, *, device: str, context_length: int | None,
-                 num_chats: int, block_kernels: bool) -> Recommendation: ...
+                 num_chats: int, block_kernels: bool, plans: Any = None) -> Recommendation: ...
 
 
 class FoundModel(Protocol):
@@ -157,3 +157,6 @@ class EngineApi:
     discover_models: ModelFinder
     #: The native decode step's build now (``engine.model.native.EXTENSION.state``); reads only.
     native_build: Callable[[], NativeBuild] = lambda: NO_NATIVE_BUILD
+    #: ``engine.model.kernel_plans.cached_plans(deterministic)``: which kernels each shape will run on this CPU, as
+    #: the plan cache stands (the estimates count the packed copies those kernels hold); None: first choices.
+    kernel_plans: Callable[[bool], Any] = lambda deterministic: None

@@ -319,7 +319,7 @@ _CONTEXT = 4096
 
 
 def estimate(model: Any, level: str, hardware: Any = None, context_length: int | None = None,
-             device: str = "auto", num_chats: int = 1) -> Recommendation:
+             device: str = "auto", num_chats: int = 1, plans: Any = None) -> Recommendation:
     """Same role as ``engine.loading.recommend.estimate``: the numbers for loading ``model`` at ``level``."""
     if model != "default" and not Path(str(model)).exists():
         raise ValueError(f"model: {model!r} is not a config, a model folder, a .gguf file or 'default'")
@@ -340,7 +340,7 @@ def estimate(model: Any, level: str, hardware: Any = None, context_length: int |
 
 
 def recommend(model: Any, hardware: Any = None, context_length: int | None = None,
-              device: str = "auto", num_chats: int = 1, block_kernels: bool = True) -> Recommendation:
+              device: str = "auto", num_chats: int = 1, block_kernels: bool = True, plans: Any = None) -> Recommendation:
     """Same role as ``engine.loading.recommend.recommend``: the best level that fits (int8 for the fake model, which
     is no GGUF file: ``block_kernels`` changes nothing)."""
     for level in ("bf16", "int8", "int4"):

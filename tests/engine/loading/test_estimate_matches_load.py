@@ -172,3 +172,23 @@ def test_the_default_model_at_int4_holds_what_its_label_says(shared_default_llm:
     assert label.weights_bytes == pytest.approx(llm.weights_bytes, rel=TOLERANCE), (
         f"labelled {label.weights_bytes / 2**20:.1f} MiB, loaded {llm.weights_bytes / 2**20:.1f} MiB"
     )
+
+
+@pytest.mark.skipif(not fbgemm_fp16_available(), reason="no packed fp16 kernels on this CPU")
+def test_the_apps_advice_labels_what_loads_with_the_plans_this_cpu_measured(
+    tiny_model_dirs: dict[str, Path], own_plan_cache: PlanCache, load: Callable[..., LLM],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Model pane's numbers (``app.bridge.jobs.quantization_advice`` over the real engine's functions) count the
+    packed copies that this machine's cached plans run, for the repeatable-replies setting the load will use."""
+    from app.bridge.jobs import import_engine, quantization_advice
+    from engine.system import hardware
+
+    monkeypatch.setattr(hardware, "configure_threads", lambda *_, **__: None)  # keep this test process's threads
+    folder = tiny_model_dirs["llama"]
+    shapes = footprint.linear_shapes(json.loads((folder / "config.json").read_text()))
+    _write_plans(own_plan_cache, "bf16", shapes, lambda role: "fp16_packed")
+    api = import_engine()
+    advice = quantization_advice(lambda: api, str(folder), "cpu", num_chats=EngineConfig().max_batch_size,
+                                 deterministic=False)
+    _agree(advice.estimates["bf16"], load(folder, "bf16"), "llama at bf16 with packed plans, as the app labels it")

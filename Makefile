@@ -92,6 +92,8 @@ screenshots: install ## retake resources/screenshots/ with the real model (needs
 	    --theme $$theme || exit 1; done; done
 	PYTHONPATH=. xvfb-run -a -s "-screen 0 1600x1300x24" $(PY) packaging/screenshots.py monitor
 	PYTHONPATH=. xvfb-run -a -s "-screen 0 1366x768x24" $(PY) packaging/screenshots.py tools
+	PYTHONPATH=. xvfb-run -a -s "-screen 0 1366x768x24" $(PY) packaging/screenshots.py models \
+	  --folder "$$(dirname "$$($(PY) -c 'from engine.loading.default_model import source_gguf_path as p; print(p())')")"
 
 .PHONY: clean
 clean: ## remove the venv and caches

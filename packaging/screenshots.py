@@ -11,6 +11,8 @@ package: pip's ``packaging`` owns the name)::
 ``monitor``: the monitor pane while four replies stream at once (monitor.png).
 ``window``: the whole window after a real answer to a question, plus a code question, at ``--size`` (run it on a
 screen that size, as ``make screenshots`` does) in the ``--theme``: main-WxH.png for light, dark-WxH.png for dark.
+``models``: the whole window at ``--size`` with the Models list in front, the default model loaded and marked as
+running, and the folders a user added (``--folder``, repeatable) scanned (models.png).
 ``tools``: a chat with tools over PyPI's ``mcp-server-time``, at ``--size``: tool-steps.png, a reply with its two
 calls folded under it, and tool-approval.png, the approval dialog a call opens. The calls' results come from the
 real server through the MCP host and are stored as the tool loop stores them; the reply's sentence is written from
@@ -143,6 +145,43 @@ def main_window(out: Path, size: tuple[int, int] = (1500, 950), theme: str = "sy
         raise SystemExit(1)
 
 
+def models_window(out: Path, size: tuple[int, int], folders: list[str]) -> None:
+    """Load the default model, put the Models list in front with ``folders`` added, grab the window once the list
+    shows the running model."""
+    import tempfile
+
+    from PySide6.QtWidgets import QPushButton
+
+    from app.model.models_view import RUNNING_MARK
+
+    qapp = QApplication.instance() or QApplication(sys.argv)
+    win = _open_window(Path(tempfile.mkdtemp(prefix="hearth-shot-")), size, "light")
+    if folders:
+        win.models_view.set_folders([str(Path(f).resolve()) for f in folders])
+        win.models_view.refresh()
+
+    def shown() -> None:
+        running = win.models_view.running_item
+        if running is None or not running.text(0).endswith(RUNNING_MARK):
+            QTimer.singleShot(300, shown)
+            return
+        win.models_dock.raise_()
+        QTimer.singleShot(1000, grab)
+
+    def grab() -> None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        win.grab().save(str(out), "PNG", PNG_QUALITY)
+        print(f"saved {out} ({out.stat().st_size // 1024} KiB)")
+        win.close()
+        qapp.exit(0)
+
+    win.bridge.signals.model_loaded.connect(lambda info: QTimer.singleShot(1000, shown))
+    win.bridge.signals.model_load_failed.connect(lambda message: (print(message, file=sys.stderr), qapp.exit(1)))
+    QTimer.singleShot(500, win.findChild(QPushButton, "loadModelButton").click)
+    if qapp.exec():
+        raise SystemExit(1)
+
+
 TOOLS_QUESTION = "What time is it in Tokyo and in Paris?"
 TIMEZONES = ("Asia/Tokyo", "Europe/Paris")
 
@@ -243,19 +282,22 @@ def tools(out_dir: Path, size: tuple[int, int], theme: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="packaging/screenshots.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("shot", choices=["monitor", "window", "tools"])
+    parser.add_argument("shot", choices=["monitor", "window", "models", "tools"])
     parser.add_argument("--size", default="1366x768", help="the window's size, WIDTHxHEIGHT (window)")
     parser.add_argument("--theme", choices=["light", "dark"], default="light", help="the theme (window)")
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    parser.add_argument("--folder", action="append", default=[], help="a models folder to add to the list (models)")
     parser.add_argument("--idle", type=float, default=6.0, help="seconds of idle graph before the replies")
     parser.add_argument("--stream", type=float, default=14.0, help="seconds of streaming before the grab")
     args = parser.parse_args(argv)
     width, _, height = args.size.partition("x")
-    if args.shot in ("window", "tools") and not (width.isdigit() and height.isdigit()):
+    if args.shot in ("window", "models", "tools") and not (width.isdigit() and height.isdigit()):
         parser.error(f"--size takes WIDTHxHEIGHT, such as 1366x768, not {args.size!r}")
     if args.shot == "window":
         name = "main" if args.theme == "light" else "dark"
         main_window(args.out_dir / f"{name}-{args.size}.png", size=(int(width), int(height)), theme=args.theme)
+    elif args.shot == "models":
+        models_window(args.out_dir / "models.png", (int(width), int(height)), args.folder)
     elif args.shot == "tools":
         tools(args.out_dir, (int(width), int(height)), args.theme)
     else:

@@ -19,6 +19,7 @@ import os
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
@@ -36,6 +37,9 @@ from app.model.folder_watch import FolderWatch
 COLUMNS = ("Name", "Source", "Architecture", "Parameters", "Quantization", "Size", "Fits")
 SOURCE_NAMES = {"huggingface": "Hugging Face", "lmstudio": "LM Studio", "ollama": "Ollama", "gpt4all": "GPT4All",
                 "jan": "Jan", "user": "Added folder", "loaded": "Loaded by path"}
+#: The most of the list's width the name column takes before names elide, and the least it keeps.
+NAME_SHARE = 0.6
+MIN_NAME_WIDTH = 120
 #: Follows the running model's name in the list.
 RUNNING_MARK = " (running)"
 FIT_WORDS = {"yes": "Yes", "tight": "Only just", "no": "No"}
@@ -101,7 +105,9 @@ class ModelsView(QWidget):
         self._tree.setUniformRowHeights(True)
         header = self._tree.header()
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)  # the name gets the room that is left
+        # the name is as wide as the longest one, up to NAME_SHARE of the list (_fit_name_column); the columns after
+        # it keep their contents' width and scroll into view: in the side pane they would leave it ~100 px
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
         header.setSectionResizeMode(2, QHeaderView.ResizeMode.Interactive)  # architectures elide; may be widened
         header.resizeSection(2, 90)
         header.setStretchLastSection(False)
@@ -230,7 +236,19 @@ class ModelsView(QWidget):
             if current is not None and model.get("path") == current.get("path") \
                     and model.get("name") == current.get("name"):
                 self._tree.setCurrentItem(item)
+        self._fit_name_column()
         self._on_current_changed(self._tree.currentItem(), None)
+
+    def _fit_name_column(self) -> None:
+        """The name column as wide as its longest name, but at most NAME_SHARE of the list's width (names past it
+        elide in the middle and show whole in their tooltip)."""
+        widest = max(self._tree.sizeHintForColumn(0), self._tree.header().sectionSizeHint(0))
+        room = int(self._tree.viewport().width() * NAME_SHARE)
+        self._tree.header().resizeSection(0, max(MIN_NAME_WIDTH, min(widest + 8, room)))
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._fit_name_column()
 
     def _item(self, model: dict[str, Any]) -> QTreeWidgetItem:
         fits = FIT_WORDS.get(str(model.get("fits")), "")

@@ -309,3 +309,29 @@ def test_copy_diagnostics_puts_versions_cpu_flags_model_and_precision_on_the_cli
     assert f"torch {metadata.version('torch')}" in text
     assert "CPU: Fake CPU 9000" in text and "flags: avx2" in text  # the fake machine has AVX2 only
     assert "Model: fake-smollm (default) on cpu, precision int8, computes in bfloat16" in text
+
+
+def test_a_narrow_models_list_shows_whole_names_before_the_other_columns(qtbot: Any) -> None:
+    """In the side pane (about 420 px at 1366x768) the name column takes the room it needs, up to its share, and the
+    columns after it scroll: before, the name got what the others left (about 100 px) and read "llama-…M.gguf"."""
+    from PySide6.QtWidgets import QTreeWidget
+
+    from app.model.models_view import NAME_SHARE, ModelsView
+
+    view = ModelsView()
+    qtbot.add_widget(view)
+    view.resize(420, 400)
+    view.show()
+    qtbot.wait_exposed(view)
+    names = ["Llama-3.2-1B-Instruct-Q4_K_M.gguf", "qwen2.5-0.5b-instruct-q8_0.gguf",
+             "a-model-whose-name-runs-on-far-past-any-side-pane-Q4_K_M.gguf"]
+    view.show_models([{"name": name, "path": f"/models/{name}", "source": "lmstudio", "runnable": True,
+                       "fits": "yes", "architecture": "llama", "num_parameters": 1.2e9, "quantization": "Q4_K_M",
+                       "size_bytes": 800 << 20} for name in names])
+    tree = view.findChild(QTreeWidget, "modelsTree")
+    width = tree.header().sectionSize(0)
+    metrics = tree.fontMetrics()
+    assert width >= metrics.horizontalAdvance(names[0]) and width >= metrics.horizontalAdvance(names[1]), width
+    assert width <= tree.viewport().width() * NAME_SHARE + 1  # the longest name elides rather than fill the list
+    view.resize(900, 400)
+    qtbot.wait_until(lambda: tree.header().sectionSize(0) >= metrics.horizontalAdvance(names[2]), timeout=2000)

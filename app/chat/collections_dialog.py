@@ -1,5 +1,6 @@
-"""The folder collections dialog: make a named collection from folders, see its files and indexing state, add a
-folder, re-index, remove, and tick the collections the current chat answers from.
+"""The folder collections dialog: make a named collection from folders, see its files and indexing state and the
+embedder its search uses (and why that one), add a folder, re-index, remove, and tick the collections the current
+chat answers from.
 
 Not modal: the chat stays usable while a collection is read, and the dialog's count and bar follow the reading.
 The work is the :class:`~app.chat.documents_controller.DocumentsController`'s (its ``collections`` watcher and the
@@ -28,7 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.docs.collections import CollectionInfo
+from app.docs.collections import CollectionInfo, embedder_label
 
 if TYPE_CHECKING:
     from app.chat.documents_controller import DocumentsController
@@ -43,6 +44,13 @@ def state_text(info: CollectionInfo, progress: tuple[str, int, int, str] | None)
         return f"Reading {min(done + 1, total)} of {total}" if total and done < total else "Scanning…"
     state = f"{info.queued} waiting" if info.queued else "Up to date"
     return state + (f"; {info.skipped} could not be read" if info.skipped else "")
+
+
+def search_line(info: CollectionInfo, reason: str) -> str:
+    """The embedder a collection is searched with and why (``reason``, from its indexing), in one line; the
+    embedder alone when the reason is not known yet, "" before the collection is indexed."""
+    what = reason or embedder_label(info.embedder)
+    return f"Search in “{info.name}”: {what}." if what else ""
 
 
 class CollectionsDialog(QDialog):
@@ -66,6 +74,10 @@ class CollectionsDialog(QDialog):
         self._tree.setRootIsDecorated(False)
         self._tree.itemChanged.connect(self._on_item_changed)
         self._tree.itemSelectionChanged.connect(self._update_buttons)
+        self._search = QLabel()
+        self._search.setObjectName("collectionsSearch")
+        self._search.setWordWrap(True)
+        self._search.setStyleSheet("color: #8a8a8a;")
         self._status = QLabel()
         self._status.setObjectName("collectionsStatus")
         self._bar = QProgressBar()
@@ -93,6 +105,7 @@ class CollectionsDialog(QDialog):
         layout = QVBoxLayout(self)
         layout.addWidget(intro)
         layout.addWidget(self._tree, 1)
+        layout.addWidget(self._search)
         layout.addLayout(buttons)
         layout.addLayout(progress)
         layout.addWidget(self._error)
@@ -112,23 +125,30 @@ class CollectionsDialog(QDialog):
 
     @Slot()
     def refresh(self) -> None:
-        """List the collections again, with their counts and states."""
+        """List the collections again, with their counts, states and embedders."""
         selected = self.selected_name
         self._infos = self._documents.collections.collections()
         used = set(self._documents.chat_collections(self._conversation_id)) if self._conversation_id else set()
         progress = self._documents.collections.progress()
         self._tree.blockSignals(True)
         self._tree.clear()
+        searches = []
         for info in self._infos:
             item = QTreeWidgetItem([info.name, "; ".join(info.roots), str(info.files), state_text(info, progress)])
             item.setData(NAME, Qt.ItemDataRole.UserRole, info.name)
             item.setToolTip(FOLDERS, "\n".join(info.roots))
+            search = search_line(info, self._documents.collections.embedder_reason(info.name))
+            for column in (NAME, FILES, STATE):
+                item.setToolTip(column, search)
+            searches.append(search)
             if self._conversation_id is not None:
                 item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
                 item.setCheckState(NAME, Qt.CheckState.Checked if info.name in used else Qt.CheckState.Unchecked)
             self._tree.addTopLevelItem(item)
             item.setSelected(info.name == selected)
         self._tree.blockSignals(False)
+        self._search.setText("\n".join(s for s in searches if s))
+        self._search.setVisible(bool(self._search.text()))
         self._on_progress_changed()
         self._update_buttons()
 
@@ -175,6 +195,11 @@ class CollectionsDialog(QDialog):
     @property
     def status_text(self) -> str:
         return self._status.text() if self._status.isVisible() else ""
+
+    @property
+    def search_text(self) -> str:
+        """The embedder each collection is searched with, and why: one line per collection."""
+        return self._search.text() if self._search.isVisible() else ""
 
     @property
     def error_text(self) -> str:

@@ -89,6 +89,7 @@ class CollectionWatcher(QObject):
         self._progress: tuple[str, int, int, str] | None = None
         self._is_stopped = False
         self._is_rescan_due = False
+        self._embedders: dict[str, tuple[str, str]] = {}  # a collection's name: (its embedder, why that one)
         self._signals = _Signals()
         self._signals.progress.connect(self._on_progress)
         self._signals.finished.connect(self._on_finished)
@@ -159,6 +160,11 @@ class CollectionWatcher(QObject):
         """(collection, files done, files to do, the file being read) while one is indexed, else None."""
         return self._progress if self.is_busy else None
 
+    def embedder_reason(self, name: str) -> str:
+        """The embedder collection ``name`` is searched with and why, as its indexing said this session ("" before
+        it was indexed). A later run that kept the embedder does not replace why it was chosen."""
+        return self._embedders.get(name, ("", ""))[1]
+
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop watching, and stop the worker after the file being read (the rest stays queued in the index)."""
         self._is_stopped = True
@@ -215,6 +221,11 @@ class CollectionWatcher(QObject):
     @Slot(object)
     def _on_finished(self, result: TaskResult) -> None:
         self._pending = max(0, self._pending - 1)
+        name, outcome = result.task.name, result.outcome
+        if result.task.kind == "remove":
+            self._embedders.pop(name, None)
+        elif outcome.embedder_reason and self._embedders.get(name, ("", ""))[0] != outcome.embedder:
+            self._embedders[name] = (outcome.embedder, outcome.embedder_reason)
         if not self._is_stopped:
             self._watch(result.watch)
         if result.error:

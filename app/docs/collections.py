@@ -26,7 +26,8 @@ MAX_WATCHED_FOLDERS = 2000
 
 @dataclass(frozen=True)
 class CollectionInfo:
-    """A collection as the dialog lists it: its folders, files read, files that could not be, files waiting."""
+    """A collection as the dialog lists it: its folders, files read, files that could not be, files waiting, and
+    the embedder its vectors come from (``wordllama``, ``bm25`` or a model's path)."""
 
     name: str
     roots: list[str] = field(default_factory=list)
@@ -34,6 +35,16 @@ class CollectionInfo:
     skipped: int = 0
     chunks: int = 0
     queued: int = 0
+    embedder: str = ""
+
+
+def embedder_label(embedder: str) -> str:
+    """A collection's embedder (as the index records it) in words, for when the reason it was chosen is not known."""
+    if embedder == "wordllama":
+        return "WordLlama static embeddings"
+    if embedder == "bm25":
+        return "BM25 alone"
+    return f"the embedding model {Path(embedder).name}" if embedder else ""
 
 
 def is_chat_collection(name: str) -> bool:
@@ -81,9 +92,9 @@ def list_collections(index: DocumentIndex) -> list[CollectionInfo]:
         if is_chat_collection(str(r["name"])):
             continue
         roots = r["roots"]
-        counts = [int(str(r[key])) for key in ("files", "skipped", "chunks", "queued")]
+        files, skipped, chunks, queued = (int(str(r[key])) for key in ("files", "skipped", "chunks", "queued"))
         out.append(CollectionInfo(str(r["name"]), [str(p) for p in roots] if isinstance(roots, list) else [],
-                                  *counts))
+                                  files, skipped, chunks, queued, str(r["embedder"])))
     return out
 
 
@@ -97,7 +108,7 @@ def index_folders(index: DocumentIndex, name: str, folders: list[str] | None = N
                                   progress=progress)
     finally:
         conn.close()
-    return IndexOutcome(list(report.indexed), list(report.skipped), report.embedder_reason)
+    return IndexOutcome(list(report.indexed), list(report.skipped), report.embedder_reason, report.embedder)
 
 
 def remove_collection(index: DocumentIndex, name: str) -> None:

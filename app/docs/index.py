@@ -60,11 +60,13 @@ def sources_budget(history: Sequence[dict[str, str]], params: Mapping[str, Any],
 
 @dataclass
 class IndexOutcome:
-    """What indexing attached files did: the files read, and (path, reason) for each one that could not be."""
+    """What indexing attached files did: the files read, (path, reason) for each one that could not be, and the
+    embedder the collection's search uses (``wordllama``, ``bm25`` or a model's path) with why that one."""
 
     indexed: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     embedder_reason: str = ""
+    embedder: str = ""
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ class DocumentIndex:
                                       progress=progress)
         finally:
             conn.close()
-        return IndexOutcome(list(report.indexed), list(report.skipped), report.embedder_reason)
+        return IndexOutcome(list(report.indexed), list(report.skipped), report.embedder_reason, report.embedder)
 
     def remove(self, conversation_id: int, path: str) -> None:
         """Stop using ``path`` in the conversation: its chunks leave the collection."""

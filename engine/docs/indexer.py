@@ -72,7 +72,7 @@ def _resolve_embedder(
             lost = f" ({row['embedder']}, which made the collection's vectors, cannot load: {exc}; indexing again)"
         else:
             if embedder is None or embedder.dim == row["dim"]:
-                what = getattr(embedder, "description", None) or row["embedder"]
+                what = _described(embedder, row["embedder"])
                 return row, EmbedderChoice(embedder, row["embedder"], f"{what}: the collection's embedder")
             lost = f" ({row['embedder']} now gives {embedder.dim} dimensions, not {row['dim']}; indexing again)"
     choice = choose_embedder(requested)
@@ -93,6 +93,15 @@ def _resolve_embedder(
         row = store.collection_row(conn, name)
         assert row is not None
     return row, choice
+
+
+def _described(embedder: Embedder | None, name: str) -> str:
+    """An embedder in words, as :func:`~engine.docs.embedders.choose_embedder` names it."""
+    if embedder is None:
+        return "BM25 alone"
+    if name == "wordllama":
+        return f"WordLlama static embeddings ({embedder.dim} dimensions)"
+    return str(getattr(embedder, "description", None) or name)
 
 
 class _transaction:

@@ -3,7 +3,7 @@
     python -m engine.docs index PATH... --collection NAME [--embedder auto|bm25|wordllama|PATH] [--home DIR]
     python -m engine.docs search NAME "query" [--top-k N] [--mode hybrid|bm25|vector] [--json] [--home DIR]
     python -m engine.docs list [--json] [--home DIR]
-    python -m engine.docs eval [--set DIR] [--embedder bm25|wordllama] [--json] [--misses]
+    python -m engine.docs eval [--set DIR] [--embedder bm25|wordllama|PATH]... [--json] [--misses]
     python -m engine.docs bench [--pages N] [--chunks N] [--embedder wordllama|bm25|PATH]
 
 ``--embedder PATH`` names an embedding model's folder (bge, e5, gte, Qwen3-Embedding...); ``auto`` takes one found

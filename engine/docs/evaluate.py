@@ -7,10 +7,12 @@ names a code, a setting or a person the passage holds word for word: a fusion th
 the vectors' near misses shows there). A retrieved chunk answers a question when it comes from that file (and page)
 and holds the substring, whitespace and case aside.
 
-Each embedder indexes the documents the questions name into a fresh temporary home; every question is then searched
-with each mode the collection supports (``bm25``; ``vector`` and ``hybrid`` where it has vectors), and the run
-reports recall@5 (the share of questions with an answering chunk in the top 5), MRR@10 (the mean of 1/rank of the
-first answering chunk in the top 10, 0 without one) and recall@5 over the paraphrased and the exact questions alone.
+Each embedder (``bm25``, ``wordllama``, or an embedding model's folder or GGUF file on disk, as
+``python -m engine.docs index --embedder PATH`` takes it, reported under its absolute path) indexes the documents
+the questions name into a fresh temporary home; every question is then searched with each mode the collection
+supports (``bm25``; ``vector`` and ``hybrid`` where it has vectors), and the run reports recall@5 (the share of
+questions with an answering chunk in the top 5), MRR@10 (the mean of 1/rank of the first answering chunk in the top
+10, 0 without one) and recall@5 over the paraphrased and the exact questions alone.
 
 ``--sweep`` chooses the fusion by cross-validation: hybrid search with each RRF constant of :data:`SWEEP_KS` and
 each vector weight of :data:`SWEEP_WEIGHTS` is scored on the odd-numbered questions and on the even-numbered ones;
@@ -28,11 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from engine.docs import store
+from engine.docs.embedders import EMBEDDER_CHOICES
 from engine.docs.indexer import index_collection
 from engine.docs.search import BM25_MARGIN, RRF_K, VECTOR_WEIGHT, Hit, search
 
 #: The set in the repository: ``tests/data/retrieval`` next to the ``engine`` package.
 DEFAULT_SET = Path(__file__).resolve().parents[2] / "tests" / "data" / "retrieval"
+#: The embedders scored when none is named (an embedding model's path may be named besides).
 EMBEDDERS = ("bm25", "wordllama")
 #: The RRF constants and vector weights ``--sweep`` tries.
 SWEEP_KS = (1, 2, 3, 5, 10, 20, 60)
@@ -118,7 +122,8 @@ def _scores(ranks: list[int | None], questions: list[Question]) -> dict[str, flo
 
 
 def evaluate(folder: Path = DEFAULT_SET, embedders: tuple[str, ...] = EMBEDDERS) -> dict[str, object]:
-    """Index the set with each embedder and score every mode; returns the report ``--json`` prints.
+    """Index the set with each embedder (a name of :data:`EMBEDDERS` or an embedding model's path) and score every
+    mode; returns the report ``--json`` prints.
 
     Raises:
         FileNotFoundError, ValueError: for a missing or malformed set, or an embedder that cannot load.
@@ -129,8 +134,8 @@ def evaluate(folder: Path = DEFAULT_SET, embedders: tuple[str, ...] = EMBEDDERS)
     misses: dict[str, list[str]] = {}
     chunks = 0
     with tempfile.TemporaryDirectory(prefix="hearth-docs-eval-") as tmp:
-        for name in embedders:
-            conn = store.connect(Path(tmp) / name)
+        for number, name in enumerate(embedders):
+            conn = store.connect(Path(tmp) / str(number))  # a model's path is no folder name
             try:
                 report = index_collection(conn, COLLECTION, [folder / d for d in documents], name)
                 if report.skipped:
@@ -238,12 +243,22 @@ def _markdown(head: list[str], body: list[list[str]]) -> str:
     return "\n".join([line(head), rule, *(line(b) for b in body)])
 
 
+def _embedder(value: str) -> str:
+    """``--embedder``: a name of :data:`EMBEDDERS` or a path that exists (whether it holds a model says the load)."""
+    if value in EMBEDDERS or (value not in EMBEDDER_CHOICES and Path(value).expanduser().exists()):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"{value!r} is not {', '.join(EMBEDDERS)} or an embedding model's folder or GGUF file"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.docs eval", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--set", type=Path, default=DEFAULT_SET, help="the set's folder (default: %(default)s)"
     )
-    parser.add_argument("--embedder", action="append", choices=EMBEDDERS, help="one embedder (repeatable)")
+    parser.add_argument("--embedder", action="append", type=_embedder, metavar="|".join((*EMBEDDERS, "PATH")),
+                        help="one embedder (repeatable): bm25, wordllama, or an embedding model's folder or GGUF file")
     parser.add_argument("--json", action="store_true", help="print the JSON report only")
     parser.add_argument(
         "--misses", action="store_true", help="list the questions each mode misses in its top 5"

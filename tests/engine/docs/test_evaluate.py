@@ -93,3 +93,40 @@ def test_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     (tmp_path / "questions.jsonl").write_text('{"question": "q", "file": "absent.md", "expect": "x"}\n')
     assert main(["eval", "--set", str(tmp_path)]) == 2
     assert "no document absent.md" in capsys.readouterr().err
+
+
+def test_an_embedding_model_on_disk_is_scored_as_rows_of_its_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--embedder PATH``: a tiny random BERT folder (as ``index --embedder PATH`` takes one) indexes a part of the
+    set, and each of its modes gets a row beside BM25's; a name that is neither an embedder nor a path is refused."""
+    from tests.engine.embedding_models import build_tiny_embedder
+
+    model = tmp_path / "tiny-bge"
+    model.mkdir()
+    build_tiny_embedder("bert", model, "mean")
+    subset = tmp_path / "set"
+    subset.mkdir()
+    lines = (evaluate.DEFAULT_SET / "questions.jsonl").read_text(encoding="utf-8").splitlines()
+    kept = [line for line in lines if json.loads(line)["file"] == "pump_controller.md"][:8]
+    (subset / "questions.jsonl").write_text("\n".join(kept) + "\n", encoding="utf-8")
+    (subset / "pump_controller.md").write_bytes((evaluate.DEFAULT_SET / "pump_controller.md").read_bytes())
+
+    assert main(["eval", "--set", str(subset), "--embedder", "bm25", "--embedder", str(model), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["questions"] == len(kept) == 8
+    rows = out["results"]
+    path = str(model.resolve())
+    assert [(r["embedder"], r["mode"]) for r in rows] == [
+        ("bm25", "bm25"), (path, "bm25"), (path, "vector"), (path, "hybrid"),
+    ]  # fmt: skip
+    for row in rows:
+        assert 0.0 <= row["recall@5"] <= 1.0 and 0.0 <= row["mrr@10"] <= 1.0, row
+    assert rows[1]["recall@5"] == rows[0]["recall@5"]  # BM25 is BM25, whatever made the vectors
+    assert not list(model.glob("*.sqlite3*"))  # the index went to the temporary home, not the model's folder
+
+    for wrong in ("auto", str(tmp_path / "no-such-model")):
+        with pytest.raises(SystemExit) as refused:
+            main(["eval", "--set", str(subset), "--embedder", wrong])
+        assert refused.value.code == 2
+        assert "an embedding model's folder or GGUF file" in capsys.readouterr().err

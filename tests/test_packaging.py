@@ -6,6 +6,7 @@ import importlib.util
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -287,3 +288,27 @@ def test_the_smaller_icu_data_answers_qt_as_the_whole(tmp_path: Path) -> None:
     assert "Central European" in whole and "codecs [True, True, True, True, True]" in whole
     # The same answers, but for the legacy codecs, whose tables were left out (Qt's own UTF and Latin-1 stay).
     assert smaller.replace("codecs [True, True, True, False, False]", "codecs [True, True, True, True, True]") == whole
+
+
+def _spec_constant(name: str) -> Any:
+    """The literal value the spec assigns to ``name`` (the spec runs only inside PyInstaller, so it is parsed)."""
+    import ast
+
+    tree = ast.parse((ROOT / "packaging" / "hearth.spec").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"packaging/hearth.spec assigns no {name}")
+
+
+def test_the_spec_bundles_the_files_the_wordllama_embedder_reads() -> None:
+    """The spec names WordLlama's files one by one; the embedder finds its own by pattern. A wordllama release that
+    renames either makes the two disagree here (and stops the build), instead of a bundle that indexes with BM25."""
+    from engine.docs.embedders import _wordllama_root, wordllama_files
+
+    root = _wordllama_root()
+    read = {path.relative_to(root).as_posix() for path in wordllama_files()}
+    assert set(_spec_constant("WORDLLAMA_FILES")) == read
+    contents = (ROOT / "packaging" / "bundle-contents.txt").read_text(encoding="utf-8")
+    assert "_internal/wordllama\n" in contents
+    assert all(f"wordllama/{name}" in contents for name in read)

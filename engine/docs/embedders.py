@@ -18,6 +18,7 @@ path); vectors of two embedders are never mixed (``engine/docs/indexer.py`` inde
 from __future__ import annotations
 
 import importlib.util
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,16 +58,30 @@ class EmbedderChoice:
     reason: str
 
 
+def _wordllama_root() -> Path:
+    """The folder holding WordLlama's ``weights/`` and ``tokenizers/``: in the PyInstaller bundle
+    ``_internal/wordllama`` (``sys._MEIPASS``; ``packaging/hearth.spec`` copies the two files there, not the package),
+    else the installed wheel's package folder.
+
+    Raises:
+        FileNotFoundError: when the package is not installed.
+    """
+    bundle = getattr(sys, "_MEIPASS", None)
+    if getattr(sys, "frozen", False) and bundle:
+        return Path(bundle) / "wordllama"
+    spec = importlib.util.find_spec("wordllama")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the wordllama package is not installed")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
 def wordllama_files() -> tuple[Path, Path]:
-    """The weights and tokenizer files shipped in the installed ``wordllama`` wheel.
+    """The weights and tokenizer files shipped in the installed ``wordllama`` wheel (or the bundle's copy).
 
     Raises:
         FileNotFoundError: when the package or its files are not installed.
     """
-    spec = importlib.util.find_spec("wordllama")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the wordllama package is not installed")
-    root = Path(next(iter(spec.submodule_search_locations)))
+    root = _wordllama_root()
     weights = sorted((root / "weights").glob("*_256.safetensors")) or sorted(
         (root / "weights").glob("*.safetensors")
     )

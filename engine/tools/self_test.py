@@ -1,4 +1,5 @@
-"""``hearth --self-test PROMPT``: answer one prompt with the default model and exit; no window, and no Qt.
+"""``hearth --self-test PROMPT``: answer one prompt with the default model, search two documents with WordLlama
+(the document index's offline embedder), and exit; no window, and no Qt.
 
 It checks that an installed or bundled Hearth can load its default model and generate on a machine without a
 display, the display libraries Qt's GUI needs (libEGL, libGL) or a network: ``packaging/smoke.sh`` runs it on the
@@ -97,7 +98,57 @@ def run_self_test(prompt: str, *, max_tokens: int = MAX_TOKENS) -> int:
     if not reply:
         print("self-test failed: the model's reply was empty", file=sys.stderr)
         return 1
+    try:
+        print(f"self-test: {check_document_search()}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 (as above)
+        print(f"self-test failed: document search: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     return 0
+
+
+#: The self-test's documents: the question below names neither file's words, so only vectors find the right one.
+_DOCUMENTS = {
+    "bread.txt": "Knead the dough for ten minutes, let it rise until doubled, then bake the loaf in a hot oven.",
+    "planets.txt": "Jupiter is the largest planet of the solar system; Saturn, with its rings, comes second.",
+}
+_QUERY = "Which world orbiting the sun is the biggest?"
+
+
+def check_document_search() -> str:
+    """Index two small text files with WordLlama, the document index's offline embedder, into a throwaway index and
+    search them by vector alone; returns what happened in one line.
+
+    The bundle must carry WordLlama's files: without them ``auto`` indexes with BM25 alone, which a user sees only
+    as poorer search (``packaging/hearth.spec``, WORDLLAMA_FILES).
+
+    Raises:
+        ValueError: when WordLlama cannot load (its files are missing; the reason in words).
+        RuntimeError: when the search does not find the right file first.
+    """
+    import tempfile
+
+    from engine.docs import store
+    from engine.docs.indexer import index_collection
+    from engine.docs.search import search
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="hearth-self-test-") as tmp:
+        folder = Path(tmp, "files")
+        folder.mkdir()
+        for name, text in _DOCUMENTS.items():
+            (folder / name).write_text(text, encoding="utf-8")
+        conn = store.connect(Path(tmp, "index"))
+        try:
+            report = index_collection(conn, "self-test", [folder], "wordllama")
+            hits = search(conn, "self-test", _QUERY, top_k=1, mode="vector")
+        finally:
+            conn.close()
+    found = Path(hits[0].file).name if hits else "nothing"
+    if report.embedder != "wordllama" or found != "planets.txt":
+        raise RuntimeError(f"embedder {report.embedder} ({report.embedder_reason}) found {found} first, "
+                           "not planets.txt")
+    return (f"document search: embedder {report.embedder} ({report.embedder_reason}), {report.chunks} chunks, "
+            f"found {found} in {time.monotonic() - started:.1f} s")
 
 
 def _load_facts(llm: Any) -> str:

@@ -38,6 +38,12 @@ def _shares_a_module_fixture(item: pytest.Item) -> bool:
     return any(defs and defs[-1].scope in _MODULE_SCOPES for defs in info.name2fixturedefs.values())
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fuzz-mutants", type=int, default=None, metavar="N",
+                     help="crafted model files per run of tests/reliability/test_crafted_files.py (default 300, or "
+                          "HEARTH_FUZZ_MUTANTS); two thirds GGUF")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # xdist registers its mark itself; runs without xdist (``-p no:xdist``) need it known too (--strict-markers)
     config.addinivalue_line("markers", "xdist_group(name): run these tests in one xdist worker (--dist loadgroup)")

@@ -8,8 +8,8 @@ opened by ``LLM`` in this process, as the app opens a file the user picked. Noth
 out, and a mutant that loads must answer a short greedy request: a few of them (and every one whose tokenizer or
 template was changed) are asked one.
 
-``HEARTH_FUZZ_MUTANTS`` sets how many mutants run (300 by default; two thirds GGUF) and ``HEARTH_FUZZ_SEED`` the
-seed. A failing mutant is named by its test id (``gguf-0137``) and rebuilt from it alone.
+``pytest --fuzz-mutants N`` (or ``HEARTH_FUZZ_MUTANTS``) sets how many mutants run (300 by default; two thirds
+GGUF) and ``HEARTH_FUZZ_SEED`` the seed. A failing mutant is named by its test id (``gguf-0137``) and rebuilt from it alone.
 """
 
 from __future__ import annotations
@@ -32,10 +32,8 @@ from engine.api import ModelLoadError, SamplingParams
 from tests.reliability.crafted_files import GgufFile, mutate_gguf, write_base_gguf
 from tests.reliability.crafted_folders import SafetensorsFolder, mutate_folder, tiny_folder
 
-MUTANTS = int(os.environ.get("HEARTH_FUZZ_MUTANTS") or 300)
+DEFAULT_MUTANTS = 300
 SEED = int(os.environ.get("HEARTH_FUZZ_SEED") or 20261201)
-GGUF_MUTANTS = -(-MUTANTS * 2 // 3)
-FOLDER_MUTANTS = MUTANTS - GGUF_MUTANTS
 LOAD_LIMIT_S = 5.0
 HANG_S = 60.0  # a mutant still running then is reported as hung (the thread cannot be stopped)
 GROWTH_LIMIT = 2**30
@@ -147,7 +145,20 @@ def _check(bases: Bases, kind: str, index: int, model: Path, done: list[str], in
     assert growth < GROWTH_LIMIT, f"{what}: memory grew by {growth / 2**20:.0f} MiB ({outcome})"
 
 
-@pytest.mark.parametrize("index", range(GGUF_MUTANTS), ids=lambda i: f"gguf-{i:04d}")
+def mutant_counts(config: pytest.Config) -> tuple[int, int]:
+    """(GGUF mutants, folder mutants) of this run: ``--fuzz-mutants``, else ``HEARTH_FUZZ_MUTANTS``, else 300."""
+    total = config.getoption("fuzz_mutants") or int(os.environ.get("HEARTH_FUZZ_MUTANTS") or DEFAULT_MUTANTS)
+    gguf = -(-total * 2 // 3)
+    return gguf, total - gguf
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "index" in metafunc.fixturenames:
+        gguf, folders = mutant_counts(metafunc.config)
+        kind = "gguf" if "gguf" in metafunc.function.__name__ else "folder"
+        metafunc.parametrize("index", range(gguf if kind == "gguf" else folders), ids=lambda i: f"{kind}-{i:04d}")
+
+
 def test_a_crafted_gguf_is_refused_in_words_or_loads_and_answers(bases: Bases, index: int) -> None:
     rng = random.Random(f"{SEED}-gguf-{index}")
     mutant, done = mutate_gguf(rng, bases.gguf)
@@ -163,7 +174,6 @@ def test_a_crafted_gguf_is_refused_in_words_or_loads_and_answers(bases: Bases, i
         shutil.rmtree(bases.root / "data" / "cache" / "gguf", ignore_errors=True)
 
 
-@pytest.mark.parametrize("index", range(FOLDER_MUTANTS), ids=lambda i: f"folder-{i:04d}")
 def test_a_crafted_safetensors_folder_is_refused_in_words_or_loads_and_answers(bases: Bases, index: int) -> None:
     rng = random.Random(f"{SEED}-folder-{index}")
     mutant, done = mutate_folder(rng, bases.folder)

@@ -28,6 +28,8 @@ from pathlib import Path
 from engine.system.paths import data_dir, ensure_private_dir
 
 DB_NAME = "documents.sqlite3"
+#: How long a connection waits for another one's write before "database is locked".
+BUSY_TIMEOUT_S = 30.0
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
@@ -89,13 +91,29 @@ def default_home() -> Path:
 def connect(home: Path | None = None) -> sqlite3.Connection:
     """Open (creating if needed) the index database in ``home``, in WAL mode so readers never wait for indexing."""
     folder = ensure_private_dir(Path(home) if home is not None else default_home())
-    conn = sqlite3.connect(folder / DB_NAME, timeout=30.0, isolation_level=None)
+    conn = sqlite3.connect(folder / DB_NAME, timeout=BUSY_TIMEOUT_S, isolation_level=None)
     conn.row_factory = sqlite3.Row
-    conn.execute("PRAGMA journal_mode=WAL")
+    _use_wal(conn)
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA foreign_keys=ON")
     conn.executescript(SCHEMA)
     return conn
+
+
+def _use_wal(conn: sqlite3.Connection) -> None:
+    """Switch to WAL, waiting while another connection holds the database: SQLite answers this pragma "database is
+    locked" at once rather than waiting its busy timeout, so two connections opening a new index together (the
+    app's indexing thread and its GUI thread) would fail."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                conn.close()
+                raise
+            time.sleep(0.01)
 
 
 def collection_row(conn: sqlite3.Connection, name: str) -> sqlite3.Row | None:

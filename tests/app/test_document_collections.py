@@ -4,14 +4,20 @@ after a restart; and, without Qt, a chat's own files and its collections searche
 
 from __future__ import annotations
 
+import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtGui import QAction
+import pytest
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import QAction, QDesktopServices
 
 from app.chat.attachments_bar import AttachmentsBar
 from app.chat.collections_dialog import CollectionsDialog
 from app.data.conversations import STATUS_STREAMING
+from app.docs.collection_watcher import RESCAN_MS, TaskResult
 from app.docs.collections import index_folders, list_collections, remove_collection
 from app.docs.index import DocumentIndex
 from app.window.main_window import MainWindow
@@ -38,11 +44,21 @@ def _wait_idle(qtbot: Any, win: MainWindow) -> None:
     qtbot.wait_until(lambda: not win.chat_pane.documents.collections.is_busy, timeout=30_000)
 
 
+def _poll(qtbot: Any, condition: Callable[[], bool], timeout_s: float) -> None:
+    """Wait until ``condition()`` holds, checking it every 100 ms (Qt events run meanwhile)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s"
+        qtbot.wait(100)
+
+
 def _ask(qtbot: Any, win: MainWindow, question: str) -> str:
+    """The prompt the model was given for ``question`` (its reply is a short one, not the fake's long default)."""
+    engine: Any = fake_engine.FakeLLM.instances[-1].engine
+    engine.replies.append("Noted.")
     reply = ui_flows.send(qtbot, win, question)
     qtbot.wait_until(lambda: reply.status != STATUS_STREAMING, timeout=10_000)
-    submitted: Any = fake_engine.FakeLLM.instances[-1].engine.submitted
-    return str(submitted[-1][-1]["content"])
+    return str(engine.submitted[-1][-1]["content"])
 
 
 def test_a_collection_is_chosen_answered_from_watched_and_kept(qtbot: Any, open_window: Any,
@@ -108,6 +124,67 @@ def test_the_folder_watcher_rescans_on_its_own(qtbot: Any, window: MainWindow, t
     _wait_idle(qtbot, window)
     [info] = docs.collections.collections()
     assert info.files == 2
+
+
+def test_a_watched_folder_that_changes_while_the_chat_runs_is_answered_from(
+        qtbot: Any, window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = fake_engine.reply_for
+
+    def reply_for(messages: Any) -> str:  # the fake model states the fact and cites every source it was given
+        last = messages[-1]["content"] if not isinstance(messages, str) else messages
+        if "Sources:" not in last:
+            return plain(messages)
+        return "The colony counts 4812 breeding pairs " + " ".join(
+            f"[{n}]" for n in re.findall(r"^\[(\d+)\] ", last, re.MULTILINE)) + "."
+
+    monkeypatch.setattr(fake_engine, "reply_for", reply_for)
+    opened_at = time.monotonic()
+    folder = tmp_path / "harbour docs"
+    folder.mkdir()
+    (folder / "ferry.txt").write_text(FERRY)
+    write_pdf(folder / "harbour.pdf", PAGES)
+    ui_flows.load_model(qtbot, window)
+    docs = window.chat_pane.documents
+    assert _open_dialog(qtbot, window).create_collection("Harbour", [str(folder)]) == "Harbour"  # ticked for the chat
+    _poll(qtbot, lambda: not docs.collections.is_busy, 20)
+    conversation = window.chat_pane.current_conversation
+    assert conversation is not None and docs.chat_collections(conversation.id) == ["Harbour"]
+    scans: list[TaskResult] = []
+    docs.collections.scan_finished.connect(scans.append)
+
+    (folder / "ferry.txt").unlink()  # while the window runs, no rescan asked for: the folder watcher sees it
+    (folder / "puffins.md").write_text(PUFFINS)
+    _poll(qtbot, lambda: any(str((folder / "puffins.md").resolve()) in r.outcome.indexed for r in scans)
+          and not docs.collections.is_busy, 10)
+    assert time.monotonic() - opened_at < RESCAN_MS / 1000  # before the periodic scan's first turn
+    [info] = docs.collections.collections()
+    assert info.files == 2  # harbour.pdf and puffins.md: ferry.txt was dropped
+
+    reply = ui_flows.send(qtbot, window, "How many puffin pairs are there?")
+    _poll(qtbot, lambda: reply.status != STATUS_STREAMING, 10)
+    submitted: Any = fake_engine.FakeLLM.instances[-1].engine.submitted
+    prompt = str(submitted[-1][-1]["content"])
+    assert "] puffins.md\n# Puffins" in prompt and "pier seven" not in prompt
+    index = len(conversation.messages) - 1
+    shown = docs.shown_sources(conversation.messages[index])
+    assert shown is not None and shown.is_cited
+    labels = {source.label: number for number, source in shown.entries}
+    assert "puffins.md" in labels and "ferry.txt" not in labels, labels
+    text = window.chat_pane.view.message_text(index).split("Sources", 1)[1]
+    assert f"[{labels['puffins.md']}] puffins.md" in text and "4812 breeding pairs" in text
+    assert "ferry.txt" not in text
+
+    href = f"hearth:source/{index}/{labels['puffins.md']}"
+    assert href in window.chat_pane.view.hrefs(index)
+    opened: list[QUrl] = []
+
+    def open_url(url: QUrl) -> bool:  # the desktop is asked to open it (and opens nothing here)
+        opened.append(url)
+        return True
+
+    monkeypatch.setattr(QDesktopServices, "openUrl", staticmethod(open_url))
+    window.chat_pane.view.anchorClicked.emit(QUrl(href))
+    assert [u.toLocalFile() for u in opened] == [str((folder / "puffins.md").resolve())]
 
 
 def test_bad_collections_are_refused_in_words_and_removal_unchooses(qtbot: Any, window: MainWindow,

@@ -11,8 +11,9 @@ from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDesktopServices, QDropEvent
 
 from app.chat.attachments_bar import AttachmentsBar
-from app.data.conversations import STATUS_STREAMING
+from app.data.conversations import STATUS_DONE, STATUS_STREAMING
 from app.window.main_window import MainWindow
+from engine.docs.bench import Prose
 from tests.app import fake_engine, ui_flows
 from tests.engine.docs.files import write_corrupt_pdf, write_pdf
 
@@ -41,6 +42,18 @@ def _bar(win: MainWindow) -> AttachmentsBar:
     return ui_flows.child(win, AttachmentsBar, "attachmentsBar")
 
 
+def _intercept_opens(monkeypatch: pytest.MonkeyPatch) -> list[QUrl]:
+    """The URLs the app asks the desktop to open from now on (none is opened)."""
+    opened: list[QUrl] = []
+
+    def open_url(url: QUrl) -> bool:
+        opened.append(url)
+        return True
+
+    monkeypatch.setattr(QDesktopServices, "openUrl", staticmethod(open_url))
+    return opened
+
+
 def _wait_read(qtbot: Any, win: MainWindow) -> None:
     conversation = win.chat_pane.current_conversation
     assert conversation is not None
@@ -64,22 +77,48 @@ def test_attach_a_pdf_ask_and_click_the_cited_source(qtbot: Any, window: MainWin
     reply = ui_flows.send(qtbot, window, "Who is the lighthouse keeper?")
     qtbot.wait_until(lambda: reply.status != STATUS_STREAMING, timeout=10_000)
     [llm] = fake_engine.FakeLLM.instances
-    prompt = llm.engine.submitted[-1][-1]["content"]
+    submitted: Any = llm.engine.submitted
+    prompt = submitted[-1][-1]["content"]
     assert "[2] harbour.pdf, page 2\nThe lighthouse keeper is named Ottoline Brask" in prompt
     assert prompt.endswith("Question: Who is the lighthouse keeper?")  # the stored message is what was typed
-    assert pane.current_conversation.messages[-2].content == "Who is the lighthouse keeper?"
+    conversation = pane.current_conversation
+    assert conversation is not None and conversation.messages[-2].content == "Who is the lighthouse keeper?"
 
-    index = len(pane.current_conversation.messages) - 1
+    index = len(conversation.messages) - 1
     text = pane.view.message_text(index)
     assert "Sources" in text and "[2] harbour.pdf, page 2" in text and "Ottoline" in text
     assert "[9]" not in text.split("Sources", 1)[1] and "page 1" not in text  # invented and uncited: not listed
+    shown = pane.documents.shown_sources(conversation.messages[-1])
+    assert shown is not None and [n for n, _ in shown.entries] == [2]
+    score = shown.entries[0][1].score  # its retrieval score, drawn beside the label
+    assert score > 0 and f"[2] harbour.pdf, page 2  ·  score {score:.3f}  ·  " in text, text
     sources = [h for h in pane.view.hrefs(index) if h.startswith("hearth:source/")]
     assert sources == [f"hearth:source/{index}/2"]
 
-    opened: list[QUrl] = []
-    monkeypatch.setattr(QDesktopServices, "openUrl", staticmethod(lambda url: opened.append(url) or True))
+    opened = _intercept_opens(monkeypatch)
     pane.view.anchorClicked.emit(QUrl(sources[0]))
     assert [u.toLocalFile() for u in opened] == [str(pdf.resolve())]
+
+
+def test_the_chat_answers_while_a_large_document_is_read(qtbot: Any, window: MainWindow, tmp_path: Path) -> None:
+    prose = Prose(seed=1)
+    book = write_pdf(tmp_path / "book.pdf", [prose.page() for _ in range(800)])  # seconds to read (~1.7 MB)
+    ui_flows.load_model(qtbot, window)
+    pane = window.chat_pane
+    conversation = pane.current_conversation
+    assert conversation is not None
+    pane.attach_files([str(book)])
+    assert pane.documents.is_indexing(conversation.id)
+
+    reply = ui_flows.send(qtbot, window, ui_flows.FRANCE_QUESTION)  # the chat takes it at once, not after
+    qtbot.wait_until(lambda: reply.status != STATUS_STREAMING, timeout=10_000)
+    # still reading: the reply did not wait for the book (if this fails, check the book still takes seconds)
+    assert pane.documents.is_indexing(conversation.id)
+    assert reply.status == STATUS_DONE and reply.content == fake_engine.FRANCE_REPLY  # the whole reply
+    assert "largest city in France" in pane.view.message_text(len(conversation.messages) - 1)
+
+    _wait_read(qtbot, window)  # and the book is then read, whole
+    assert _bar(window).chip_paths == [str(book.resolve())] and not _bar(window).problems_text
 
 
 def test_an_unreadable_file_is_listed_with_its_reason(qtbot: Any, window: MainWindow, tmp_path: Path) -> None:

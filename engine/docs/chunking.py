@@ -74,6 +74,13 @@ def chunk_tokenizer() -> Tokenizer | None:
         return _tokenizer[0]
 
 
+def chunking_key() -> str:
+    """How :func:`chunk_pages` cuts text here, as an index records it: a collection whose chunks were cut another
+    way (an index from before sizes were counted in tokens, or without the tokenizer) is chunked again."""
+    unit = "tokens" if chunk_tokenizer() is not None else "words"
+    return f"{unit} {DEFAULT_TOKENS}/{DEFAULT_OVERLAP}"
+
+
 def chunk_pages(
     pages: Iterable[Page], tokens: int = DEFAULT_TOKENS, overlap: int = DEFAULT_OVERLAP
 ) -> list[Chunk]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.docs import store
-from engine.docs.chunking import chunk_pages
+from engine.docs.chunking import chunk_pages, chunking_key
 from engine.docs.embedders import Embedder, EmbedderChoice, choose_embedder, load_embedder
 from engine.docs.readers import MAX_FILE_BYTES, UnreadableFile, is_supported, read_pages
 
@@ -64,6 +64,7 @@ def _resolve_embedder(
 ) -> tuple[sqlite3.Row, EmbedderChoice]:
     row = store.collection_row(conn, name)
     lost = ""
+    kept: EmbedderChoice | None = None
     if row is not None and requested == "auto":
         # the collection keeps the embedder its vectors came from, while it loads and gives vectors of their size
         try:
@@ -73,22 +74,25 @@ def _resolve_embedder(
         else:
             if embedder is None or embedder.dim == row["dim"]:
                 what = _described(embedder, row["embedder"])
-                return row, EmbedderChoice(embedder, row["embedder"], f"{what}: the collection's embedder")
-            lost = f" ({row['embedder']} now gives {embedder.dim} dimensions, not {row['dim']}; indexing again)"
-    choice = choose_embedder(requested)
+                kept = EmbedderChoice(embedder, row["embedder"], f"{what}: the collection's embedder")
+            else:
+                lost = f" ({row['embedder']} now gives {embedder.dim} dimensions, not {row['dim']}; indexing again)"
+    choice = kept or choose_embedder(requested)
     if lost:
         choice = EmbedderChoice(choice.embedder, choice.name, choice.reason + lost)
     dim = choice.embedder.dim if choice.embedder is not None else 0
+    chunking = chunking_key()
     if row is None:
-        return store.create_collection(conn, name, choice.name, dim), choice
-    if row["embedder"] != choice.name or row["dim"] != dim:
-        # Vectors of two embedders cannot be compared: every file is indexed again with the new one.
+        return store.create_collection(conn, name, choice.name, dim, chunking), choice
+    if row["embedder"] != choice.name or row["dim"] != dim or row["chunking"] != chunking:
+        # Vectors of two embedders cannot be compared, and chunks cut another way would sit beside new ones: every
+        # file is indexed again with the new embedder and chunking.
         with _transaction(conn):
             conn.execute("DELETE FROM chunks WHERE collection_id = ?", (row["id"],))
             conn.execute("UPDATE files SET sha256 = NULL, mtime = -1 WHERE collection_id = ?", (row["id"],))
             conn.execute(
-                "UPDATE collections SET embedder = ?, dim = ?, generation = generation + 1 WHERE id = ?",
-                (choice.name, dim, row["id"]),
+                "UPDATE collections SET embedder = ?, dim = ?, chunking = ?, generation = generation + 1 WHERE id = ?",
+                (choice.name, dim, chunking, row["id"]),
             )
         row = store.collection_row(conn, name)
         assert row is not None

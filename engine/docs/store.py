@@ -37,6 +37,7 @@ CREATE TABLE IF NOT EXISTS collections (
     name TEXT NOT NULL UNIQUE,
     embedder TEXT NOT NULL,
     dim INTEGER NOT NULL DEFAULT 0,
+    chunking TEXT NOT NULL DEFAULT '',
     generation INTEGER NOT NULL DEFAULT 0,
     created REAL NOT NULL
 );
@@ -97,7 +98,18 @@ def connect(home: Path | None = None) -> sqlite3.Connection:
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA foreign_keys=ON")
     conn.executescript(SCHEMA)
+    _add_column(conn, "collections", "chunking", "TEXT NOT NULL DEFAULT ''")
     return conn
+
+
+def _add_column(conn: sqlite3.Connection, table: str, column: str, declaration: str) -> None:
+    """Give an index made by an earlier version the column it lacks (its rows take the default)."""
+    if column not in {row["name"] for row in conn.execute(f"PRAGMA table_info({table})")}:
+        try:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+        except sqlite3.OperationalError as exc:  # another connection added it meanwhile
+            if "duplicate column" not in str(exc):
+                raise
 
 
 def _use_wal(conn: sqlite3.Connection) -> None:
@@ -122,13 +134,14 @@ def collection_row(conn: sqlite3.Connection, name: str) -> sqlite3.Row | None:
     return row
 
 
-def create_collection(conn: sqlite3.Connection, name: str, embedder: str, dim: int) -> sqlite3.Row:
-    """Create the collection ``name`` (an existing one is returned as it is)."""
+def create_collection(conn: sqlite3.Connection, name: str, embedder: str, dim: int,
+                      chunking: str = "") -> sqlite3.Row:
+    """Create the collection ``name`` with chunks cut as ``chunking`` says (an existing one is returned as it is)."""
     if not name.strip():
         raise ValueError("a collection needs a name")
     conn.execute(
-        "INSERT OR IGNORE INTO collections(name, embedder, dim, created) VALUES (?, ?, ?, ?)",
-        (name, embedder, dim, time.time()),
+        "INSERT OR IGNORE INTO collections(name, embedder, dim, chunking, created) VALUES (?, ?, ?, ?, ?)",
+        (name, embedder, dim, chunking, time.time()),
     )
     row = collection_row(conn, name)
     assert row is not None

@@ -188,3 +188,35 @@ def test_bad_input_is_refused_in_words(conn: sqlite3.Connection, tmp_path: Path)
     index_collection(conn, "plain", [tmp_path], embedder="bm25")
     with pytest.raises(ValueError, match="no vectors"):
         search(conn, "plain", "query", mode="vector")
+
+
+def test_an_index_chunked_by_an_earlier_version_is_chunked_again(tmp_path: Path) -> None:
+    """An index made before sizes were counted in tokens (no ``chunking`` column) gains the column on open, and its
+    collection's files are read and cut again on the next run, with nothing of the old chunks left beside the new."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.md").write_text("# Alpha\n\n" + "The zebra lives on the savannah. " * 200)
+    home = tmp_path / "home"
+    conn = store.connect(home)
+    index_collection(conn, "notes", [docs], embedder="bm25")
+    new_chunks = conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+    # the earlier layout: no chunking column, and chunks of another cut (here: one chunk per 50 words)
+    conn.execute("ALTER TABLE collections DROP COLUMN chunking")
+    conn.execute("DELETE FROM chunks")
+    words = (docs / "a.md").read_text().split()
+    file_id = conn.execute("SELECT id FROM files").fetchone()[0]
+    for i in range(0, len(words), 50):
+        conn.execute("INSERT INTO chunks(file_id, collection_id, page, start, \"end\", text) VALUES (?, 1, NULL, 0, 1, ?)",
+                     (file_id, " ".join(words[i:i + 50])))
+    old_chunks = conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+    assert old_chunks != new_chunks
+    conn.close()
+
+    conn = store.connect(home)
+    assert store.collection_row(conn, "notes")["chunking"] == ""
+    again = index_collection(conn, "notes")
+    assert [Path(p).name for p in again.indexed] == ["a.md"]
+    assert conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0] == new_chunks
+    assert _counts(conn) == (1, new_chunks, new_chunks)
+    assert index_collection(conn, "notes").indexed == []  # chunked the way this version cuts: left alone
+    conn.close()

@@ -108,6 +108,28 @@ def repo_root() -> Path:
 
 
 @pytest.fixture(autouse=True)
+def gc_on_the_gui_thread(request: pytest.FixtureRequest) -> Iterator[None]:
+    """In a test with a QApplication (``qapp``/``qtbot``), cyclic garbage is collected on this, the GUI, thread only, as
+    the app's ``GuiGarbageCollector`` (app/gui_gc.py) does: automatic collection is off for the test and its garbage
+    (closed windows and dialogs) is collected when it ends. Left on, a collection that falls in a worker thread (an
+    import's JSON parse, a model load) destroys Qt objects off the GUI thread, and the process dies: a fresh-clone run
+    lost an xdist worker to a segfault in ``test_app_imports.py`` that way."""
+    import gc
+
+    if not {"qapp", "qtbot"} & set(request.fixturenames):
+        yield
+        return
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.collect()
+        if was_enabled:
+            gc.enable()
+
+
+@pytest.fixture(autouse=True)
 def data_dir_env_kept() -> Iterator[None]:
     """``HEARTH_DATA_DIR`` as it was before each test. ``main(["--data-dir", ...])`` sets it for the process, as a
     user's command line should; a test that runs ``main`` in-process would otherwise move every later test's data

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,15 +19,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if _HERE in Path(str(item.fspath)).parents and {"qapp", "qtbot"} & set(
                 getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.gui)
-
-
-@pytest.fixture(autouse=True)
-def _collect_on_the_gui_thread() -> Iterator[None]:
-    """Free each test's cyclic garbage (closed windows and dialogs) here, on the GUI thread, as the app's
-    ``GuiGarbageCollector`` does: left to chance, a collection in a worker thread of the next test would destroy
-    Qt objects off the GUI thread."""
-    yield
-    gc.collect()
 
 
 @pytest.fixture

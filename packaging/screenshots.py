@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,27 @@ def _open_window(data_dir: Path, size: tuple[int, int], theme: str) -> Any:
     return win
 
 
+def _save_and_close(qapp: Any, win: Any, out: Path) -> None:
+    """Save the window's picture to ``out``, close it and end the event loop."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    win.grab().save(str(out), "PNG", PNG_QUALITY)
+    print(f"saved {out} ({out.stat().st_size // 1024} KiB)")
+    win.close()
+    qapp.exit(0)
+
+
+def _load_then(qapp: Any, win: Any, delay_ms: int, then: Callable[[], None]) -> None:
+    """Press the window's Load button, call ``then`` ``delay_ms`` after the model loaded, and run the event loop
+    until something ends it (exit 1 when the load fails)."""
+    from PySide6.QtWidgets import QPushButton
+
+    win.bridge.signals.model_loaded.connect(lambda info: QTimer.singleShot(delay_ms, then))
+    win.bridge.signals.model_load_failed.connect(lambda message: (print(message, file=sys.stderr), qapp.exit(1)))
+    QTimer.singleShot(500, win.findChild(QPushButton, "loadModelButton").click)
+    if qapp.exec():
+        raise SystemExit(1)
+
+
 def main_window(out: Path, size: tuple[int, int] = (1500, 950), theme: str = "system") -> None:
     """Load the default model through the model pane, ask two questions, grab the window when both are done."""
     import tempfile
@@ -132,25 +154,15 @@ def main_window(out: Path, size: tuple[int, int] = (1500, 950), theme: str = "sy
         QTimer.singleShot(200, wait)
 
     def grab() -> None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        win.grab().save(str(out), "PNG", PNG_QUALITY)
-        print(f"saved {out} ({out.stat().st_size // 1024} KiB)")
-        win.close()
-        qapp.exit(0)
+        _save_and_close(qapp, win, out)
 
-    win.bridge.signals.model_loaded.connect(lambda info: QTimer.singleShot(2000, ask))
-    win.bridge.signals.model_load_failed.connect(lambda message: (print(message, file=sys.stderr), qapp.exit(1)))
-    QTimer.singleShot(500, win.findChild(QPushButton, "loadModelButton").click)
-    if qapp.exec():
-        raise SystemExit(1)
+    _load_then(qapp, win, 2000, ask)
 
 
 def models_window(out: Path, size: tuple[int, int], folders: list[str]) -> None:
     """Load the default model, put the Models list in front with ``folders`` added, grab the window once the list
     shows the running model."""
     import tempfile
-
-    from PySide6.QtWidgets import QPushButton
 
     from app.model.models_view import RUNNING_MARK
 
@@ -169,17 +181,9 @@ def models_window(out: Path, size: tuple[int, int], folders: list[str]) -> None:
         QTimer.singleShot(1000, grab)
 
     def grab() -> None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        win.grab().save(str(out), "PNG", PNG_QUALITY)
-        print(f"saved {out} ({out.stat().st_size // 1024} KiB)")
-        win.close()
-        qapp.exit(0)
+        _save_and_close(qapp, win, out)
 
-    win.bridge.signals.model_loaded.connect(lambda info: QTimer.singleShot(1000, shown))
-    win.bridge.signals.model_load_failed.connect(lambda message: (print(message, file=sys.stderr), qapp.exit(1)))
-    QTimer.singleShot(500, win.findChild(QPushButton, "loadModelButton").click)
-    if qapp.exec():
-        raise SystemExit(1)
+    _load_then(qapp, win, 1000, shown)
 
 
 TOOLS_QUESTION = "What time is it in Tokyo and in Paris?"

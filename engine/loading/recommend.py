@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.api import BYTES_PER_PARAM, EngineConfig, Recommendation
-from engine.architectures import count_parameters, execution_path, gguf_layout, kv_bytes_per_token
+from engine.architectures import GgufLayout, count_parameters, execution_path, gguf_layout, kv_bytes_per_token
 from engine.loading import footprint
 from engine.loading.footprint import KernelPlans
 from engine.loading.formats import FLOAT_TYPES, KERNEL_TYPES, file_level
@@ -171,18 +171,10 @@ def file_blocks(
     * "int4"/"int8": the one packed level whose kernel runs every linear tensor's block type
       (:func:`engine.loading.formats.file_level`).
     """
-    from engine.api import ModelLoadError
-
-    gguf = gguf_source(model)
-    if gguf is None or execution_path(cfg) != "fused":
+    table = _gguf_table(model) if execution_path(cfg) == "fused" else None
+    if table is None:
         return None
-    try:
-        metadata, tensors = read_gguf_header(gguf)
-    except (ModelLoadError, OSError, ValueError):
-        return None
-    layout = gguf_layout(str(metadata.get("general.architecture", "")))
-    if layout is None:
-        return None
+    gguf, layout, tensors = table
     kinds = sorted({kind for name, _count, kind, _nbytes in tensors if layout.is_linear(name)})
     nbytes = sum(size for _name, _count, _kind, size in tensors)
     levels = {file_level(kind) for kind in kinds}
@@ -196,16 +188,9 @@ def file_blocks(
     return None if exact is None or only_file else FileBlocks(str(exact), " and ".join(kinds), gguf.name, nbytes)
 
 
-def _large(cfg: dict[str, Any]) -> bool:
-    try:
-        return count_parameters(cfg) >= SMALL_MODEL_PARAMS
-    except (KeyError, TypeError, ValueError):
-        return False
-
-
-def gguf_kinds(model: Any) -> dict[str, str] | None:
-    """The GGUF block type of each HF weight ``model``'s weights are read from (:func:`gguf_source`); None when
-    they come from no GGUF file the engine reads itself."""
+def _gguf_table(model: Any) -> tuple[Path, GgufLayout, list[tuple[str, int, str, int]]] | None:
+    """The GGUF file ``model``'s weights are read from, its architecture's layout and its tensor table; None when
+    there is no such file, it cannot be read, or the registry has no layout for it."""
     from engine.api import ModelLoadError
 
     gguf = gguf_source(model)
@@ -216,8 +201,23 @@ def gguf_kinds(model: Any) -> dict[str, str] | None:
     except (ModelLoadError, OSError, ValueError):
         return None
     layout = gguf_layout(str(metadata.get("general.architecture", "")))
-    if layout is None:
+    return None if layout is None else (gguf, layout, tensors)
+
+
+def _large(cfg: dict[str, Any]) -> bool:
+    try:
+        return count_parameters(cfg) >= SMALL_MODEL_PARAMS
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def gguf_kinds(model: Any) -> dict[str, str] | None:
+    """The GGUF block type of each HF weight ``model``'s weights are read from (:func:`gguf_source`); None when
+    they come from no GGUF file the engine reads itself."""
+    table = _gguf_table(model)
+    if table is None:
         return None
+    _gguf, layout, tensors = table
     names = ((layout.hf_name(name), kind) for name, _count, kind, _nbytes in tensors)
     return {hf: kind for hf, kind in names if hf is not None}
 

@@ -7,6 +7,9 @@ The boxes with a role of their own live beside it: :mod:`app.model.device_precis
 the advice under them), :mod:`app.model.model_card` (the line saying what is loaded), :mod:`app.model.server_box`,
 :mod:`app.model.load_settings`, :mod:`app.model.generation_form`, :mod:`app.model.hardware_box`, :mod:`app.model.loaded_models_box`,
 :mod:`app.model.load_status` (the progress, stage, build and error lines).
+
+Long because it is where those boxes meet the bridge: each box keeps its own widgets and rules, and this module
+holds the wiring between them and the load, unload, reload and recommendation flow they share.
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ against a total. A template past any bound fails the render with :class:`ChatTem
 Every chat render in the engine comes here, whichever tokenizer the model has: :func:`apply_chat_template` stands
 in for the tokenizer's own method, transformers' included (a Qwen2 or SentencePiece tokenizer loads through
 transformers, whose render has no bounds).
+
+Long because the bounds must sit inside the one environment that renders: the sandbox, its budgets and the
+measured operations are one mechanism, and a template escapes any part of it split off.
 """
 
 from __future__ import annotations

@@ -58,13 +58,13 @@ def test_the_default_models_answer_cites_the_page_it_comes_from(shared_default_l
 NUM_SEEDS = 4
 
 
-def test_the_default_preset_cites_the_right_page_where_a_whole_history_penalty_did_not(
+def test_the_default_preset_names_the_right_page_in_most_replies(
         shared_default_llm: Any, tmp_path: Path, capsys: Any) -> None:
     """Four questions on the PDF (attached whole, as the app sends it) at four seeds each, sampled at the default
-    model's preset on the engine as the app loads it (int4, repeatable replies, n-gram speculation): with the
-    penalty over the last 64 tokens the Sources list names the right page alone in at least a quarter of the
-    replies more than with the same penalty over the whole history (the preset before the window, which counts the
-    document's words too). Prints the counts, and those at no penalty (``-s``): a measurement as much as a test."""
+    model's preset on the engine as the app loads it (int4, repeatable replies, n-gram speculation): the Sources list
+    names the right page alone in at least 10 of the 16 replies (13 and 16 of 16 in runs on an AVX512 EPYC, with the
+    sources before the instructions and the question; 8 of 16 with the instructions first). Prints the counts, and
+    those with the penalty over the whole history and with no penalty (``-s``): a measurement as much as a test."""
     from engine import SamplingParams
 
     llm = shared_default_llm("int4", deterministic=True, speculative="ngram")
@@ -91,7 +91,7 @@ def test_the_default_preset_cites_the_right_page_where_a_whole_history_penalty_d
     total = len(QUESTIONS) * NUM_SEEDS
     with capsys.disabled():
         print(f"\nright page alone, of {total} replies: " + ", ".join(f"{n} {k}" for n, k in right.items()))
-    assert right["window 64"] >= right["whole history"] + total // 4, right
+    assert right["window 64"] >= 10, right
 
 
 def test_a_pdf_attached_to_the_chat_is_cited_with_its_page(qtbot: Any, tmp_path: Path) -> None:

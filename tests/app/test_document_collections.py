@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 from PySide6.QtCore import QUrl
-from PySide6.QtGui import QAction, QDesktopServices
+from PySide6.QtGui import QDesktopServices
 
 from app.chat.attachments_bar import AttachmentsBar
-from app.chat.collections_dialog import CollectionsDialog
 from app.data.conversations import STATUS_STREAMING
 from app.docs.collection_watcher import RESCAN_MS, TaskResult
 from app.docs.collections import index_folders, list_collections, remove_collection
@@ -30,18 +29,6 @@ PAGES = [
 ]
 FERRY = "Ferry notes.\n\nThe night ferry to Skellig leaves from pier seven at eleven.\n"
 PUFFINS = "# Puffins\n\nThe puffin colony on Skellig counts 4812 breeding pairs this year.\n"
-
-
-def _open_dialog(qtbot: Any, win: MainWindow) -> CollectionsDialog:
-    ui_flows.child(win, QAction, "attachCollectionsAction").trigger()  # Attach → Folder collections…
-    dialog = win.findChild(CollectionsDialog, "collectionsDialog")
-    assert dialog is not None
-    qtbot.wait_until(dialog.isVisible, timeout=2_000)
-    return dialog
-
-
-def _wait_idle(qtbot: Any, win: MainWindow) -> None:
-    qtbot.wait_until(lambda: not win.chat_pane.documents.collections.is_busy, timeout=30_000)
 
 
 def _poll(qtbot: Any, condition: Callable[[], bool], timeout_s: float) -> None:
@@ -76,10 +63,10 @@ def test_a_collection_is_chosen_answered_from_watched_and_kept(qtbot: Any, open_
     docs.collections.progress_changed.connect(
         lambda: seen.append(p) if (p := docs.collections.progress()) is not None else None)
 
-    dialog = _open_dialog(qtbot, win)
+    dialog = ui_flows.open_collections_dialog(qtbot, win)
     assert dialog.create_collection("Harbour", [str(folder)], use=False) == "Harbour"
     assert dialog.status_text  # the count and the bar show while it is read
-    _wait_idle(qtbot, win)
+    ui_flows.wait_collections_idle(qtbot, win)
     # progress was reported for it; the count can end early when the folder watcher's own scan of the new folder
     # reads the files first (a fresh-clone run saw only the opening (0, 0)); the row below holds the final count
     assert any(p[0] == "Harbour" for p in seen), seen
@@ -98,7 +85,7 @@ def test_a_collection_is_chosen_answered_from_watched_and_kept(qtbot: Any, open_
     (folder / "ferry.txt").unlink()  # while the app runs: one file goes, another comes
     (folder / "puffins.md").write_text(PUFFINS)
     docs.collections.rescan()  # what the folder watcher and the periodic scan call
-    _wait_idle(qtbot, win)
+    ui_flows.wait_collections_idle(qtbot, win)
     assert dialog.row("Harbour")[2] == "2"
     prompt = _ask(qtbot, win, "How many puffin pairs are there?")
     assert "4812 breeding pairs" in prompt and "puffins.md" in prompt
@@ -117,11 +104,11 @@ def test_the_folder_watcher_rescans_on_its_own(qtbot: Any, window: MainWindow, t
     (folder / "a.txt").write_text("Apples grow in the orchard.\n")
     docs = window.chat_pane.documents
     docs.collections.create("Notes", [str(folder)])
-    _wait_idle(qtbot, window)
+    ui_flows.wait_collections_idle(qtbot, window)
     with qtbot.wait_signal(docs.collections.scan_finished, timeout=15_000) as finished:
         (folder / "b.txt").write_text("Pears grow by the wall.\n")
     assert [Path(p).name for p in finished.args[0].outcome.indexed] == ["b.txt"]
-    _wait_idle(qtbot, window)
+    ui_flows.wait_collections_idle(qtbot, window)
     [info] = docs.collections.collections()
     assert info.files == 2
 
@@ -145,7 +132,7 @@ def test_a_watched_folder_that_changes_while_the_chat_runs_is_answered_from(
     write_pdf(folder / "harbour.pdf", PAGES)
     ui_flows.load_model(qtbot, window)
     docs = window.chat_pane.documents
-    assert _open_dialog(qtbot, window).create_collection("Harbour", [str(folder)]) == "Harbour"  # ticked for the chat
+    assert ui_flows.open_collections_dialog(qtbot, window).create_collection("Harbour", [str(folder)]) == "Harbour"  # ticked for the chat
     _poll(qtbot, lambda: not docs.collections.is_busy, 20)
     conversation = window.chat_pane.current_conversation
     assert conversation is not None and docs.chat_collections(conversation.id) == ["Harbour"]
@@ -192,12 +179,12 @@ def test_bad_collections_are_refused_in_words_and_removal_unchooses(qtbot: Any, 
     folder = tmp_path / "docs"
     folder.mkdir()
     (folder / "a.md").write_text("# A\n\nSome text.\n")
-    dialog = _open_dialog(qtbot, window)
+    dialog = ui_flows.open_collections_dialog(qtbot, window)
     assert dialog.create_collection("  ", [str(folder)]) is None and "needs a name" in dialog.error_text
     assert dialog.create_collection("chat-3", [str(folder)]) is None and "attached files" in dialog.error_text
     assert dialog.create_collection("Docs", [str(tmp_path / "missing")]) is None and "Not a folder" in dialog.error_text
     assert dialog.create_collection("Docs", [str(folder)]) == "Docs" and not dialog.error_text
-    _wait_idle(qtbot, window)
+    ui_flows.wait_collections_idle(qtbot, window)
     assert dialog.create_collection("Docs", [str(folder)]) is None and "already" in dialog.error_text
     docs = window.chat_pane.documents
     conversation = window.chat_pane.current_conversation
@@ -205,7 +192,7 @@ def test_bad_collections_are_refused_in_words_and_removal_unchooses(qtbot: Any, 
     chat_id = conversation.id
     assert docs.chat_collections(chat_id) == ["Docs"]  # made from the chat: used by it
     docs.remove_collection("Docs")
-    _wait_idle(qtbot, window)
+    ui_flows.wait_collections_idle(qtbot, window)
     assert docs.chat_collections(chat_id) == [] and dialog.row("Docs") == []
     assert ui_flows.child(window, AttachmentsBar, "attachmentsBar").collection_names == []
 

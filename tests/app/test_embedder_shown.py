@@ -7,9 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtGui import QAction
-
-from app.chat.collections_dialog import CollectionsDialog
 from app.window.main_window import MainWindow
 from engine.docs import store
 from engine.docs.indexer import index_collection
@@ -19,18 +16,6 @@ from tests.app import ui_flows
 WORDLLAMA_WHY = ("WordLlama static embeddings (256 dimensions), the best embedder available offline: "
                  "no embedding model on disk")
 NOTE = "# Harbour\n\nThe night ferry to Skellig leaves from pier seven at eleven.\n"
-
-
-def _open_dialog(qtbot: Any, win: MainWindow) -> CollectionsDialog:
-    ui_flows.child(win, QAction, "attachCollectionsAction").trigger()  # Attach → Folder collections…
-    dialog = win.findChild(CollectionsDialog, "collectionsDialog")
-    assert dialog is not None
-    qtbot.wait_until(dialog.isVisible, timeout=2_000)
-    return dialog
-
-
-def _wait_idle(qtbot: Any, win: MainWindow) -> None:
-    qtbot.wait_until(lambda: not win.chat_pane.documents.collections.is_busy, timeout=30_000)
 
 
 def test_the_attach_notice_names_the_embedder_and_why(qtbot: Any, window: MainWindow, tmp_path: Path) -> None:
@@ -51,15 +36,15 @@ def test_the_collections_dialog_shows_each_collections_embedder_and_why(qtbot: A
     folder.mkdir()
     (folder / "ferry.md").write_text(NOTE)
     docs = window.chat_pane.documents
-    dialog = _open_dialog(qtbot, window)
+    dialog = ui_flows.open_collections_dialog(qtbot, window)
     assert dialog.search_text == ""  # no collection yet: nothing to say
     assert dialog.create_collection("Harbour", [str(folder)]) == "Harbour"
-    _wait_idle(qtbot, window)
+    ui_flows.wait_collections_idle(qtbot, window)
     harbour = f"Search in “Harbour”: {WORDLLAMA_WHY}."
     assert dialog.search_text == harbour
     assert dialog.row("Harbour")[3] == "Up to date"
     docs.collections.rescan()  # a later scan keeps the embedder: why it was chosen stays said
-    _wait_idle(qtbot, window)
+    ui_flows.wait_collections_idle(qtbot, window)
     assert dialog.search_text == harbour
 
     # A collection made by `python -m engine.docs index --embedder bm25` is listed with its embedder at once...
@@ -72,9 +57,9 @@ def test_the_collections_dialog_shows_each_collections_embedder_and_why(qtbot: A
     assert dialog.search_text == f"{harbour}\nSearch in “Plain”: BM25 alone."
     # ...and once the app has indexed it, with why: its index was made with BM25 alone, and the app keeps that.
     docs.collections.rescan()
-    _wait_idle(qtbot, window)
+    ui_flows.wait_collections_idle(qtbot, window)
     assert dialog.search_text == f"{harbour}\nSearch in “Plain”: BM25 alone: the collection's embedder."
 
     docs.remove_collection("Harbour")
-    _wait_idle(qtbot, window)
+    ui_flows.wait_collections_idle(qtbot, window)
     assert dialog.search_text == "Search in “Plain”: BM25 alone: the collection's embedder."

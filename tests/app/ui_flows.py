@@ -35,6 +35,24 @@ def child(win: MainWindow, cls: type, name: str) -> Any:
     return widget
 
 
+def open_collections_dialog(qtbot: Any, win: MainWindow) -> Any:
+    """Attach → Folder collections…: the collections dialog, shown."""
+    from PySide6.QtGui import QAction
+
+    from app.chat.collections_dialog import CollectionsDialog
+
+    child(win, QAction, "attachCollectionsAction").trigger()
+    dialog = win.findChild(CollectionsDialog, "collectionsDialog")
+    assert dialog is not None
+    qtbot.wait_until(dialog.isVisible, timeout=2_000)
+    return dialog
+
+
+def wait_collections_idle(qtbot: Any, win: MainWindow) -> None:
+    """Until no folder collection is being indexed."""
+    qtbot.wait_until(lambda: not win.chat_pane.documents.collections.is_busy, timeout=30_000)
+
+
 def load_model(qtbot: Any, win: MainWindow, path: str = "", timeouts: Timeouts = Timeouts()) -> None:
     """Type ``path`` (empty = default model) and click Load; wait until it is loaded."""
     edit = child(win, QLineEdit, "modelPathEdit")

@@ -1000,8 +1000,9 @@ struct RowActs {
   std::vector<float> d;
   std::vector<int32_t> off;
   std::vector<int16_t> sums;
-  RowActs(int64_t m_, int64_t k_, int64_t size_, bool sixteenths_ = false, int32_t offset_ = 8)
-      : m(m_), k(k_), size(size_), nb(k_ / size_), sixteenths(sixteenths_), offset(offset_), q(static_cast<size_t>(m_ * k_)),
+  bool paired = false;
+  RowActs(int64_t m_, int64_t k_, int64_t size_, bool sixteenths_ = false, int32_t offset_ = 8, bool paired_ = false)
+      : m(m_), k(k_), size(size_), nb(k_ / size_), sixteenths(sixteenths_), offset(offset_), paired(paired_), q(static_cast<size_t>(m_ * k_)),
         d(static_cast<size_t>(m_ * nb)),
         off(size_ == 32 ? static_cast<size_t>(m_ * nb) : sixteenths_ ? static_cast<size_t>(m_ * nb * 16) : 0),
         sums(size_ == 256 && !sixteenths_ ? static_cast<size_t>(m_ * nb * 8) : 0) {}
@@ -1029,6 +1030,16 @@ struct RowActs {
           int32_t t = 0;
           for (int l = 0; l < 32; ++l) t += qb[32 * kOrder[j] + l];
           sums[static_cast<size_t>((r * nb + b) * 8 + j)] = static_cast<int16_t>(t);
+        }
+        if (paired) {  // each 64 in pairs of 4: 4c.. of the first 32, then 4c.. of the second (see tile_z_q4_k)
+          int8_t chunk[64];
+          for (int p = 0; p < 4; ++p) {
+            std::memcpy(chunk, qb + 64 * p, 64);
+            for (int c = 0; c < 8; ++c) {
+              std::memcpy(qb + 64 * p + 8 * c, chunk + 4 * c, 4);
+              std::memcpy(qb + 64 * p + 8 * c + 4, chunk + 32 + 4 * c, 4);
+            }
+          }
         }
       }
     }
@@ -1488,6 +1499,87 @@ void tile_pair_q4_k(const uint8_t* w0, const uint8_t* w1, const RowActs& a, int6
   for (int i = 0; i < MR; ++i) _mm512_storeu_ps(y + i * ldy, acc[i]);
 }
 
+// Q4_K in the VNNI build, one group, up to eight activation rows at once: each 512-bit vector holds 4 nibble bytes
+// of the eight rows twice, the low nibbles (sub-block 2p) in lane 2r and the high ones (sub-block 2p + 1) in lane
+// 2r + 1, against 8 activation bytes (the paired layout: 4 of sub-block 2p, then the same 4 of 2p + 1) broadcast to
+// every lane pair, so one VPDPBUSD per row does both sub-blocks. Each lane is scaled by its own sub-block's scale and
+// the two lanes of a row are added at the end of the super-block: each row then holds exactly tile_avx_q4_k's
+// integer, and the minimums' term and the fp32 code are that tile's own. With every row of a tile in one pass, each
+// weight byte is read from memory once for up to eight rows: two passes of four (the pair tiles) ran the 1B Q4_K
+// layers at 8 rows at about 0.6x this speed (AVX512 EPYC, two threads, weights from memory).
+// Blocks ahead that the 8-row tiles prefetch: without it the weights' stream stalled at every page and an 8-row
+// call took about the tile's arithmetic plus the memory's time, not the larger of the two (a 1B file's Q4_K layers
+// at 8 rows: 38-40 ms without, 21-22 ms at 4-8 blocks ahead, 22-27 ms at 16; AVX512 EPYC, two threads)
+constexpr int64_t kPrefetchZ = 6;
+template <int MR>
+void tile_z_q4_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+  constexpr int64_t kBlock = kGroup * Q4_K::kBytes;
+  const __m512i low4z = _mm512_set1_epi8(0x0F);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), low6 = _mm256_set1_epi8(0x3F), low2 = _mm256_set1_epi8(3);
+  const __m256i even = _mm256_set1_epi16(0xFF);
+  // byte 2(p % 2) of each row's scale word to lane 2r, byte 2(p % 2) + 1 to lane 2r + 1 (VPSHUFB in 128-bit lanes)
+  const __m512i pick[2] = {_mm512_set4_epi32(static_cast<int>(0x80808009), static_cast<int>(0x80808008),
+                                             static_cast<int>(0x80808001), static_cast<int>(0x80808000)),
+                           _mm512_set4_epi32(static_cast<int>(0x8080800B), static_cast<int>(0x8080800A),
+                                             static_cast<int>(0x80808003), static_cast<int>(0x80808002))};
+  const __m512i evens = _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0);
+  const int64_t k = a.k, nb = a.nb;
+  const int8_t* xq = a.q.data() + r0 * k;
+  const float* xd = a.d.data() + r0 * nb;
+  const int16_t* xs = a.sums.data() + r0 * nb * 8;
+  // the accumulators live in memory, touched once per super-block: in registers, eight rows' would spill the dot
+  // products the inner loop keeps
+  alignas(32) float acc[MR][8] = {};
+  for (int64_t b = 0; b < nb; ++b, w += kBlock) {
+    for (int64_t o = 0; o < kBlock; o += 64) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchZ * kBlock + o), _MM_HINT_T0);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)));
+    const __m256i u0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32));
+    const __m256i u1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64));
+    const __m256i u2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 96));
+    const __m512i sc4[2] = {
+        _mm512_cvtepu32_epi64(_mm256_and_si256(u0, low6)),
+        _mm512_cvtepu32_epi64(_mm256_or_si256(
+            _mm256_and_si256(u2, low4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), low2), 4)))};
+    const __m256i mn_lo = _mm256_and_si256(u1, low6);
+    const __m256i mn_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), low4),
+                                          _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), low2), 4));
+    __m512i sum[MR];
+    for (int i = 0; i < MR; ++i) sum[i] = _mm512_setzero_si512();
+    for (int p = 0; p < 4; ++p) {
+      const __m512i s = _mm512_shuffle_epi8(sc4[p / 2], pick[p % 2]);
+      __m512i dot[MR];
+      for (int i = 0; i < MR; ++i) dot[i] = _mm512_setzero_si512();
+      for (int c = 0; c < 8; ++c) {
+        // row r's 4 bytes in the low half of qword r, shifted by 28 into its high half as well: the low nibbles
+        // stay in the low dword, the high ones land in the high dword
+        const __m512i v = _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 256 * p + 32 * c)));
+        const __m512i q = _mm512_ternarylogic_epi64(v, _mm512_slli_epi64(v, 28), low4z, 0xA8);  // (v | v << 28) & 0x0F
+        for (int i = 0; i < MR; ++i) {
+          int64_t x8;
+          std::memcpy(&x8, xq + i * k + 256 * b + 64 * p + 8 * c, sizeof x8);
+          dot[i] = _mm512_dpbusd_epi32(dot[i], q, _mm512_set1_epi64(x8));
+        }
+      }
+      for (int i = 0; i < MR; ++i) sum[i] = _mm512_add_epi32(sum[i], _mm512_mullo_epi32(dot[i], s));
+    }
+    const __m256i mins[4] = {_mm256_and_si256(mn_lo, even), _mm256_srli_epi16(mn_lo, 8), _mm256_and_si256(mn_hi, even),
+                             _mm256_srli_epi16(mn_hi, 8)};
+    for (int i = 0; i < MR; ++i) {
+      const __m512i both = _mm512_add_epi32(sum[i], _mm512_shuffle_epi32(sum[i], _MM_PERM_CDAB));
+      const __m256i rows = _mm512_castsi512_si256(_mm512_permutexvar_epi32(evens, both));
+      const int16_t* bs = xs + (i * nb + b) * 8;
+      __m256i m = _mm256_madd_epi16(mins[0], bcast4(bs));
+      m = _mm256_add_epi32(m, _mm256_madd_epi16(mins[1], bcast4(bs + 2)));
+      m = _mm256_add_epi32(m, _mm256_madd_epi16(mins[2], bcast4(bs + 4)));
+      m = _mm256_add_epi32(m, _mm256_madd_epi16(mins[3], bcast4(bs + 6)));
+      const __m256 dx = _mm256_set1_ps(xd[i * nb + b]);
+      __m256 t = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(rows), _mm256_load_ps(acc[i]));
+      _mm256_store_ps(acc[i], _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(m), t));
+    }
+  }
+  for (int i = 0; i < MR; ++i) _mm256_storeu_ps(y + i * ldy, _mm256_load_ps(acc[i]));
+}
 
 // Q6_K in the VNNI build, one group, 8 bytes of the eight rows per 512-bit vector: two neighbouring chunks, their
 // 32-bit words interleaved (lane 2r the first 4 bytes of row r, lane 2r + 1 the next 4), against 8 broadcast
@@ -1618,6 +1710,16 @@ void tile_pair(int mr, const uint8_t* w0, const uint8_t* w1, const RowActs& a, i
 }
 #endif
 
+// Whether Q4_K runs tile_z_q4_k (the VNNI build): its activations are in the paired layout, 8 rows to a tile.
+template <typename T, typename K>
+constexpr bool wide_q4_k() {
+#ifdef HEARTH_GGUF_AVX512
+  return std::is_same_v<T, Q4_K> && K::kWide;
+#else
+  return false;
+#endif
+}
+
 template <typename T, typename K, int MR>
 void tile_mr(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
 #ifdef HEARTH_GGUF_AVX2
@@ -1635,7 +1737,12 @@ void tile_mr(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t l
     } else if constexpr (std::is_same_v<T, Q4_0>) {
       return tile_avx_q4_0<K::kWide, MR>(w, a, r0, y, ldy);
     } else {
-      return tile_avx_q4_k<K::kWide, MR>(w, a, r0, y, ldy);
+#ifdef HEARTH_GGUF_AVX512
+      if constexpr (K::kWide) {
+        if (a.paired) return tile_z_q4_k<MR>(w, a, r0, y, ldy);
+      }
+#endif
+      if constexpr (MR <= 4) return tile_avx_q4_k<K::kWide, MR>(w, a, r0, y, ldy);
     }
   }
 #endif
@@ -1650,25 +1757,43 @@ void tile_mr(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t l
   }
 }
 
-// The group tile for mr <= 4 activation rows.
+// The group tile for mr <= rows_per_tile<T, K>() activation rows.
 template <typename T, typename K>
 void tile(int mr, const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
   switch (mr) {
     case 1: return tile_mr<T, K, 1>(w, a, r0, y, ldy);
     case 2: return tile_mr<T, K, 2>(w, a, r0, y, ldy);
     case 3: return tile_mr<T, K, 3>(w, a, r0, y, ldy);
-    default: return tile_mr<T, K, 4>(w, a, r0, y, ldy);
+    default: break;
   }
+  if constexpr (wide_q4_k<T, K>()) {
+    if (a.paired) {
+      switch (mr) {
+        case 4: return tile_mr<T, K, 4>(w, a, r0, y, ldy);
+        case 5: return tile_mr<T, K, 5>(w, a, r0, y, ldy);
+        case 6: return tile_mr<T, K, 6>(w, a, r0, y, ldy);
+        case 7: return tile_mr<T, K, 7>(w, a, r0, y, ldy);
+        default: return tile_mr<T, K, 8>(w, a, r0, y, ldy);
+      }
+    }
+  }
+  tile_mr<T, K, 4>(w, a, r0, y, ldy);
 }
 
 constexpr int64_t kMR = 4;
 // the row count from which the VNNI build runs neighbouring groups in pairs (see matmul)
 constexpr int64_t kPairRows = 8;
+// the row count below which the VNNI build runs Q4_K in tile_z_q4_k, eight rows a pass; from it, in pairs of groups.
+// A 1B file's Q4_K layers, weights from memory (AVX512 EPYC, two threads): at 16 rows 43 ms against the pairs'
+// 63, at 32 rows 82 against 86, at 64 rows 160 against 156, at 256 rows 768 against 578.
+constexpr int64_t kZRows = 48;
 
 template <typename K, typename T>
 void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0), row_bytes = w.size(1), groups = n / kGroup;
-  RowActs acts(m, k, T::kActBlock, std::is_same_v<T, Q6_K>, std::is_same_v<T, Q8_0> ? 128 : 8);
+  const bool z = wide_q4_k<T, K>() && m < kZRows;
+  RowActs acts(m, k, T::kActBlock, std::is_same_v<T, Q6_K>, std::is_same_v<T, Q8_0> ? 128 : 8, z);
+  const int64_t mr_max = z ? 8 : kMR;
   const auto quantize = [&](auto* xp) {
     at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) acts.template quantize_row<K::kPlain>(xp + r * k, r);
@@ -1687,8 +1812,8 @@ void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   at::parallel_for(0, groups, m == 1 ? 8 : 2, [&](int64_t g0, int64_t g1) {
     for (int64_t c0 = g0; c0 < g1; c0 += chunk) {
       const int64_t c1 = std::min(g1, c0 + chunk);
-      for (int64_t i0 = 0; i0 < m; i0 += kMR) {
-        const int mr = static_cast<int>(std::min(kMR, m - i0));
+      for (int64_t i0 = 0; i0 < m; i0 += mr_max) {
+        const int mr = static_cast<int>(std::min(mr_max, m - i0));
         int64_t g = c0;
 #ifdef HEARTH_GGUF_AVX512
         // two groups at a time in 512-bit vectors, the same bits as one at a time, where several rows make the
@@ -1696,7 +1821,7 @@ void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
         // one-group tiles' speed (weights from memory) and at 4 rows at about 0.8x, at 512 rows 2.1-2.5x faster
         // (AVX512 EPYC, one thread)
         if constexpr (K::kWide && (std::is_same_v<T, Q4_0> || std::is_same_v<T, Q4_K>)) {
-          for (; m >= kPairRows && g + 1 < c1; g += 2) {
+          for (; !z && m >= kPairRows && g + 1 < c1; g += 2) {
             tile_pair<T>(mr, wp + g * group_bytes, wp + (g + 1) * group_bytes, acts, i0, yp + i0 * n + g * kGroup, n);
           }
         }

@@ -1652,6 +1652,63 @@ void tile_wide_q6_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, in
   for (int i = 0; i < MR; ++i) _mm256_storeu_ps(y + i * ldy, acc[i]);
 }
 
+// tile_wide_q6_k for five to eight activation rows: one run of sub-blocks at a time, so that each row holds one dot
+// product (not four) and eight rows fit the registers in one pass over the weights; each run's quants are decoded
+// again from their two chunks. The same integers per lane, and the same fp32 code.
+template <int MR>
+void tile_wide8_q6_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+  constexpr int64_t kBlock = kGroup * Q6_K::kBytes;
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+  const __m512i interleave = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
+  const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i evens = _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0);
+  const int64_t k = a.k, nb = a.nb;
+  const int8_t* xq = a.q.data() + r0 * k;
+  const float* xd = a.d.data() + r0 * nb;
+  const int32_t* xo = a.off.data() + r0 * nb * 16;
+  alignas(32) float acc[MR][8] = {};
+  for (int64_t b = 0; b < nb; ++b, w += kBlock) {
+    for (int64_t o = 0; o < kBlock; o += 64) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchZ * kBlock + o), _MM_HINT_T0);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    __m512i sum[MR];
+    for (int i = 0; i < MR; ++i) sum[i] = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {
+      for (int e = 0; e < 2; ++e) {
+        for (int run = 0; run < 4; ++run) {
+          const int g = 8 * h + 2 * run + e;
+          __m512i dot[MR];
+          for (int i = 0; i < MR; ++i) dot[i] = _mm512_maskz_set1_epi32(0x5555, xo[(i * nb + b) * 16 + g]);
+          for (int c = 0; c < 4; c += 2) {
+            const int l = 16 * e + 4 * c;
+            const __m512i v = _mm512_permutexvar_epi32(interleave, _mm512_loadu_si512(w + 144 + 32 * ((64 * h + 32 * (run & 1) + l) / 4)));
+            const __m512i vh = _mm512_permutexvar_epi32(interleave, _mm512_loadu_si512(w + 1168 + 32 * ((32 * h + l) / 4)));
+            const __m512i lo = run < 2 ? _mm512_and_si512(v, low4) : _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            const __m512i hi = run == 0 ? _mm512_slli_epi16(vh, 4) : run == 1 ? _mm512_slli_epi16(vh, 2)
+                               : run == 2 ? vh : _mm512_srli_epi16(vh, 2);
+            const __m512i q = _mm512_or_si512(lo, _mm512_and_si512(hi, bits45));
+            for (int i = 0; i < MR; ++i) {
+              int64_t x8;
+              std::memcpy(&x8, xq + i * k + 256 * b + 128 * h + 32 * run + l, sizeof x8);
+              dot[i] = _mm512_dpbusd_epi32(dot[i], q, _mm512_set1_epi64(x8));
+            }
+          }
+          const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * (g / 4)));
+          const __m256i sc = _mm256_srai_epi32(_mm256_slli_epi32(words, 24 - 8 * (g % 4)), 24);
+          const __m512i sc2 = _mm512_permutexvar_epi32(twice, _mm512_castsi256_si512(sc));
+          for (int i = 0; i < MR; ++i) sum[i] = _mm512_add_epi32(sum[i], _mm512_mullo_epi32(dot[i], sc2));
+        }
+      }
+    }
+    for (int i = 0; i < MR; ++i) {
+      const __m512i both = _mm512_add_epi32(sum[i], _mm512_shuffle_epi32(sum[i], _MM_PERM_CDAB));
+      const __m256i rows = _mm512_castsi512_si256(_mm512_permutexvar_epi32(evens, both));
+      const __m256 t = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xd[i * nb + b])), _mm256_cvtepi32_ps(rows), _mm256_load_ps(acc[i]));
+      _mm256_store_ps(acc[i], t);
+    }
+  }
+  for (int i = 0; i < MR; ++i) _mm256_storeu_ps(y + i * ldy, _mm256_load_ps(acc[i]));
+}
+
 // Q8_0 in the VNNI build: 8 quant bytes of the eight rows per 512-bit vector, interleaved as tile_wide_q6_k's, made
 // unsigned (w + 128) for VPDPBUSD against 8 broadcast activation bytes; 128 times the activations' sum starts the
 // even lanes negative, and the two lanes of a row are added per block: tile_avx_q8_0's integers and fp32 code.
@@ -1720,6 +1777,16 @@ constexpr bool wide_q4_k() {
 #endif
 }
 
+// Whether the tiles take up to eight activation rows a pass (else four).
+template <typename T, typename K>
+constexpr bool eight_rows() {
+#ifdef HEARTH_GGUF_AVX512
+  return (std::is_same_v<T, Q4_K> || std::is_same_v<T, Q6_K>) && K::kWide;
+#else
+  return false;
+#endif
+}
+
 template <typename T, typename K, int MR>
 void tile_mr(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
 #ifdef HEARTH_GGUF_AVX2
@@ -1731,6 +1798,7 @@ void tile_mr(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t l
       return tile_avx_q8_0<MR>(w, a, r0, y, ldy);
     } else if constexpr (std::is_same_v<T, Q6_K>) {
 #ifdef HEARTH_GGUF_AVX512
+      if constexpr (K::kWide && MR > 4) return tile_wide8_q6_k<MR>(w, a, r0, y, ldy);
       if constexpr (K::kWide) return tile_wide_q6_k<MR>(w, a, r0, y, ldy);
 #endif
       return tile_avx_q6_k<K::kWide, MR>(w, a, r0, y, ldy);
@@ -1766,8 +1834,8 @@ void tile(int mr, const uint8_t* w, const RowActs& a, int64_t r0, float* y, int6
     case 3: return tile_mr<T, K, 3>(w, a, r0, y, ldy);
     default: break;
   }
-  if constexpr (wide_q4_k<T, K>()) {
-    if (a.paired) {
+  if constexpr (eight_rows<T, K>()) {
+    if (a.paired || !std::is_same_v<T, Q4_K>) {
       switch (mr) {
         case 4: return tile_mr<T, K, 4>(w, a, r0, y, ldy);
         case 5: return tile_mr<T, K, 5>(w, a, r0, y, ldy);
@@ -1793,7 +1861,7 @@ void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0), row_bytes = w.size(1), groups = n / kGroup;
   const bool z = wide_q4_k<T, K>() && m < kZRows;
   RowActs acts(m, k, T::kActBlock, std::is_same_v<T, Q6_K>, std::is_same_v<T, Q8_0> ? 128 : 8, z);
-  const int64_t mr_max = z ? 8 : kMR;
+  const int64_t mr_max = z || (eight_rows<T, K>() && !std::is_same_v<T, Q4_K>) ? 8 : kMR;
   const auto quantize = [&](auto* xp) {
     at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) acts.template quantize_row<K::kPlain>(xp + r * k, r);

@@ -1187,6 +1187,9 @@ void tile_avx_q4_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int
   __m256 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b, w += kBlock) {
+    if constexpr (kVnni) {  // about as far ahead as the K types' tiles (tile_z_q4_k)
+      for (int64_t o = 0; o < kBlock; o += 64) _mm_prefetch(reinterpret_cast<const char*>(w + 48 * kBlock + o), _MM_HINT_T0);
+    }
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
     __m256i s[MR], t[MR];
     for (int i = 0; i < MR; ++i) s[i] = t[i] = _mm256_setzero_si256();
@@ -1725,6 +1728,7 @@ void tile_wide_q8_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, in
   __m256 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b, w += kBlock) {
+    for (int64_t o = 0; o < kBlock; o += 64) _mm_prefetch(reinterpret_cast<const char*>(w + 24 * kBlock + o), _MM_HINT_T0);
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
     __m512i s[MR];
     for (int i = 0; i < MR; ++i) s[i] = _mm512_maskz_set1_epi32(0x5555, -xo[i * nb + b]);
@@ -1781,7 +1785,7 @@ constexpr bool wide_q4_k() {
 template <typename T, typename K>
 constexpr bool eight_rows() {
 #ifdef HEARTH_GGUF_AVX512
-  return (std::is_same_v<T, Q4_K> || std::is_same_v<T, Q6_K>) && K::kWide;
+  return K::kWide;
 #else
   return false;
 #endif
@@ -1834,8 +1838,8 @@ void tile(int mr, const uint8_t* w, const RowActs& a, int64_t r0, float* y, int6
     case 3: return tile_mr<T, K, 3>(w, a, r0, y, ldy);
     default: break;
   }
-  if constexpr (eight_rows<T, K>()) {
-    if (a.paired || !std::is_same_v<T, Q4_K>) {
+  if constexpr (eight_rows<T, K>()) {  // more than four rows: matmul's eight-row passes
+    {
       switch (mr) {
         case 4: return tile_mr<T, K, 4>(w, a, r0, y, ldy);
         case 5: return tile_mr<T, K, 5>(w, a, r0, y, ldy);
@@ -1849,19 +1853,22 @@ void tile(int mr, const uint8_t* w, const RowActs& a, int64_t r0, float* y, int6
 }
 
 constexpr int64_t kMR = 4;
-// the row count from which the VNNI build runs neighbouring groups in pairs (see matmul)
-constexpr int64_t kPairRows = 8;
-// the row count below which the VNNI build runs Q4_K in tile_z_q4_k, eight rows a pass; from it, in pairs of groups.
+// the row counts below which the VNNI build runs Q4_K and Q4_0 eight rows a pass (Q4_K in tile_z_q4_k); from them,
+// in pairs of groups.
 // A 1B file's Q4_K layers, weights from memory (AVX512 EPYC, two threads): at 16 rows 43 ms against the pairs'
 // 63, at 32 rows 82 against 86, at 64 rows 160 against 156, at 256 rows 768 against 578.
-constexpr int64_t kZRows = 48;
+// Q4_0 (1B layers, the same machine): at 8 rows 26.5 ms against the pairs' 30.4, at 32 rows 104 against 82.
+constexpr int64_t kZRows = 48, kZRowsQ4_0 = 16;
 
 template <typename K, typename T>
 void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0), row_bytes = w.size(1), groups = n / kGroup;
-  const bool z = wide_q4_k<T, K>() && m < kZRows;
-  RowActs acts(m, k, T::kActBlock, std::is_same_v<T, Q6_K>, std::is_same_v<T, Q8_0> ? 128 : 8, z);
-  const int64_t mr_max = z || (eight_rows<T, K>() && !std::is_same_v<T, Q4_K>) ? 8 : kMR;
+  // Q4_0 and Q4_K: in pairs of groups four rows a pass from kZRows rows, else (and the other types) eight a pass
+  constexpr bool kPairs = K::kWide && (std::is_same_v<T, Q4_0> || std::is_same_v<T, Q4_K>);
+  const bool pairs = kPairs && m >= (std::is_same_v<T, Q4_0> ? kZRowsQ4_0 : kZRows);
+  RowActs acts(m, k, T::kActBlock, std::is_same_v<T, Q6_K>, std::is_same_v<T, Q8_0> ? 128 : 8,
+               wide_q4_k<T, K>() && !pairs);
+  const int64_t mr_max = eight_rows<T, K>() && !pairs ? 8 : kMR;
   const auto quantize = [&](auto* xp) {
     at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) acts.template quantize_row<K::kPlain>(xp + r * k, r);
@@ -1888,8 +1895,8 @@ void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
         // tiles arithmetic-bound: at one row the two streams a group apart ran a 1B Q4_K file's layers at 0.6x the
         // one-group tiles' speed (weights from memory) and at 4 rows at about 0.8x, at 512 rows 2.1-2.5x faster
         // (AVX512 EPYC, one thread)
-        if constexpr (K::kWide && (std::is_same_v<T, Q4_0> || std::is_same_v<T, Q4_K>)) {
-          for (; !z && m >= kPairRows && g + 1 < c1; g += 2) {
+        if constexpr (kPairs) {
+          for (; pairs && g + 1 < c1; g += 2) {
             tile_pair<T>(mr, wp + g * group_bytes, wp + (g + 1) * group_bytes, acts, i0, yp + i0 * n + g * kGroup, n);
           }
         }

@@ -289,8 +289,8 @@ def test_grouped_rows_are_the_same_bits_whatever_shares_the_call(hearth: object,
 
 @pytest.mark.parametrize("qtype", GROUPED, ids=lambda t: t.name)
 def test_grouped_rows_keep_their_bits_where_the_tiles_change_with_the_row_count(hearth: object, qtype: T) -> None:
-    """The VNNI build runs Q4_K eight rows a pass below 48 rows and in pairs of groups from 48 (and Q4_0 in pairs
-    from 8): a row is the same bits in a call of any size on either side, and the AVX2 tiles' bits."""
+    """The VNNI build runs Q4_K eight rows a pass below 48 rows and in pairs of groups from 48 (Q4_0 from 16): a
+    row is the same bits in a call of any size on either side, and the AVX2 tiles' bits."""
     kind = 128 + int(qtype)
     rng = np.random.default_rng(11)
     k = several_blocks(qtype)[1]
@@ -298,7 +298,7 @@ def test_grouped_rows_keep_their_bits_where_the_tiles_change_with_the_row_count(
     x = torch.from_numpy(rng.standard_normal((60, k)).astype(np.float32))
     full = hearth.gguf_mm(x, w, kind)  # type: ignore[attr-defined]
     assert torch.equal(full, hearth.gguf_mm_avx2(x, w, kind))  # type: ignore[attr-defined]
-    for m in (1, 7, 8, 9, 16, 47, 48, 49):
+    for m in (1, 7, 8, 9, 15, 16, 17, 47, 48, 49):
         assert torch.equal(hearth.gguf_mm(x[:m], w, kind), full[:m]), m  # type: ignore[attr-defined]
     assert torch.equal(hearth.gguf_mm(x[50:], w, kind), full[50:])  # type: ignore[attr-defined]
 

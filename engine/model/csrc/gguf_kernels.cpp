@@ -900,8 +900,10 @@ void check_weights(const at::Tensor& w, const char* op) {
 // scales, and the minimums times the activations' sub-block sums; Q6_K: each 16's dot product less 32 times the
 // activations' sum, times its scale), then fma(d_w * d_x, float(sum), acc) (Q4_K: and the minimums' fnmadd), block after
 // block: the same bits whatever the row count, the tile or the thread split, and the same in the plain loops, the
-// AVX2 tiles and the VNNI tiles. Several activation rows run as tiles of 4 rows by one group, the groups split
-// across threads in runs that stay in cache while every tile of rows passes over them.
+// AVX2 tiles and the VNNI tiles. Several activation rows run as tiles of 4 rows by one group (the VNNI build: of 8
+// rows, prefetching the weights ahead, so that a batch of decodes reads each weight byte from memory once; Q4_0 and
+// Q4_K from 16 and 48 rows as tiles of 4 rows by two groups), the groups split across threads in runs that stay in
+// cache while every tile of rows passes over them.
 // The file's ggml type behind a grouped layout's number (any other number as it is).
 inline int64_t grouped_file_type(int64_t type) {
   return type == kQ4_0_X8 ? kQ4_0 : type == kQ4_K_X8 ? kQ4_K : type == kQ6_K_X8 ? kQ6_K : type == kQ8_0_X8 ? kQ8_0 : type;

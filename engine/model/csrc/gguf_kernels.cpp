@@ -1020,6 +1020,14 @@ struct RowActs {
 #endif
       if (size == 32) {
         off[static_cast<size_t>(r * nb + b)] = offset * sum;
+        if (paired) {  // in pairs of 4: 4c.. of the first 16, then 4c.. of the second (see tile_z_q4_0)
+          int8_t block[32];
+          std::memcpy(block, qb, 32);
+          for (int c = 0; c < 4; ++c) {
+            std::memcpy(qb + 8 * c, block + 4 * c, 4);
+            std::memcpy(qb + 8 * c + 4, block + 16 + 4 * c, 4);
+          }
+        }
       } else if (sixteenths) {
         for (int g = 0; g < 16; ++g) {
           int32_t t = 0;
@@ -1504,6 +1512,46 @@ void tile_pair_q4_k(const uint8_t* w0, const uint8_t* w1, const RowActs& a, int6
   for (int i = 0; i < MR; ++i) _mm512_storeu_ps(y + i * ldy, acc[i]);
 }
 
+// Q4_0 in the VNNI build, as tile_z_q4_k: each 512-bit vector holds 4 nibble bytes of the eight rows twice, the low
+// nibbles (weights 4c..) in lane 2r and the high ones (16 + 4c..) in lane 2r + 1, against 8 activation bytes (the
+// paired layout) broadcast to every lane pair: one VPDPBUSD per row takes what two 256-bit ones took in
+// tile_avx_q4_0. The two lanes of a row are added per block: tile_avx_q4_0's integer, and its fp32 code.
+template <int MR>
+void tile_z_q4_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+  constexpr int64_t kBlock = kGroup * Q4_0::kBytes;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i evens = _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0);
+  const int64_t k = a.k, nb = a.nb;
+  const int8_t* xq = a.q.data() + r0 * k;
+  const float* xd = a.d.data() + r0 * nb;
+  const int32_t* xo = a.off.data() + r0 * nb;
+  __m256 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, w += kBlock) {
+    for (int64_t o = 0; o < kBlock; o += 64) _mm_prefetch(reinterpret_cast<const char*>(w + 48 * kBlock + o), _MM_HINT_T0);
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    __m512i dot[MR];
+    for (int i = 0; i < MR; ++i) dot[i] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * c)));
+      const __m512i q = _mm512_ternarylogic_epi64(v, _mm512_slli_epi64(v, 28), low4, 0xA8);  // (v | v << 28) & 0x0F
+      for (int i = 0; i < MR; ++i) {
+        int64_t x8;
+        std::memcpy(&x8, xq + i * k + 32 * b + 8 * c, sizeof x8);
+        dot[i] = _mm512_dpbusd_epi32(dot[i], q, _mm512_set1_epi64(x8));
+      }
+    }
+    for (int i = 0; i < MR; ++i) {
+      const __m512i both = _mm512_add_epi32(dot[i], _mm512_shuffle_epi32(dot[i], _MM_PERM_CDAB));
+      __m256i sum = _mm512_castsi512_si256(_mm512_permutexvar_epi32(evens, both));
+      sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(xo[i * nb + b]));
+      acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd[i * nb + b])), _mm256_cvtepi32_ps(sum), acc[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) _mm256_storeu_ps(y + i * ldy, acc[i]);
+}
+
 // Q4_K in the VNNI build, one group, up to eight activation rows at once: each 512-bit vector holds 4 nibble bytes
 // of the eight rows twice, the low nibbles (sub-block 2p) in lane 2r and the high ones (sub-block 2p + 1) in lane
 // 2r + 1, against 8 activation bytes (the paired layout: 4 of sub-block 2p, then the same 4 of 2p + 1) broadcast to
@@ -1812,6 +1860,11 @@ void tile_mr(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t l
 #endif
       return tile_avx_q6_k<K::kWide, MR>(w, a, r0, y, ldy);
     } else if constexpr (std::is_same_v<T, Q4_0>) {
+#ifdef HEARTH_GGUF_AVX512
+      if constexpr (K::kWide) {
+        if (a.paired) return tile_z_q4_0<MR>(w, a, r0, y, ldy);
+      }
+#endif
       return tile_avx_q4_0<K::kWide, MR>(w, a, r0, y, ldy);
     } else {
 #ifdef HEARTH_GGUF_AVX512
@@ -1872,7 +1925,7 @@ void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   constexpr bool kPairs = K::kWide && (std::is_same_v<T, Q4_0> || std::is_same_v<T, Q4_K>);
   const bool pairs = kPairs && m >= (std::is_same_v<T, Q4_0> ? kZRowsQ4_0 : kZRows);
   RowActs acts(m, k, T::kActBlock, std::is_same_v<T, Q6_K>, std::is_same_v<T, Q8_0> ? 128 : 8,
-               wide_q4_k<T, K>() && !pairs);
+               kPairs && !pairs);
   const int64_t mr_max = eight_rows<T, K>() && !pairs ? 8 : kMR;
   const auto quantize = [&](auto* xp) {
     at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {

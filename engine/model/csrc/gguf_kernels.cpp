@@ -1915,7 +1915,8 @@ constexpr int64_t kMR = 4;
 // in pairs of groups.
 // A 1B file's Q4_K layers, weights from memory (AVX512 EPYC, two threads): at 16 rows 43 ms against the pairs'
 // 63, at 32 rows 82 against 86, at 64 rows 160 against 156, at 256 rows 768 against 578.
-// Q4_0 (1B layers, the same machine): at 8 rows 26.5 ms against the pairs' 30.4, at 32 rows 104 against 82.
+// Q4_0 (1B layers, the same machine): at 8 rows 25.5-27 ms (tile_z_q4_0) against the pairs' 28-35, at 16 and 32
+// rows about even (55 and 105 ms against 58 and 97).
 constexpr int64_t kZRows = 48, kZRowsQ4_0 = 16;
 
 template <typename K, typename T>

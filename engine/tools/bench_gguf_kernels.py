@@ -90,6 +90,19 @@ def entry(kernel: str, n: int, k: int, m: int, us: float, weight_bytes: int) -> 
     return out
 
 
+def start_kernels(threads: int) -> bool:
+    """Set torch's threads (0: its default) and load the native kernels (building them if need be); False, with a
+    JSON line saying why, where they cannot run."""
+    if threads:
+        torch.set_num_threads(threads)
+    from engine.model import native
+
+    problem = native.EXTENSION.start(wait=True)
+    if problem is not None:
+        print(json.dumps({"error": problem}))
+    return problem is None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.tools.bench_gguf_kernels", description=__doc__.splitlines()[0])
     parser.add_argument("--types", default=",".join(TYPES), help="comma-separated block types")
@@ -97,17 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=0.1, help="seconds of calls per entry")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
-    from engine.model import native
+    if not start_kernels(args.threads):
+        return 1
     from engine.model.quantization import Int4Linear
     from engine.system import hardware
 
-    problem = native.EXTENSION.start(wait=True)
-    if problem is not None:
-        print(json.dumps({"error": problem}))
-        return 1
     gguf_mm, avx2_mm = torch.ops.hearth.gguf_mm, torch.ops.hearth.gguf_mm_avx2
     family = str(torch.ops.hearth.gguf_kernel_family())
     wide = family == "avx512"

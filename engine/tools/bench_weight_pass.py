@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engine.tools.bench_gguf_kernels import start_kernels
+
 #: ggml type numbers of the types the kernels multiply, by the names gguf's reader gives them
 KINDS = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 
@@ -53,16 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=9, help="passes timed per row count")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
-    from engine.model import native
+    if not start_kernels(args.threads):
+        return 1
     from engine.system import hardware
 
-    problem = native.EXTENSION.start(wait=True)
-    if problem is not None:
-        print(json.dumps({"error": problem}))
-        return 1
     weights = step_weights(args.file)
     total = sum(w.numel() for w, _, _ in weights)
     flat = torch.ones(total // 4)

@@ -509,6 +509,11 @@ inline void k_accumulate(__m256 (&acc)[NR][MR], const __m256i (&sum)[NR][MR], co
   }
 }
 
+// Every cache line of the block `ahead` blocks of `bytes` past p, into L1.
+inline void prefetch_ahead(const uint8_t* p, int64_t bytes, int64_t ahead) {
+  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + ahead * bytes + o), _MM_HINT_T0);
+}
+
 #ifdef HEARTH_GGUF_AVX512
 // The 512-bit tiles: the integer sums of the AVX2 tiles in half the instructions. A 64-byte load of nibbles holds
 // two of the AVX2 tiles' 32-byte loads side by side; VPMADDUBSW meets 64 activations at once and VPDPWSSD scales
@@ -517,6 +522,12 @@ inline void k_accumulate(__m256 (&acc)[NR][MR], const __m256i (&sum)[NR][MR], co
 // there on (the fp32 scaling and accumulation) is the AVX2 tile's own code: both give the same bits.
 // (The zero-masked forms: GCC 12 warns that the unmasked ones read an undefined vector.)
 inline __m512i zext512(__m256i v) { return _mm512_maskz_inserti64x4(0xFF, _mm512_setzero_si512(), v, 0); }
+// The eight rows' integers of a vector whose lanes 2r and 2r + 1 both belong to row r: their sums, in row order.
+inline __m256i fold_lane_pairs(__m512i v) {
+  const __m512i evens = _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i both = _mm512_add_epi32(v, _mm512_maskz_shuffle_epi32(0xFFFF, v, _MM_PERM_CDAB));
+  return _mm512_maskz_extracti64x4_epi64(0xF, _mm512_maskz_permutexvar_epi32(0xFFFF, evens, both), 0);
+}
 inline __m512i pair512(__m256i lo, __m256i hi) { return _mm512_maskz_inserti64x4(0xFF, _mm512_castsi256_si512(lo), hi, 1); }
 inline __m256i fold512(__m512i v) {
   return _mm256_add_epi32(_mm512_maskz_extracti64x4_epi64(0xF, v, 0), _mm512_maskz_extracti64x4_epi64(0xF, v, 1));
@@ -1217,7 +1228,7 @@ void tile_avx_q4_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int
   for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b, w += kBlock) {
     if constexpr (kVnni) {  // about as far ahead as the K types' tiles (tile_z_q4_k)
-      for (int64_t o = 0; o < kBlock; o += 64) _mm_prefetch(reinterpret_cast<const char*>(w + 48 * kBlock + o), _MM_HINT_T0);
+      avx2::prefetch_ahead(w, kBlock, 48);
     }
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
     __m256i s[MR], t[MR];
@@ -1373,7 +1384,7 @@ void tile_avx_q6_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int
   for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b, w += kBlock) {
     // the block's 1680 bytes are read out of order: prefetched, or the weights stream at a quarter of the speed
-    for (int64_t o = 0; o < kBlock; o += 64) _mm_prefetch(reinterpret_cast<const char*>(w + 4 * kBlock + o), _MM_HINT_T0);
+    avx2::prefetch_ahead(w, kBlock, 4);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
     __m256i sum[MR];
     for (int i = 0; i < MR; ++i) sum[i] = _mm256_setzero_si256();
@@ -1539,7 +1550,6 @@ template <int MR>
 void tile_z_q4_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
   constexpr int64_t kBlock = kGroup * Q4_0::kBytes;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const __m512i evens = _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0);
   const int64_t k = a.k, nb = a.nb;
   const int8_t* xq = a.q.data() + r0 * k;
   const float* xd = a.d.data() + r0 * nb;
@@ -1547,7 +1557,7 @@ void tile_z_q4_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64
   __m256 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b, w += kBlock) {
-    for (int64_t o = 0; o < kBlock; o += 64) _mm_prefetch(reinterpret_cast<const char*>(w + 48 * kBlock + o), _MM_HINT_T0);
+    avx2::prefetch_ahead(w, kBlock, 48);
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
     __m512i dot[MR];
     for (int i = 0; i < MR; ++i) dot[i] = _mm512_setzero_si512();
@@ -1562,8 +1572,7 @@ void tile_z_q4_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64
       }
     }
     for (int i = 0; i < MR; ++i) {
-      const __m512i both = _mm512_add_epi32(dot[i], _mm512_maskz_shuffle_epi32(0xFFFF, dot[i], _MM_PERM_CDAB));
-      __m256i sum = _mm512_maskz_extracti64x4_epi64(0xF, _mm512_maskz_permutexvar_epi32(0xFFFF, evens, both), 0);
+      __m256i sum = avx2::fold_lane_pairs(dot[i]);
       sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(xo[i * nb + b]));
       acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd[i * nb + b])), _mm256_cvtepi32_ps(sum), acc[i]);
     }
@@ -1594,7 +1603,6 @@ void tile_z_q4_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64
                                              static_cast<int>(0x80808001), static_cast<int>(0x80808000)),
                            _mm512_set4_epi32(static_cast<int>(0x8080800B), static_cast<int>(0x8080800A),
                                              static_cast<int>(0x80808003), static_cast<int>(0x80808002))};
-  const __m512i evens = _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0);
   const int64_t k = a.k, nb = a.nb;
   const int8_t* xq = a.q.data() + r0 * k;
   const float* xd = a.d.data() + r0 * nb;
@@ -1603,7 +1611,7 @@ void tile_z_q4_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64
   // products the inner loop keeps
   alignas(32) float acc[MR][8] = {};
   for (int64_t b = 0; b < nb; ++b, w += kBlock) {
-    for (int64_t o = 0; o < kBlock; o += 64) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchZ * kBlock + o), _MM_HINT_T0);
+    avx2::prefetch_ahead(w, kBlock, kPrefetchZ);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
     const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)));
     const __m256i u0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32));
@@ -1641,8 +1649,7 @@ void tile_z_q4_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64
     const __m256i mins[4] = {_mm256_and_si256(mn_lo, even), _mm256_srli_epi16(mn_lo, 8), _mm256_and_si256(mn_hi, even),
                              _mm256_srli_epi16(mn_hi, 8)};
     for (int i = 0; i < MR; ++i) {
-      const __m512i both = _mm512_add_epi32(sum[i], _mm512_maskz_shuffle_epi32(0xFFFF, sum[i], _MM_PERM_CDAB));
-      const __m256i rows = _mm512_maskz_extracti64x4_epi64(0xF, _mm512_maskz_permutexvar_epi32(0xFFFF, evens, both), 0);
+      const __m256i rows = avx2::fold_lane_pairs(sum[i]);
       const int16_t* bs = xs + (i * nb + b) * 8;
       __m256i m = _mm256_madd_epi16(mins[0], bcast4(bs));
       m = _mm256_add_epi32(m, _mm256_madd_epi16(mins[1], bcast4(bs + 2)));
@@ -1670,7 +1677,6 @@ void tile_wide_q6_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, in
   constexpr int64_t kPrefetch = 4;
   const __m512i interleave = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
   const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-  const __m512i evens = _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0);
   const int64_t k = a.k, nb = a.nb;
   const int8_t* xq = a.q.data() + r0 * k;
   const float* xd = a.d.data() + r0 * nb;
@@ -1678,7 +1684,7 @@ void tile_wide_q6_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, in
   __m256 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b, w += kBlock) {
-    for (int64_t o = 0; o < kBlock; o += 64) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetch * kBlock + o), _MM_HINT_T0);
+    avx2::prefetch_ahead(w, kBlock, kPrefetch);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
     __m512i sum[MR];
     for (int i = 0; i < MR; ++i) sum[i] = _mm512_setzero_si512();
@@ -1719,8 +1725,7 @@ void tile_wide_q6_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, in
       }
     }
     for (int i = 0; i < MR; ++i) {
-      const __m512i both = _mm512_add_epi32(sum[i], _mm512_maskz_shuffle_epi32(0xFFFF, sum[i], _MM_PERM_CDAB));
-      const __m256i rows = _mm512_maskz_extracti64x4_epi64(0xF, _mm512_maskz_permutexvar_epi32(0xFFFF, evens, both), 0);
+      const __m256i rows = avx2::fold_lane_pairs(sum[i]);
       acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xd[i * nb + b])), _mm256_cvtepi32_ps(rows), acc[i]);
     }
   }
@@ -1742,14 +1747,13 @@ void tile_z_q6_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64
   const __m512i pick[2] = {
       _mm512_set4_epi32(0x0A808080, 0x08808080, 0x02808080, 0x00808080),
       _mm512_set4_epi32(0x0B808080, 0x09808080, 0x03808080, 0x01808080)};
-  const __m512i evens = _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0);
   const int64_t k = a.k, nb = a.nb;
   const int8_t* xq = a.q.data() + r0 * k;
   const float* xd = a.d.data() + r0 * nb;
   const int32_t* xo = a.off.data() + r0 * nb * 16;
   alignas(32) float acc[MR][8] = {};
   for (int64_t b = 0; b < nb; ++b, w += kBlock) {
-    for (int64_t o = 0; o < kBlock; o += 64) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchZ * kBlock + o), _MM_HINT_T0);
+    avx2::prefetch_ahead(w, kBlock, kPrefetchZ);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
     __m512i sum[MR];
     for (int i = 0; i < MR; ++i) sum[i] = _mm512_setzero_si512();
@@ -1787,8 +1791,7 @@ void tile_z_q6_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64
       }
     }
     for (int i = 0; i < MR; ++i) {
-      const __m512i both = _mm512_add_epi32(sum[i], _mm512_maskz_shuffle_epi32(0xFFFF, sum[i], _MM_PERM_CDAB));
-      const __m256i rows = _mm512_maskz_extracti64x4_epi64(0xF, _mm512_maskz_permutexvar_epi32(0xFFFF, evens, both), 0);
+      const __m256i rows = avx2::fold_lane_pairs(sum[i]);
       const __m256 t = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xd[i * nb + b])), _mm256_cvtepi32_ps(rows), _mm256_load_ps(acc[i]));
       _mm256_store_ps(acc[i], t);
     }
@@ -1803,7 +1806,6 @@ template <int MR>
 void tile_wide_q8_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
   constexpr int64_t kBlock = kGroup * Q8_0::kBytes;
   const __m512i interleave = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
-  const __m512i evens = _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0);
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   const int64_t k = a.k, nb = a.nb;
   const int8_t* xq = a.q.data() + r0 * k;
@@ -1812,7 +1814,7 @@ void tile_wide_q8_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, in
   __m256 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b, w += kBlock) {
-    for (int64_t o = 0; o < kBlock; o += 64) _mm_prefetch(reinterpret_cast<const char*>(w + 24 * kBlock + o), _MM_HINT_T0);
+    avx2::prefetch_ahead(w, kBlock, 24);
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
     __m512i s[MR];
     for (int i = 0; i < MR; ++i) s[i] = _mm512_maskz_set1_epi32(0x5555, -xo[i * nb + b]);
@@ -1826,8 +1828,7 @@ void tile_wide_q8_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, in
       }
     }
     for (int i = 0; i < MR; ++i) {
-      const __m512i both = _mm512_add_epi32(s[i], _mm512_maskz_shuffle_epi32(0xFFFF, s[i], _MM_PERM_CDAB));
-      const __m256i rows = _mm512_maskz_extracti64x4_epi64(0xF, _mm512_maskz_permutexvar_epi32(0xFFFF, evens, both), 0);
+      const __m256i rows = avx2::fold_lane_pairs(s[i]);
       acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd[i * nb + b])), _mm256_cvtepi32_ps(rows), acc[i]);
     }
   }

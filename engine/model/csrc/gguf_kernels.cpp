@@ -1856,18 +1856,8 @@ void tile_pair(int mr, const uint8_t* w0, const uint8_t* w1, const RowActs& a, i
 }
 #endif
 
-// Whether Q4_K runs tile_z_q4_k (the VNNI build): its activations are in the paired layout, 8 rows to a tile.
-template <typename T, typename K>
-constexpr bool wide_q4_k() {
-#ifdef HEARTH_GGUF_AVX512
-  return std::is_same_v<T, Q4_K> && K::kWide;
-#else
-  return false;
-#endif
-}
-
-// Whether the tiles take up to eight activation rows a pass (else four).
-template <typename T, typename K>
+// Whether the tiles take up to eight activation rows a pass (else four): the VNNI build's.
+template <typename K>
 constexpr bool eight_rows() {
 #ifdef HEARTH_GGUF_AVX512
   return K::kWide;
@@ -1921,7 +1911,7 @@ void tile_mr(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t l
   }
 }
 
-// The group tile for mr <= rows_per_tile<T, K>() activation rows.
+// The group tile for mr activation rows: at most 8 where eight_rows<K>(), else 4.
 template <typename T, typename K>
 void tile(int mr, const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
   switch (mr) {
@@ -1930,15 +1920,13 @@ void tile(int mr, const uint8_t* w, const RowActs& a, int64_t r0, float* y, int6
     case 3: return tile_mr<T, K, 3>(w, a, r0, y, ldy);
     default: break;
   }
-  if constexpr (eight_rows<T, K>()) {  // more than four rows: matmul's eight-row passes
-    {
-      switch (mr) {
-        case 4: return tile_mr<T, K, 4>(w, a, r0, y, ldy);
-        case 5: return tile_mr<T, K, 5>(w, a, r0, y, ldy);
-        case 6: return tile_mr<T, K, 6>(w, a, r0, y, ldy);
-        case 7: return tile_mr<T, K, 7>(w, a, r0, y, ldy);
-        default: return tile_mr<T, K, 8>(w, a, r0, y, ldy);
-      }
+  if constexpr (eight_rows<K>()) {
+    switch (mr) {
+      case 5: return tile_mr<T, K, 5>(w, a, r0, y, ldy);
+      case 6: return tile_mr<T, K, 6>(w, a, r0, y, ldy);
+      case 7: return tile_mr<T, K, 7>(w, a, r0, y, ldy);
+      case 8: return tile_mr<T, K, 8>(w, a, r0, y, ldy);
+      default: break;
     }
   }
   tile_mr<T, K, 4>(w, a, r0, y, ldy);
@@ -1964,7 +1952,7 @@ void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   const bool pairs = kPairs && m >= (std::is_same_v<T, Q4_0> ? kZRowsQ4_0 : kZRows);
   RowActs acts(m, k, T::kActBlock, std::is_same_v<T, Q6_K>, std::is_same_v<T, Q8_0> ? 128 : 8,
                (kPairs && !pairs) || (kZ6 && m > 4));
-  const int64_t mr_max = eight_rows<T, K>() && !pairs ? 8 : kMR;
+  const int64_t mr_max = eight_rows<K>() && !pairs ? 8 : kMR;
   const auto quantize = [&](auto* xp) {
     at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) acts.template quantize_row<K::kPlain>(xp + r * k, r);

@@ -5,8 +5,10 @@ per line, then a summary line with the ratios the targets are stated in::
 
     python -m engine.bench --model default --concurrency 1,4,16 --max-tokens 64
 
-``--llama-server PATH`` adds llama.cpp's server on the same model's GGUF (``engine/tools/llama_server.py``), in
-rounds alternating with ours at each concurrency (``--repeats``, the median round of each side), and
+``--llama-server PATH`` adds llama.cpp's server on the same model's GGUF (``engine/tools/llama_server.py``), server
+against server: ours is then ``python -m engine.serve``, both over HTTP, in rounds alternating at each concurrency
+(``--repeats``, the median round of each side; llama.cpp in both its weight layouts,
+``engine/tools/bench_servers.py``), and
 ``--level`` runs our engine at a quantization level instead of ``--dtype`` (e.g. ``--level int4`` beside the Q4_1
 GGUF llama.cpp runs).
 """
@@ -180,77 +182,48 @@ def bench_quantization(model: str, levels: list[str], max_tokens: int) -> None:
         llm.close()
 
 
-def _bench_against_llama_server(llm: LLM, args: argparse.Namespace, levels: list[int]) -> dict[tuple[str, int], Any]:
-    """Our rows and llama-server's on the same prompts (as token ids), one server start per concurrency.
-
-    The two alternate for ``--repeats`` rounds at each concurrency and each row is the median round, so a drift
-    in the machine's speed falls on both sides of the ratio.
-    """
-    from engine.tools.llama_server import serving
-
-    gguf = _gguf_of(args)
-    if gguf is None:
-        raise SystemExit("--llama-server needs --gguf for a model that is not a GGUF file")
-    prompts = [llm.engine.tokenize(_messages(i)) for i in range(max(levels))]
-    rows: dict[tuple[str, int], Any] = {}
-    binary, threads = Path(args.llama_server), torch.get_num_threads()
-    for c in levels:
-        bench_engine(llm, c, 4)  # warm this batch shape
-        ours, theirs = [], []
-        with serving(binary, gguf, prompts, c, args.max_tokens, threads) as (run, no_repack):
-            for _ in range(max(1, args.repeats)):
-                ours.append(bench_engine(llm, c, args.max_tokens).row("hearth", c))
-                theirs.append(run().row("llama_server", c))
-        mine, row = median_row(ours), median_row(theirs)
-        mine.update(level=llm.quantization, rounds_tok_s=[r["tok_s"] for r in ours])
-        row.update(gguf=gguf.name, no_repack=no_repack, rounds_tok_s=[r["tok_s"] for r in theirs])
-        if no_repack:
-            row["note"] = "the server died at the first request; restarted with --no-repack"
-        rows[("hearth", c)], rows[("llama_server", c)] = mine, row
-        _emit(mine)
-        _emit(row)
-    return rows
-
-
-def _bench_prefill(llm: LLM, args: argparse.Namespace, gguf: Path | None) -> dict[str, Any]:
-    """Prompt tokens per second on a fresh ``--prefill``-token prompt (no prefix reuse: every round's prompt is new),
-    ours and, with ``--llama-server``, its server's, in alternating rounds; the median round of each."""
+def _bench_prefill(llm: LLM, n: int, repeats: int) -> dict[str, Any]:
+    """Prompt tokens per second of the engine in this process on fresh ``n``-token prompts (no prefix reuse: every
+    round's prompt is new); the median round."""
     import random
 
-    from engine.tools.llama_server import prefill_seconds, running_server
-
-    n, rounds = args.prefill, max(1, args.repeats)
     vocab = int(llm.engine.runner.config.vocab_size)
     rng = random.Random(0)
-    prompts = [[rng.randrange(1000, vocab) for _ in range(n)] for _ in range(2 * rounds + 1)]
     params = SamplingParams(max_tokens=1, temperature=0.0)
 
-    def ours(prompt: list[int]) -> float:
+    def seconds(prompt: list[int]) -> float:
         start = time.perf_counter()
         llm.generate([prompt], params)
         return time.perf_counter() - start
 
-    ours(prompts[-1][: min(n, 64)])  # warm
-    mine: list[float] = []
-    theirs: list[float] = []
-    if args.llama_server and gguf is not None:
-        binary, threads = Path(args.llama_server), torch.get_num_threads()
-        with running_server(binary, gguf, 1, threads, -(-(n + 64) // 256) * 256, False) as server:
-            prefill_seconds(server, prompts[-1][:64])  # warm
-            for r in range(rounds):
-                mine.append(n / ours(prompts[2 * r]))
-                theirs.append(n / prefill_seconds(server, prompts[2 * r + 1]))
-    else:
-        mine = [n / ours(prompts[r]) for r in range(rounds)]
-    row: dict[str, Any] = {"system": "prefill", "prompt_tokens": n, "level": llm.quantization,
+    seconds([rng.randrange(1000, vocab) for _ in range(min(n, 64))])  # warm
+    mine = [n / seconds([rng.randrange(1000, vocab) for _ in range(n)]) for _ in range(max(1, repeats))]
+    row: dict[str, Any] = {"system": "prefill", "path": "in_process", "prompt_tokens": n, "level": llm.quantization,
                            "hearth_tok_s": round(sorted(mine)[(len(mine) - 1) // 2], 1),
                            "hearth_rounds": [round(v, 1) for v in mine]}
-    if theirs:
-        row["llama_server_tok_s"] = round(sorted(theirs)[(len(theirs) - 1) // 2], 1)
-        row["llama_server_rounds"] = [round(v, 1) for v in theirs]
-        row["ratio"] = round(row["hearth_tok_s"] / row["llama_server_tok_s"], 2)
     _emit(row)
     return row
+
+
+def _bench_servers(llm: LLM, args: argparse.Namespace, levels: list[int],
+                   precision: dict[str, Any]) -> dict[tuple[str, int], Any]:
+    """Our server (and, with ``--llama-server``, llama.cpp's) over HTTP: the prefill row, then decode rows."""
+    from engine.tools import bench_servers
+
+    llama = None
+    if args.llama_server:
+        gguf = _gguf_of(args)
+        if gguf is None:
+            raise SystemExit("--llama-server needs --gguf for a model that is not a GGUF file")
+        llama = (Path(args.llama_server), gguf, torch.get_num_threads())
+    prompts = [llm.engine.tokenize(_messages(i)) for i in range(max(levels))]
+    vocab = int(llm.engine.runner.config.vocab_size)
+    repeats = max(1, args.repeats)
+    with bench_servers.hearth_server(str(args.model), precision, max(levels + [16]), args.device,
+                                      torch.get_num_threads()) as port:
+        if args.prefill:
+            bench_servers.bench_prefill(port, args.prefill, vocab, repeats, _emit, llama)
+        return bench_servers.bench_decode(port, prompts, levels, args.max_tokens, repeats, _emit, llama)
 
 
 def _gguf_of(args: argparse.Namespace) -> Path | None:
@@ -305,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
                              "them again rather than running ones timed on a busy machine")
     parser.add_argument("--quiet-wait", type=float, default=120.0, metavar="S",
                         help="with --fresh-verdicts, the longest wait for a quiet machine (default 120)")
+    parser.add_argument("--server", action="store_true",
+                        help="time our engine through its server (python -m engine.serve) over HTTP, as "
+                             "--llama-server always does (engine/tools/bench_servers.py)")
     parser.add_argument("--paths", action="store_true",
                         help="only the engine stepped by hand against its loop thread and Hearth's server "
                              "(engine/tools/bench_paths.py)")
@@ -360,13 +336,13 @@ def main(argv: list[str] | None = None) -> int:
            "decode_steps": llm.decode_status, "cpu": cpu_model, "cpu_flags": simd, "threads": torch.get_num_threads(),
            "weights_mib": round(llm.weights_bytes / 2**20)})
     results: dict[tuple[str, int], dict[str, Any]] = {}
-    if args.prefill:
-        _bench_prefill(llm, args, _gguf_of(args))
-    if args.llama_server:
-        results.update(_bench_against_llama_server(llm, args, levels))
+    if args.server or args.llama_server:
+        results.update(_bench_servers(llm, args, levels, precision))
     elif args.cuda_graphs:
         results.update(bench_cuda_graphs(llm, levels, args.max_tokens, args.repeats, bench_engine, _emit))
     else:
+        if args.prefill:
+            _bench_prefill(llm, args.prefill, args.repeats)
         for c in levels:
             bench_engine(llm, c, 4)  # warm this batch shape
             results[("hearth", c)] = row = bench_engine(llm, c, args.max_tokens).row("hearth", c)

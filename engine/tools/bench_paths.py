@@ -65,6 +65,8 @@ def running_server(model: str, options: list[str]) -> Iterator[int]:
         yield port
     finally:
         stop(process, 20)
+        if process.stderr is not None:
+            process.stderr.close()
 
 
 def _exit_output(process: subprocess.Popen[bytes]) -> str:

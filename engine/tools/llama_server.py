@@ -4,8 +4,9 @@ The server gets the same prompts as our engine, as token ids (so both tokenize n
 ``/completion`` API with ``n_predict``, ``ignore_eos`` and ``temperature`` 0, streamed so every token has a
 timestamp. ``-np N`` gives it N parallel slots; ``-c`` is sized so each slot holds prompt and reply.
 
-On some AMX CPUs llama.cpp crashes at the first decode unless its weight repacking is off; when the server dies
-at the first request it is restarted once with ``--no-repack`` and the rows say so.
+Each server runs in one weight layout: llama.cpp's default (Q4_0, Q4_K and IQ4_NL repacked for the CPU's SIMD) or
+``--no-repack``; the bench measures both and compares with the better (``engine/tools/bench_servers.py``). On some
+AMX CPUs the repacked layout crashes at the first decode; that raises ``ServerDied``, and the rows say so.
 """
 
 from __future__ import annotations
@@ -116,32 +117,19 @@ def bench_server(server: LlamaServer, prompts: list[list[int]], max_tokens: int)
 
 @contextmanager
 def serving(
-    binary: Path, gguf: Path, prompts: list[list[int]], concurrency: int, max_tokens: int, threads: int
-) -> Iterator[tuple[Callable[[], Timings], bool]]:
-    """A warmed server with ``concurrency`` slots until the block ends: yields ``(run, no_repack)``.
+    binary: Path, gguf: Path, prompts: list[list[int]], concurrency: int, max_tokens: int, threads: int,
+    no_repack: bool,
+) -> Iterator[Callable[[], Timings]]:
+    """A warmed server with ``concurrency`` slots in one weight layout until the block ends: yields ``run``, which
+    times ``concurrency`` streams of ``max_tokens`` tokens.
 
-    ``run()`` times ``concurrency`` streams of ``max_tokens`` tokens; ``no_repack`` says whether the server died at
-    its warm-up request (the crash on some AMX CPUs comes there) and was started again with ``--no-repack``.
+    Raises:
+        ServerDied: it died starting or at its warm-up request (the repacked layout's crash on some AMX CPUs comes
+            there).
     """
     longest = max(len(p) for p in prompts[:concurrency])
     ctx_per_slot = -(-(longest + max_tokens + 64) // 256) * 256
     batch = [prompts[i % len(prompts)] for i in range(concurrency)]
-    for no_repack in (False, True):
-        with running_server(binary, gguf, concurrency, threads, ctx_per_slot, no_repack) as server:
-            try:
-                bench_server(server, batch, 4)
-            except ServerDied:
-                if no_repack:
-                    raise
-                continue
-            yield (lambda: bench_server(server, batch, max_tokens)), no_repack
-            return
-    raise AssertionError("unreachable")
-
-
-def measure(
-    binary: Path, gguf: Path, prompts: list[list[int]], concurrency: int, max_tokens: int, threads: int
-) -> tuple[Timings, bool]:
-    """Timings of ``concurrency`` streams on a server with as many slots; and whether ``--no-repack`` was needed."""
-    with serving(binary, gguf, prompts, concurrency, max_tokens, threads) as (run, no_repack):
-        return run(), no_repack
+    with running_server(binary, gguf, concurrency, threads, ctx_per_slot, no_repack) as server:
+        bench_server(server, batch, 4)
+        yield lambda: bench_server(server, batch, max_tokens)

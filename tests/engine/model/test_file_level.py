@@ -190,6 +190,28 @@ def test_the_bench_times_decode_and_a_fresh_prefill_at_the_file_level(
     assert {r["concurrency"] for r in rows if r["system"] == "hearth"} == {1, 2}
 
 
+def test_the_bench_times_our_server_over_http_with_server(
+    tiny_files: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--server`` (which ``--llama-server`` implies) times ``python -m engine.serve`` on the same file and level
+    over HTTP, as llama.cpp's server is timed: every stream writes its ``max_tokens`` tokens, and the fresh prompt
+    is read through the server too."""
+    import json
+
+    from engine.tools import bench
+
+    monkeypatch.setenv("HEARTH_AUTOTUNE", "load")
+    argv = ["--model", str(tiny_files["Q4_K_M"]), "--level", "file", "--prefill", "40", "--repeats", "2",
+            "--concurrency", "1,3", "--max-tokens", "5", "--skip-hf", "--skip-multi-turn", "--server"]
+    assert bench.main(argv) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    prefill = next(r for r in rows if r["system"] == "prefill")
+    assert prefill["path"] == "server" and len(prefill["hearth_rounds"]) == 2 and prefill["hearth_tok_s"] > 0
+    decode = {r["concurrency"]: r for r in rows if r["system"] == "hearth"}
+    assert set(decode) == {1, 3} and all(r["path"] == "server" for r in decode.values())
+    assert decode[3]["tokens"] == 15 and len(decode[3]["rounds_tok_s"]) == 2 and decode[3]["min_stream_tok_s"] > 0
+
+
 def test_native_verdicts_are_kept_per_block_mix(tiny_files: dict[str, Path], open_llm: Callable[..., LLM]) -> None:
     """Whether the native step beats eager is cached per model signature: files of one shape in different block
     types must not share a verdict."""

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from engine.loading.formats import KERNEL_TYPES
-from engine.loading.gguf_weights import Blocks
+from engine.loading.gguf_weights import GROUPED_BASE, Blocks
 
 #: ggml type names of the float tensors a file may hold, which run dense
 _FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
@@ -60,9 +60,16 @@ class GgufLinear:
 
 
 class GgufEmbedding(nn.Module):
-    """The token embedding kept in its file blocks: a lookup dequantizes only the rows it reads."""
+    """The token embedding kept in its file blocks: a lookup dequantizes only the rows it reads.
+
+    Blocks in groups of eight rows (:func:`engine.loading.gguf_weights.grouped`, which a tied head multiplies
+    faster) are looked up a group at a time: each token's group is dequantized and its row kept. The rows past the
+    last whole group stay in the file's layout."""
 
     blocks: torch.Tensor
+
+    #: tokens looked up per dequantized batch of groups (each takes eight rows of fp32 values)
+    GROUP_LOOKUPS = 256
 
     def __init__(self, blocks: Blocks, dtype: torch.dtype) -> None:
         super().__init__()
@@ -70,9 +77,28 @@ class GgufEmbedding(nn.Module):
         self.register_buffer("blocks", blocks.data, persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = self.blocks.index_select(0, ids.reshape(-1))
+        flat = ids.reshape(-1)
         if self.type_name in _FLOAT_TYPES:
-            values = rows.view(_FLOAT_TYPES[self.type_name]).float()
+            values = self.blocks.index_select(0, flat).view(_FLOAT_TYPES[self.type_name]).float()
+        elif self.kind < GROUPED_BASE or not len(flat):
+            values = torch.ops.hearth.gguf_dequantize(self.blocks.index_select(0, flat), self.kind)
         else:
-            values = torch.ops.hearth.gguf_dequantize(rows, self.kind)
-        return values.to(self.dtype).reshape(*ids.shape, -1)
+            values = torch.cat([self._from_groups(flat[i:i + self.GROUP_LOOKUPS])
+                                for i in range(0, len(flat), self.GROUP_LOOKUPS)])
+        return values.to(self.dtype).reshape(*ids.shape, values.shape[-1])
+
+    def _from_groups(self, ids: torch.Tensor) -> torch.Tensor:
+        rows, row_bytes = self.blocks.shape
+        whole = rows // 8 * 8
+        values = None
+        if whole:
+            clamped = ids.clamp(max=whole - 1)
+            groups = self.blocks[:whole].view(-1, 8 * row_bytes).index_select(0, clamped // 8)
+            eights = torch.ops.hearth.gguf_dequantize(groups.view(-1, row_bytes), self.kind).view(len(ids), 8, -1)
+            values = eights[torch.arange(len(ids)), clamped % 8]
+        tail = ids >= whole
+        if bool(tail.any()):  # fewer than eight rows: the file's layout, which the grouped type dequantizes as is
+            rest = torch.ops.hearth.gguf_dequantize(self.blocks[whole:], self.kind)[(ids - whole).clamp(min=0)]
+            values = rest if values is None else torch.where(tail[:, None], rest, values)
+        assert values is not None
+        return values

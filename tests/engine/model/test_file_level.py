@@ -84,10 +84,12 @@ def test_each_file_type_runs_in_its_blocks_close_to_its_dequantized_values(
     # the weights are the file's bytes, not a dequantized copy (norms are fp32, a few KiB)
     assert llm.weights_bytes <= path.stat().st_size
     # the decoder layers' Q4_0, Q8_0, Q4_K and Q6_K rows are put in groups of eight at load (type numbers 128 + the ggml
-    # type's); a tied head stays in the file's order, which the embedding's row lookup reads
+    # type's), and so is a tied head, whose bytes the embedding's lookups share
     kinds = {s.kind for layer in runner._decoder._stack.layers for s in layer.qkv.segments}
     assert kinds == {"Q4_K_M": {128 + 12, 128 + 14}, "Q4_0": {128 + 2}, "Q8_0": {128 + 8}}[kind], kinds
-    assert {s.kind for s in runner._decoder.lm_head.segments} == {"Q4_K_M": {14}, "Q4_0": {14}, "Q8_0": {8}}[kind]
+    head = runner._decoder.lm_head.segments
+    assert {s.kind for s in head} == {"Q4_K_M": {142}, "Q4_0": {142}, "Q8_0": {136}}[kind]
+    assert head[0].data.data_ptr() == runner.model.model.embed_tokens.blocks.data_ptr()
     ids = [5, 17, 300, 4000, 12, 9, 77]
     ours = _first_logits(llm, ids)
     reference = _first_logits(open_llm(path, "fp32"), ids)

@@ -241,6 +241,27 @@ def test_grouped_rows_hold_the_files_rows(hearth: object, qtype: T, n: int) -> N
 
 
 @pytest.mark.parametrize("qtype", GROUPED, ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [5, 16, 37])
+def test_an_embedding_in_groups_looks_up_the_files_rows(
+    hearth: object, qtype: T, n: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tied head's embedding is kept in groups of eight rows: each lookup gives gguf's own values of the row,
+    in the groups and in the partial group after them, one token or many, repeated or not."""
+    from engine.loading.gguf_weights import Blocks
+    from engine.model.gguf_linear import GgufEmbedding
+
+    k = several_blocks(qtype)[0]
+    w = random_blocks(qtype, n, k, np.random.default_rng(n + 1))
+    embedding = GgufEmbedding(Blocks(qtype.name, 128 + int(qtype), grouped(hearth, w, qtype)), torch.float32)
+    monkeypatch.setattr(GgufEmbedding, "GROUP_LOOKUPS", 4)  # several batches of groups in one lookup
+    ids = torch.tensor([[n - 1, 0, 3, n - 1, n // 2], [1, 1, 1, n - 2, 4]])
+    want = gguf.quants.dequantize(w, qtype)[ids.numpy()]
+    np.testing.assert_array_equal(embedding(ids).numpy(), want)
+    np.testing.assert_array_equal(embedding(torch.tensor([n - 1])).numpy(), want[0, :1])
+    assert embedding(torch.zeros(0, dtype=torch.long)).shape == (0, k)
+
+
+@pytest.mark.parametrize("qtype", GROUPED, ids=lambda t: t.name)
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("wide", [False, True], ids=["fewer_blocks", "more_blocks"])
 def test_grouped_matmul_matches_the_dequantized_product(hearth: object, qtype: T, kernel: str, wide: bool) -> None:

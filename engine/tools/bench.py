@@ -29,7 +29,7 @@ from engine.api import COMPILE_REMOVED, SamplingParams
 from engine.core.llm import LLM
 from engine.loading.chat_render import apply_chat_template
 from engine.system import hardware
-from engine.tools.bench_cuda_graphs import bench_cuda_graphs, median_row
+from engine.tools.bench_cuda_graphs import bench_cuda_graphs
 from engine.tools.fresh_verdicts import forget_verdicts
 from engine.tools.timings import Timings
 

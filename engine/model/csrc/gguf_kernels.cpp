@@ -1026,11 +1026,16 @@ struct RowActs {
   std::vector<float> d;
   std::vector<int32_t> off;
   std::vector<int16_t> sums;
+  // Q4_0 paired: d and off of rows 2t and 2t + 1 side by side per block, [m / 2][nb][2] (see tile_z_q4_0)
+  std::vector<float> d2;
+  std::vector<int32_t> off2;
   RowActs(int64_t m_, int64_t k_, int64_t size_, bool sixteenths_ = false, int32_t offset_ = 8, bool paired_ = false)
       : m(m_), k(k_), size(size_), nb(k_ / size_), sixteenths(sixteenths_), offset(offset_), paired(paired_), q(static_cast<size_t>(m_ * k_)),
         d(static_cast<size_t>(m_ * nb)),
         off(size_ == 32 ? static_cast<size_t>(m_ * nb) : sixteenths_ ? static_cast<size_t>(m_ * nb * 16) : 0),
-        sums(size_ == 256 && !sixteenths_ ? static_cast<size_t>(m_ * nb * 8) : 0) {}
+        sums(size_ == 256 && !sixteenths_ ? static_cast<size_t>(m_ * nb * 8) : 0),
+        d2(size_ == 32 && paired_ ? static_cast<size_t>((m_ + 1) / 2 * 2 * nb) : 0),
+        off2(size_ == 32 && paired_ ? static_cast<size_t>((m_ + 1) / 2 * 2 * nb) : 0) {}
   // Each 64 of a block of 256 in pairs of 4: 4c.. of its first 32, then 4c.. of its second (see tile_z_q4_k).
   static void pair_halves_of_64(int8_t* qb) {
     int8_t chunk[64];
@@ -1055,6 +1060,9 @@ struct RowActs {
       if (size == 32) {
         off[static_cast<size_t>(r * nb + b)] = offset * sum;
         if (paired) {  // in pairs of 4: 4c.. of the first 16, then 4c.. of the second (see tile_z_q4_0)
+          const size_t pair = static_cast<size_t>(((r / 2) * nb + b) * 2 + r % 2);
+          d2[pair] = *db;
+          off2[pair] = offset * sum;
           int8_t block[32];
           std::memcpy(block, qb, 32);
           for (int c = 0; c < 4; ++c) {
@@ -1545,17 +1553,27 @@ void tile_pair_q4_k(const uint8_t* w0, const uint8_t* w1, const RowActs& a, int6
 // Q4_0 in the VNNI build, as tile_z_q4_k: each 512-bit vector holds 4 nibble bytes of the eight rows twice, the low
 // nibbles (weights 4c..) in lane 2r and the high ones (16 + 4c..) in lane 2r + 1, against 8 activation bytes (the
 // paired layout) broadcast to every lane pair: one VPDPBUSD per row takes what two 256-bit ones took in
-// tile_avx_q4_0. The two lanes of a row are added per block: tile_avx_q4_0's integer, and its fp32 code.
+// tile_avx_q4_0. Each block's fp32 work is done for two activation rows at once: the lanes of rows i and i + 1 are
+// folded into one vector (lane 2j: row i's sum for weight row j, lane 2j + 1: row i + 1's), so the offsets, the
+// scales and the accumulators take one 512-bit operation per two rows (with eight rows, the per-row 256-bit code
+// took more instructions than the dot products). Every lane still takes tile_avx_q4_0's integer and fp32 code.
 template <int MR>
 void tile_z_q4_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
   constexpr int64_t kBlock = kGroup * Q4_0::kBytes;
+  constexpr int kPairs = MR / 2;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
+  // fp16 scale j to both halves of lane pair j; lanes 2j (row i) then 2j + 1 (row i + 1) back to two rows of 8
+  const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i rows_apart = _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0);
   const int64_t k = a.k, nb = a.nb;
   const int8_t* xq = a.q.data() + r0 * k;
   const float* xd = a.d.data() + r0 * nb;
   const int32_t* xo = a.off.data() + r0 * nb;
-  __m256 acc[MR];
-  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  const float* xd2 = a.d2.data() + r0 * nb;  // r0 is even: pair t of this tile is rows r0 + 2t, r0 + 2t + 1
+  const int32_t* xo2 = a.off2.data() + r0 * nb;
+  __m512 acc2[kPairs > 0 ? kPairs : 1];
+  for (int t = 0; t < kPairs; ++t) acc2[t] = _mm512_setzero_ps();
+  __m256 acc1 = _mm256_setzero_ps();  // an odd last row
   for (int64_t b = 0; b < nb; ++b, w += kBlock) {
     avx2::prefetch_ahead(w, kBlock, 48);
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
@@ -1571,13 +1589,34 @@ void tile_z_q4_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64
         dot[i] = _mm512_dpbusd_epi32(dot[i], q, _mm512_set1_epi64(x8));
       }
     }
-    for (int i = 0; i < MR; ++i) {
+    if constexpr (kPairs > 0) {
+      const __m512 dw2 = _mm512_maskz_permutexvar_ps(0xFFFF, twice, _mm512_castsi512_ps(avx2::zext512(_mm256_castps_si256(dw))));
+      for (int t = 0; t < kPairs; ++t) {
+        const __m512i u = dot[2 * t], v = dot[2 * t + 1];
+        // lane 2j: u[2j] + u[2j + 1]; lane 2j + 1: v[2j] + v[2j + 1]
+        const __m512i sum = _mm512_add_epi32(_mm512_mask_shuffle_epi32(u, 0xAAAA, v, _MM_PERM_CDAB),
+                                             _mm512_mask_shuffle_epi32(v, 0x5555, u, _MM_PERM_CDAB));
+        int64_t o2, d2;
+        std::memcpy(&o2, xo2 + (t * nb + b) * 2, sizeof o2);
+        std::memcpy(&d2, xd2 + (t * nb + b) * 2, sizeof d2);
+        const __m512i s = _mm512_sub_epi32(sum, _mm512_set1_epi64(o2));
+        const __m512 dx = _mm512_castsi512_ps(_mm512_set1_epi64(d2));
+        acc2[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw2, dx), _mm512_maskz_cvtepi32_ps(0xFFFF, s), acc2[t]);
+      }
+    }
+    if constexpr (MR % 2 == 1) {
+      constexpr int i = MR - 1;
       __m256i sum = avx2::fold_lane_pairs(dot[i]);
       sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(xo[i * nb + b]));
-      acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd[i * nb + b])), _mm256_cvtepi32_ps(sum), acc[i]);
+      acc1 = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd[i * nb + b])), _mm256_cvtepi32_ps(sum), acc1);
     }
   }
-  for (int i = 0; i < MR; ++i) _mm256_storeu_ps(y + i * ldy, acc[i]);
+  for (int t = 0; t < kPairs; ++t) {
+    const __m512i rows = _mm512_castps_si512(_mm512_maskz_permutexvar_ps(0xFFFF, rows_apart, acc2[t]));
+    _mm256_storeu_ps(y + 2 * t * ldy, _mm256_castsi256_ps(_mm512_maskz_extracti64x4_epi64(0xF, rows, 0)));
+    _mm256_storeu_ps(y + (2 * t + 1) * ldy, _mm256_castsi256_ps(_mm512_maskz_extracti64x4_epi64(0xF, rows, 1)));
+  }
+  if constexpr (MR % 2 == 1) _mm256_storeu_ps(y + (MR - 1) * ldy, acc1);
 }
 
 // Q4_K in the VNNI build, one group, up to eight activation rows at once: each 512-bit vector holds 4 nibble bytes

@@ -4,9 +4,10 @@
 bench's model and level and times it over HTTP as a user's client sees it: decode streams on ``/v1/completions``
 (token ids in, greedy, EOS ignored, streamed) and, with ``--prefill N``, one fresh N-token prompt answered with one
 token (no prefix reuse). llama.cpp's server gets the same token ids on its ``/completion``, once in each weight
-layout it offers (its default, which repacks Q4_0, Q4_K and IQ4_NL for the CPU's SIMD, and ``--no-repack``); its row is
-the better layout's, and the other layout's figure goes beside it. Every condition alternates round by round with
-ours, so a drift in the machine's speed falls on both sides of a ratio; each row is the median round.
+layout it offers (its default, which repacks Q4_0, Q4_K and IQ4_NL for the CPU's SIMD, and ``--no-repack``), each
+alternating round by round with ours, so that a drift in the machine's speed falls on both sides of that layout's
+ratio. The rows are those of the layout against which our ratio is lower (llama.cpp's better layout, judged on
+rounds run side by side with ours), each the median round; every layout's pair of medians goes beside them.
 """
 
 from __future__ import annotations
@@ -65,35 +66,40 @@ def bench_decode(port: int, prompts: list[list[int]], levels: list[int], max_tok
     for c in levels:
         batch = [prompts[i % len(prompts)] for i in range(c)]
         bench_paths.bench_server(port, batch, 4)  # warm this batch shape
-        ours: list[dict[str, Any]] = []
+        ours: dict[str, list[dict[str, Any]]] = {}
         theirs: dict[str, list[dict[str, Any]]] = {}
         died: dict[str, str] = {}
         for layout, no_repack in (LAYOUTS.items() if llama else [("", False)]):
             if llama is None:
-                ours += [bench_paths.bench_server(port, batch, max_tokens).row("hearth", c) for _ in range(repeats)]
+                ours[layout] = [bench_paths.bench_server(port, batch, max_tokens).row("hearth", c) for _ in range(repeats)]
                 continue
             binary, gguf, threads = llama
             try:
                 with llama_server.serving(binary, gguf, prompts, c, max_tokens, threads, no_repack) as run:
                     for _ in range(repeats):
-                        ours.append(bench_paths.bench_server(port, batch, max_tokens).row("hearth", c))
+                        ours.setdefault(layout, []).append(bench_paths.bench_server(port, batch, max_tokens).row("hearth", c))
                         theirs.setdefault(layout, []).append(run().row("llama_server", c))
             except llama_server.ServerDied as exc:
                 died[layout] = str(exc)
-        rows[("hearth", c)] = mine = median_row(ours)
-        mine.update(path="server", rounds_tok_s=[r["tok_s"] for r in ours])
-        emit(mine)
         if llama is None:
+            rows[("hearth", c)] = mine = median_row(ours[""])
+            mine.update(path="server", rounds_tok_s=[r["tok_s"] for r in ours[""]])
+            emit(mine)
             continue
         if not theirs:
             raise SystemExit(f"llama-server died in both layouts at {c} streams: {died}")
-        medians = {layout: median_row(r) for layout, r in theirs.items()}
-        best = max(medians, key=lambda layout: medians[layout]["tok_s"])
-        rows[("llama_server", c)] = row = medians[best]
-        row.update(gguf=llama[1].name, layout=best, rounds_tok_s=[r["tok_s"] for r in theirs[best]],
-                   layouts_tok_s={layout: m["tok_s"] for layout, m in medians.items()})
+        pairs = {layout: (median_row(ours[layout]), median_row(theirs[layout])) for layout in theirs}
+        ratios = {layout: m["tok_s"] / t["tok_s"] for layout, (m, t) in pairs.items()}
+        layout = min(ratios, key=lambda name: ratios[name])  # llama.cpp's better layout: our lower ratio
+        mine, row = pairs[layout]
+        mine.update(path="server", rounds_tok_s=[r["tok_s"] for r in ours[layout]])
+        row.update(gguf=llama[1].name, layout=layout, rounds_tok_s=[r["tok_s"] for r in theirs[layout]],
+                   layouts={name: {"hearth_tok_s": m["tok_s"], "llama_server_tok_s": t["tok_s"],
+                                   "ratio": round(ratios[name], 2)} for name, (m, t) in pairs.items()})
         if died:
             row["died"] = died
+        rows[("hearth", c)], rows[("llama_server", c)] = mine, row
+        emit(mine)
         emit(row)
     return rows
 
@@ -109,28 +115,32 @@ def bench_prefill(port: int, n: int, vocab: int, repeats: int, emit: Emit,
         return [rng.randrange(1000, vocab) for _ in range(n)]
 
     hearth_prefill_seconds(port, fresh()[:64])  # warm
-    mine: list[float] = []
+    mine: dict[str, list[float]] = {}
     theirs: dict[str, list[float]] = {}
     for layout, no_repack in (LAYOUTS.items() if llama else [("", False)]):
         if llama is None:
-            mine += [n / hearth_prefill_seconds(port, fresh()) for _ in range(rounds)]
+            mine[layout] = [n / hearth_prefill_seconds(port, fresh()) for _ in range(rounds)]
             continue
         binary, gguf, threads = llama
         try:
             with llama_server.running_server(binary, gguf, 1, threads, -(-(n + 64) // 256) * 256, no_repack) as server:
                 llama_server.prefill_seconds(server, fresh()[:64])  # warm
                 for _ in range(rounds):
-                    mine.append(n / hearth_prefill_seconds(port, fresh()))
+                    mine.setdefault(layout, []).append(n / hearth_prefill_seconds(port, fresh()))
                     theirs.setdefault(layout, []).append(n / llama_server.prefill_seconds(server, fresh()))
         except llama_server.ServerDied:
             continue
+    ratios = {layout: _median(mine[layout]) / _median(theirs[layout]) for layout in theirs}
+    layout = min(ratios, key=lambda name: ratios[name]) if ratios else ""  # llama.cpp's better layout
+    ours = mine.get(layout, [])
     row: dict[str, Any] = {"system": "prefill", "path": "server", "prompt_tokens": n,
-                           "hearth_tok_s": round(_median(mine), 1), "hearth_rounds": [round(v, 1) for v in mine]}
+                           "hearth_tok_s": round(_median(ours), 1), "hearth_rounds": [round(v, 1) for v in ours]}
     if theirs:
-        best = max(theirs, key=lambda layout: _median(theirs[layout]))
-        row.update(llama_server_tok_s=round(_median(theirs[best]), 1), llama_server_layout=best,
-                   llama_server_rounds={layout: [round(v, 1) for v in r] for layout, r in theirs.items()})
-        row["ratio"] = round(row["hearth_tok_s"] / row["llama_server_tok_s"], 2)
+        row.update(llama_server_tok_s=round(_median(theirs[layout]), 1), llama_server_layout=layout,
+                   llama_server_rounds=[round(v, 1) for v in theirs[layout]], ratio=round(ratios[layout], 2),
+                   layouts={name: {"hearth_tok_s": round(_median(mine[name]), 1),
+                                   "llama_server_tok_s": round(_median(theirs[name]), 1),
+                                   "ratio": round(ratios[name], 2)} for name in theirs})
     emit(row)
     return row
 

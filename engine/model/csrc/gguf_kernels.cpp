@@ -1780,8 +1780,11 @@ void tile_wide_q6_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, in
 template <int MR>
 void tile_z_q6_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
   constexpr int64_t kBlock = kGroup * Q6_K::kBytes;
-  const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
-  const __m512i zip = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+  const __m512i zip = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
+  // the high bits' shifts, per 16-bit lane of each half: p = 0 left by 4 (g) and 2 (g + 2), p = 1 right by 0 and 2
+  const __m512i up[2] = {_mm512_mask_blend_epi16(0xFFFF0000, _mm512_set1_epi16(4), _mm512_set1_epi16(2)),
+                         _mm512_maskz_mov_epi16(0xFFFF0000, _mm512_set1_epi16(2))};
   // byte e of row r's scale word to the top byte of lane 2r, byte e + 2 to that of lane 2r + 1 (then >> 24)
   const __m512i pick[2] = {
       _mm512_set4_epi32(0x0A808080, 0x08808080, 0x02808080, 0x00808080),
@@ -1808,15 +1811,15 @@ void tile_z_q6_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64
 #pragma GCC unroll 4
           for (int c = 0; c < 4; ++c) {
             const int l = 16 * e + 4 * c;
-            const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 144 + 32 * (16 * h + l / 4)));
-            const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 144 + 32 * (16 * h + 8 + l / 4)));
-            const __m256i vh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 1168 + 32 * (8 * h + l / 4)));
-            const __m256i qa = p == 0 ? _mm256_or_si256(_mm256_and_si256(v0, low4), _mm256_and_si256(_mm256_slli_epi16(vh, 4), bits45))
-                                      : _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), low4), _mm256_and_si256(vh, bits45));
-            const __m256i qb = p == 0 ? _mm256_or_si256(_mm256_and_si256(v1, low4), _mm256_and_si256(_mm256_slli_epi16(vh, 2), bits45))
-                                      : _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), low4),
-                                                        _mm256_and_si256(_mm256_srli_epi16(vh, 2), bits45));
-            const __m512i q = _mm512_permutex2var_epi32(avx2::zext512(qa), zip, avx2::zext512(qb));
+            // sub-block g's low bits (v0) in the lower half, g + 2's (v1) in the upper; their high bits, vh shifted
+            // into bits 4-5 by a per-half count; then row r's dword of each half to lanes 2r and 2r + 1
+            const __m512i v = avx2::pair512(
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 144 + 32 * (16 * h + l / 4))),
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 144 + 32 * (16 * h + 8 + l / 4))));
+            const __m512i vh = _mm512_maskz_broadcast_i64x4(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 1168 + 32 * (8 * h + l / 4))));
+            const __m512i low = p == 0 ? v : _mm512_srli_epi16(v, 4);
+            const __m512i high = _mm512_and_si512(p == 0 ? _mm512_sllv_epi16(vh, up[0]) : _mm512_srlv_epi16(vh, up[1]), bits45);
+            const __m512i q = _mm512_maskz_permutexvar_epi32(0xFFFF, zip, _mm512_ternarylogic_epi32(low, low4, high, 0xEA));  // (low & 0x0F) | high
             for (int i = 0; i < MR; ++i) {
               int64_t x8;
               std::memcpy(&x8, xq + i * k + 256 * b + 128 * h + 64 * p + 2 * l, sizeof x8);

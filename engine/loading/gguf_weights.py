@@ -93,12 +93,15 @@ class GgufWeights:
         tensors = [self._tensors[self._gguf_name(name) or ""] for name in hf_names]
         embedding = self._gguf_name("model.embed_tokens.weight")
         if len(hf_names) == 1 and (tensors[0].name == embedding or not _groups(tensors[0].kind)):
-            # read once however many layers take it alone (embedding and tied head); the embedding's rows in groups
-            # of eight too, which its lookups undo (GgufEmbedding): a tied head over the file's row order took
-            # 1.8-2.9x as long at eight rows (a 1B file's Q6_K and Q8_0 heads, AVX512 EPYC)
+            # read once however many layers take it alone (embedding and tied head); a tied head's rows in groups
+            # of eight too, which the embedding's lookups undo (GgufEmbedding): over the file's row order it took
+            # 1.8-2.9x as long at eight rows (a 1B file's Q6_K and Q8_0 heads, AVX512 EPYC). An embedding no head
+            # reads stays in the file's order, where a lookup dequantizes only its own rows.
             tensor = tensors[0]
             if tensor.name not in self._read:
-                self._read[tensor.name] = grouped(Blocks(tensor.kind, tensor.kind_id, self.rows(hf_names[0], tensor)))
+                blocks = Blocks(tensor.kind, tensor.kind_id, self.rows(hf_names[0], tensor))
+                tied = self._gguf_name("lm_head.weight") == embedding
+                self._read[tensor.name] = grouped(blocks) if tied else blocks
             return [self._read[tensor.name]]
         runs: list[list[int]] = []  # indices into hf_names, neighbours of one type and row width
         for i, tensor in enumerate(tensors):

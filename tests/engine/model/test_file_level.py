@@ -97,6 +97,25 @@ def test_each_file_type_runs_in_its_blocks_close_to_its_dequantized_values(
     assert error < 0.03, f"{kind}: relative error {error:.4f} of the logits against the dequantized fp32 model"
 
 
+def test_an_untied_files_embedding_stays_in_the_files_row_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, open_llm: Callable[..., LLM]
+) -> None:
+    """Only a tied head puts the embedding's rows in groups of eight: with its own output tensor, the head is
+    grouped and the embedding keeps the file's order, where a lookup dequantizes just its rows."""
+    import dataclasses
+
+    from engine.tools import make_gguf
+
+    monkeypatch.setitem(make_gguf.SHAPES, "tiny-untied", dataclasses.replace(make_gguf.SHAPES["tiny"], tied=False))
+    path = tmp_path / "untied.gguf"
+    write_gguf(path, "tiny-untied", "Q8_0", seed=3)
+    llm = open_llm(path, "file")
+    runner = llm.engine.runner
+    assert runner.model.model.embed_tokens.kind == 8  # Q8_0, the file's order
+    assert {s.kind for s in runner._decoder.lm_head.segments} == {128 + 8}
+    assert len(llm.generate([[5, 17, 300, 4000]], GREEDY)[0].token_ids) > 0
+
+
 @pytest.mark.parametrize("kind", ["Q4_K_M", "Q4_0"])
 def test_greedy_output_repeats_whatever_shares_the_batch(
     kind: str, tiny_files: dict[str, Path], open_llm: Callable[..., LLM]

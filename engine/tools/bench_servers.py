@@ -117,6 +117,7 @@ def bench_prefill(port: int, n: int, vocab: int, repeats: int, emit: Emit,
     hearth_prefill_seconds(port, fresh()[:64])  # warm
     mine: dict[str, list[float]] = {}
     theirs: dict[str, list[float]] = {}
+    died: dict[str, str] = {}
     for layout, no_repack in (LAYOUTS.items() if llama else [("", False)]):
         if llama is None:
             mine[layout] = [n / hearth_prefill_seconds(port, fresh()) for _ in range(rounds)]
@@ -128,13 +129,17 @@ def bench_prefill(port: int, n: int, vocab: int, repeats: int, emit: Emit,
                 for _ in range(rounds):
                     mine.setdefault(layout, []).append(n / hearth_prefill_seconds(port, fresh()))
                     theirs.setdefault(layout, []).append(n / llama_server.prefill_seconds(server, fresh()))
-        except llama_server.ServerDied:
-            continue
+        except llama_server.ServerDied as exc:
+            died[layout] = str(exc)
+    if llama is not None and not theirs:
+        raise SystemExit(f"llama-server died in both layouts reading a {n}-token prompt: {died}")
     ratios = {layout: _median(mine[layout]) / _median(theirs[layout]) for layout in theirs}
     layout = min(ratios, key=lambda name: ratios[name]) if ratios else ""  # llama.cpp's better layout
     ours = mine.get(layout, [])
     row: dict[str, Any] = {"system": "prefill", "path": "server", "prompt_tokens": n,
                            "hearth_tok_s": round(_median(ours), 1), "hearth_rounds": [round(v, 1) for v in ours]}
+    if died:
+        row["died"] = died
     if theirs:
         row.update(llama_server_tok_s=round(_median(theirs[layout]), 1), llama_server_layout=layout,
                    llama_server_rounds=[round(v, 1) for v in theirs[layout]], ratio=round(ratios[layout], 2),

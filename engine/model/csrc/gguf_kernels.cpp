@@ -302,17 +302,6 @@ struct Acts {
   int64_t first(int64_t r) const { return r / group * group; }
   int64_t rows(int64_t r) const { return std::min(group, m - first(r)); }
 
-  // Each 64 of a block of 256 in pairs of 4: 4c.. of its first 32, then 4c.. of its second (see tile_z_q4_k).
-  static void pair_halves_of_64(int8_t* qb) {
-    int8_t chunk[64];
-    for (int p = 0; p < 4; ++p) {
-      std::memcpy(chunk, qb + 64 * p, 64);
-      for (int c = 0; c < 8; ++c) {
-        std::memcpy(qb + 64 * p + 8 * c, chunk + 4 * c, 4);
-        std::memcpy(qb + 64 * p + 8 * c + 4, chunk + 32 + 4 * c, 4);
-      }
-    }
-  }
   template <bool kPlain, typename X>
   void quantize_row(const X* x, int64_t r) {
     const int64_t r0 = first(r), rr = rows(r), i = r - r0;

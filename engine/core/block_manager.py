@@ -6,9 +6,8 @@ Block 0 is reserved as an always-zero block that padded attention reads point at
 Full blocks are shared by hash. A finished sequence's last, partly filled block is kept too, as a *tail*: its
 computed tokens and the hash of the blocks before it. A later prompt whose full blocks match up to there and
 whose next tokens begin as the tail's do takes that block over (it is unreferenced, so nobody else reads it) and
-computes only from where they part. A chat's next turn, whose prompt holds the last reply, then computes only
-its new tokens. A prompt sent again after a reply that filled its last block still recomputes that block's share
-of it: the block was hashed with the reply in it, and sharing its first tokens would need a copy of their KV.
+computes only from where they part. A chat regenerated, or a prompt sent again, then reads at most one token
+instead of up to a block's worth; llama.cpp's server keeps each slot's whole prompt the same way.
 """
 
 from __future__ import annotations

@@ -2,12 +2,6 @@
 
 No tensors live here; the model runner owns the KV pool and reads the block tables this module fills.
 Block 0 is reserved as an always-zero block that padded attention reads point at.
-
-Full blocks are shared by hash. A finished sequence's last, partly filled block is kept too, as a *tail*: its
-computed tokens and the hash of the blocks before it. A later prompt whose full blocks match up to there and
-whose next tokens begin as the tail's do takes that block over (it is unreferenced, so nobody else reads it) and
-computes only from where they part. A chat regenerated, or a prompt sent again, then reads at most one token
-instead of up to a block's worth; llama.cpp's server keeps each slot's whole prompt the same way.
 """
 
 from __future__ import annotations
@@ -24,9 +18,7 @@ class Block:
     block_id: int
     ref_count: int = 0
     hash: int | None = None
-    token_ids: tuple[int, ...] = ()  # a hashed block's tokens, or a tail's computed ones
-    tail: bool = False  # an unreferenced tail (see the module's docstring), cached under ``parent``
-    parent: int | None = None
+    token_ids: tuple[int, ...] = ()
 
 
 def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
@@ -52,7 +44,6 @@ class BlockManager:
         self._free: list[int] = list(range(num_blocks - 1, 0, -1))  # pop() gives low ids first
         self._cached: OrderedDict[int, None] = OrderedDict()  # unreferenced hashed blocks, LRU first
         self._hash_to_block: dict[int, int] = {}
-        self._tails: dict[int | None, list[int]] = {}  # cached tails by the hash of the blocks before them
         self.num_prefix_queried_tokens = 0
         self.num_prefix_hit_tokens = 0
 
@@ -95,37 +86,18 @@ class BlockManager:
             parent = h
         return matched
 
-    def _match_tail(self, seq: Sequence, matched: list[int]) -> tuple[int | None, int]:
-        """A cached tail that continues ``matched`` as ``seq``'s next tokens do, and how many of them it holds
-        (keeping one token to compute); ``(None, 0)`` if none."""
-        start = len(matched) * self.block_size
-        wanted = seq.token_ids[start : len(seq.token_ids) - 1]
-        if not wanted or not self.enable_prefix_caching:
-            return None, 0
-        best, best_len = None, 0
-        for block_id in self._tails.get(self.blocks[matched[-1]].hash if matched else None, ()):
-            tokens = self.blocks[block_id].token_ids
-            n = 0
-            while n < len(tokens) and n < len(wanted) and tokens[n] == wanted[n]:
-                n += 1
-            if n > best_len:
-                best, best_len = block_id, n
-        return best, best_len
-
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         matched = self._match_prefix(seq)
-        tail, reused = self._match_tail(seq, matched)
-        num_cached = sum(1 for b in matched if self.blocks[b].ref_count == 0) + (tail is not None)
-        first_new = len(matched) * self.block_size + reused
+        num_cached = sum(1 for b in matched if self.blocks[b].ref_count == 0)
+        first_new = len(matched) * self.block_size
         target = max(first_new + num_new_tokens, first_new + 1)
-        needed = self.blocks_needed(target) - len(matched) - (tail is not None)
+        needed = self.blocks_needed(target) - len(matched)
         return needed <= self.num_free_blocks - num_cached
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
         """Give ``seq`` its cached prefix blocks plus room for ``num_new_tokens`` more tokens."""
         assert not seq.block_table, "sequence already holds blocks"
         matched = self._match_prefix(seq)
-        tail, reused = self._match_tail(seq, matched)
         for block_id in matched:
             block = self.blocks[block_id]
             if block.ref_count == 0:
@@ -133,12 +105,7 @@ class BlockManager:
             block.ref_count += 1
             seq.block_table.append(block_id)
             seq.block_hashes.append(block.hash)  # type: ignore[arg-type]
-        if tail is not None:  # taken over: its slots past the shared tokens are this sequence's to write
-            self._cached.pop(tail)
-            self._forget_tail(self.blocks[tail])
-            self.blocks[tail].ref_count = 1
-            seq.block_table.append(tail)
-        seq.num_cached_tokens = len(matched) * self.block_size + reused
+        seq.num_cached_tokens = len(matched) * self.block_size
         seq.num_computed_tokens = seq.num_cached_tokens
         seq.num_hashed_blocks = len(matched)
         self.num_prefix_queried_tokens += len(seq.token_ids)
@@ -175,7 +142,6 @@ class BlockManager:
             block = self.blocks[block_id]
             if block.hash is not None and self._hash_to_block.get(block.hash) == block_id:
                 del self._hash_to_block[block.hash]
-            self._forget_tail(block)
             block.hash, block.token_ids = None, ()
         else:
             raise RuntimeError("KV cache exhausted: the scheduler must check can_grow/can_allocate first")
@@ -200,33 +166,13 @@ class BlockManager:
             seq.num_hashed_blocks += 1
 
     # --- release -------------------------------------------------------------------------------------------
-    def _forget_tail(self, block: Block) -> None:
-        """Take ``block`` out of the tails, if it is one."""
-        if block.tail:
-            tails = self._tails[block.parent]
-            tails.remove(block.block_id)
-            if not tails:
-                del self._tails[block.parent]
-            block.tail, block.parent, block.token_ids = False, None, ()
-
     def free(self, seq: Sequence) -> None:
-        """Drop ``seq``'s references at once; hashed blocks stay reusable until evicted, and so does its last block
-        if partly computed (a tail, evicted before the blocks it follows)."""
-        tail_index = seq.num_hashed_blocks  # the first block not hashed: full blocks are once computed
-        tail_tokens = seq.num_computed_tokens - tail_index * self.block_size
-        for index in range(len(seq.block_table) - 1, -1, -1):
-            block_id = seq.block_table[index]
+        """Drop ``seq``'s references at once; hashed blocks stay reusable until evicted."""
+        for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
                 if block.hash is not None and self._hash_to_block.get(block.hash) == block_id:
-                    self._cached[block_id] = None
-                elif self.enable_prefix_caching and index == tail_index and 0 < tail_tokens < self.block_size:
-                    start = index * self.block_size
-                    block.hash, block.tail = None, True
-                    block.parent = seq.block_hashes[index - 1] if index else None
-                    block.token_ids = tuple(seq.token_ids[start : start + tail_tokens])
-                    self._tails.setdefault(block.parent, []).append(block_id)
                     self._cached[block_id] = None
                 else:
                     block.hash, block.token_ids = None, ()
@@ -241,7 +187,6 @@ class BlockManager:
         """Forget every cached prefix (for example after the KV dtype changes)."""
         while self._cached:
             block_id, _ = self._cached.popitem(last=False)
-            self._forget_tail(self.blocks[block_id])
             self.blocks[block_id].hash, self.blocks[block_id].token_ids = None, ()
             self._free.append(block_id)
         self._hash_to_block.clear()

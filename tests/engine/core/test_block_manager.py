@@ -72,7 +72,7 @@ def test_freed_prefix_blocks_stay_cached_until_evicted_lru() -> None:
     _compute_all(bm, a)
     bm.free(a)
     assert bm.num_used_blocks == 0
-    assert bm.num_cached_blocks == 3  # two full blocks and the partly filled last one (a tail)
+    assert bm.num_cached_blocks == 2
     b = _seq([9, 9, 9, 9, 9, 9, 9], "b")  # needs all 4 blocks: evicts the cached ones
     assert bm.can_allocate(b, 7)
     bm.allocate(b, 7)
@@ -89,70 +89,3 @@ def test_cannot_allocate_beyond_the_pool() -> None:
     assert not bm.can_allocate(seq, 12)
     with pytest.raises(ValueError):
         BlockManager(num_blocks=1, block_size=4)
-
-
-def _finished(bm: BlockManager, prompt: list[int], generated: list[int], rid: str) -> Sequence:
-    """A request that read ``prompt``, wrote ``generated`` (the last one sampled, never fed back) and ended."""
-    seq = _seq(prompt, rid)
-    bm.allocate(seq, len(prompt))
-    seq.num_computed_tokens = len(prompt)
-    bm.register_full_blocks(seq)
-    for token in generated:
-        seq.token_ids.append(token)
-        bm.ensure_slots(seq, len(seq.token_ids))
-        seq.num_computed_tokens = len(seq.token_ids) - 1
-        bm.register_full_blocks(seq)
-    bm.free(seq)
-    return seq
-
-
-def test_a_prompt_sent_again_reads_only_its_last_token() -> None:
-    """The finished request's partly filled last block is taken over: of a 10-token prompt (blocks of 4) the
-    full blocks give 8 tokens and the tail one more; only the last token is computed again."""
-    bm = BlockManager(num_blocks=16, block_size=4)
-    first = _finished(bm, list(range(10)), [50, 51], "a")  # computed: 0-9 and 50; the tail holds 8, 9, 50
-    assert bm.num_cached_blocks == 3
-    again = _seq(list(range(10)), "b")
-    assert bm.can_allocate(again, 10)
-    bm.allocate(again, 1)  # room for the one token left
-    assert again.num_cached_tokens == again.num_computed_tokens == 9
-    assert len(again.block_table) == 3 and bm.num_cached_blocks == 0
-    assert bm.blocks[again.block_table[2]].ref_count == 1
-    assert bm.num_prefix_hit_tokens == 9
-    del first
-
-
-def test_a_tail_is_shared_only_as_far_as_the_tokens_agree_and_by_one_request() -> None:
-    bm = BlockManager(num_blocks=16, block_size=4)
-    _finished(bm, list(range(10)), [50, 51], "a")
-    other = _seq(list(range(8)) + [8, 77, 78], "b")  # parts from the tail after one token
-    bm.allocate(other, 2)
-    assert other.num_cached_tokens == 9
-    third = _seq(list(range(10)), "c")  # the tail is in use: only the full blocks are shared
-    bm.allocate(third, 2)
-    assert third.num_cached_tokens == 8
-    assert third.block_table[:2] == other.block_table[:2] and third.block_table[2] != other.block_table[2]
-    elsewhere = _seq([7] * 4 + [8, 9, 50], "d")  # the same tokens after other blocks: not that tail
-    bm.free(third)
-    bm.allocate(elsewhere, 7)
-    assert elsewhere.num_cached_tokens == 0 and len(elsewhere.block_table) == 2
-
-
-def test_tails_go_before_their_blocks_and_with_the_cache() -> None:
-    bm = BlockManager(num_blocks=5, block_size=2)  # 4 usable blocks
-    _finished(bm, [1, 2, 3, 4, 5], [], "a")  # two full blocks and a tail holding 5
-    assert bm.num_cached_blocks == 3
-    one = _seq([9, 9], "b")
-    bm.allocate(one, 2)  # takes the free block, then evicts the least recently freed: the tail
-    bm.allocate(_seq([8, 8], "c"), 2)
-    again = _seq([1, 2, 3, 4, 5, 6], "d")
-    bm.free(one)
-    assert bm.num_cached_blocks == 2
-    bm.allocate(again, 2)
-    assert again.num_cached_tokens == 4  # the full blocks stayed; the tail was gone
-    bm.free(again)
-    bm.reset_prefix_cache()
-    assert bm.num_cached_blocks == 0 and not bm._tails
-    off = BlockManager(num_blocks=16, block_size=4, enable_prefix_caching=False)
-    _finished(off, list(range(10)), [50], "e")
-    assert off.num_cached_blocks == 0

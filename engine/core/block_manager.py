@@ -2,11 +2,17 @@
 
 No tensors live here; the model runner owns the KV pool and reads the block tables this module fills.
 Block 0 is reserved as an always-zero block that padded attention reads point at.
+
+Full blocks are shared by reference. A prompt whose next tokens match only the start of a cached block (the same
+prompt sent again, after its reply filled the block that held the prompt's last tokens) gets those tokens' KV
+copied into a block of its own, through the runner's ``copy_kv``: cached blocks are never written, so a copy is
+the only way to reuse part of one.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.api import NULL_BLOCK
@@ -19,6 +25,7 @@ class Block:
     ref_count: int = 0
     hash: int | None = None
     token_ids: tuple[int, ...] = ()
+    parent: int | None = None  # the chained hash of the block before it (None for a first block)
 
 
 def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
@@ -33,6 +40,10 @@ class BlockManager:
     registered prefix hash, kept in LRU order for reuse), or free.
     """
 
+    #: (source block, destination block, tokens): copies the first tokens' KV of one block into another.
+    #: The engine sets it to the runner's; without it only full blocks are shared.
+    copy_kv: Callable[[int, int, int], None] | None = None
+
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
         if num_blocks < 2:
             raise ValueError(f"the KV cache needs at least 2 blocks, got {num_blocks}")
@@ -44,6 +55,7 @@ class BlockManager:
         self._free: list[int] = list(range(num_blocks - 1, 0, -1))  # pop() gives low ids first
         self._cached: OrderedDict[int, None] = OrderedDict()  # unreferenced hashed blocks, LRU first
         self._hash_to_block: dict[int, int] = {}
+        self._children: dict[int | None, set[int]] = {}  # parent hash -> registered blocks that follow it
         self.num_prefix_queried_tokens = 0
         self.num_prefix_hit_tokens = 0
 
@@ -86,10 +98,38 @@ class BlockManager:
             parent = h
         return matched
 
+    def _match_partial(self, seq: Sequence, matched: list[int]) -> tuple[int, int]:
+        """A registered block that follows ``matched`` and starts with ``seq``'s next tokens (keeping one token to
+        compute): ``(block id, tokens that match)``, or ``(NULL_BLOCK, 0)``.
+
+        A cached source is held while the block it is copied into is taken; when no other block is left for that,
+        the tokens are recomputed instead. This does not depend on how many tokens follow, so that
+        ``can_allocate`` and ``allocate`` agree.
+        """
+        if self.copy_kv is None or not self.enable_prefix_caching:
+            return NULL_BLOCK, 0
+        start = len(matched) * self.block_size
+        wanted = seq.token_ids[start : min(start + self.block_size, len(seq.token_ids) - 1)]
+        parent = self.blocks[matched[-1]].hash if matched else None
+        best, best_len = NULL_BLOCK, 0
+        for block_id in self._children.get(parent, ()):
+            tokens = self.blocks[block_id].token_ids
+            n = 0
+            while n < len(wanted) and tokens[n] == wanted[n]:
+                n += 1
+            if n > best_len:
+                best, best_len = block_id, n
+        if best_len and self.blocks[best].ref_count == 0:
+            others = self.num_free_blocks - 1 - sum(1 for b in matched if self.blocks[b].ref_count == 0)
+            if others < 1:
+                return NULL_BLOCK, 0
+        return best, best_len
+
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         matched = self._match_prefix(seq)
         num_cached = sum(1 for b in matched if self.blocks[b].ref_count == 0)
-        first_new = len(matched) * self.block_size
+        _, num_copied = self._match_partial(seq, matched)
+        first_new = len(matched) * self.block_size + num_copied
         target = max(first_new + num_new_tokens, first_new + 1)
         needed = self.blocks_needed(target) - len(matched)
         return needed <= self.num_free_blocks - num_cached
@@ -106,11 +146,32 @@ class BlockManager:
             seq.block_table.append(block_id)
             seq.block_hashes.append(block.hash)  # type: ignore[arg-type]
         seq.num_cached_tokens = len(matched) * self.block_size
+        source, num_copied = self._match_partial(seq, matched)
+        if num_copied:
+            seq.block_table.append(self._copy_of(source, num_copied))
+            seq.num_cached_tokens += num_copied
         seq.num_computed_tokens = seq.num_cached_tokens
         seq.num_hashed_blocks = len(matched)
         self.num_prefix_queried_tokens += len(seq.token_ids)
         self.num_prefix_hit_tokens += seq.num_cached_tokens
         self.ensure_slots(seq, seq.num_computed_tokens + num_new_tokens)
+
+    def _copy_of(self, source: int, num_tokens: int) -> int:
+        """A new block holding the KV of ``source``'s first ``num_tokens`` tokens; ``source`` is held meanwhile, so
+        that taking the new block cannot evict it."""
+        block = self.blocks[source]
+        if block.ref_count == 0:
+            self._cached.pop(source)
+        block.ref_count += 1
+        try:
+            target = self._take_block()
+            assert self.copy_kv is not None
+            self.copy_kv(source, target, num_tokens)
+        finally:
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._cached[source] = None  # just used: the most recent end of the LRU order
+        return target
 
     # --- growth --------------------------------------------------------------------------------------------
     def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
@@ -139,10 +200,7 @@ class BlockManager:
             block_id = self._free.pop()
         elif self._cached:
             block_id, _ = self._cached.popitem(last=False)  # evict least recently used
-            block = self.blocks[block_id]
-            if block.hash is not None and self._hash_to_block.get(block.hash) == block_id:
-                del self._hash_to_block[block.hash]
-            block.hash, block.token_ids = None, ()
+            self._forget(self.blocks[block_id])
         else:
             raise RuntimeError("KV cache exhausted: the scheduler must check can_grow/can_allocate first")
         self.blocks[block_id].ref_count = 1
@@ -160,8 +218,9 @@ class BlockManager:
             h = chain_hash(parent, tokens)
             block = self.blocks[seq.block_table[i]]
             if block.hash is None and h not in self._hash_to_block:
-                block.hash, block.token_ids = h, tokens
+                block.hash, block.token_ids, block.parent = h, tokens, parent
                 self._hash_to_block[h] = block.block_id
+                self._children.setdefault(parent, set()).add(block.block_id)
             seq.block_hashes.append(h)
             seq.num_hashed_blocks += 1
 
@@ -187,9 +246,21 @@ class BlockManager:
         """Forget every cached prefix (for example after the KV dtype changes)."""
         while self._cached:
             block_id, _ = self._cached.popitem(last=False)
-            self.blocks[block_id].hash, self.blocks[block_id].token_ids = None, ()
+            self._forget(self.blocks[block_id])
             self._free.append(block_id)
         self._hash_to_block.clear()
+        self._children.clear()
+
+    def _forget(self, block: Block) -> None:
+        """Unregister a cached block's prefix: it is about to hold other tokens."""
+        if block.hash is not None and self._hash_to_block.get(block.hash) == block.block_id:
+            del self._hash_to_block[block.hash]
+            siblings = self._children.get(block.parent)
+            if siblings is not None:
+                siblings.discard(block.block_id)
+                if not siblings:
+                    del self._children[block.parent]
+        block.hash, block.token_ids, block.parent = None, (), None
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -67,6 +67,7 @@ class LLMEngine:
             model, num_blocks, config.block_size, kv_dtype, quantization, quant_backend, config.deterministic,
             config.native, layer_built,
         )
+        self.block_manager.copy_kv = self.runner.kv.copy_prefix
         self.sampler = Sampler()
         self.speculator = make_speculator(
             config, self.runner, self.sampler, draft_model, num_blocks, kv_dtype, quantization, quant_backend

@@ -56,6 +56,15 @@ class KVCache:
         self.block_size = block_size
         self.dtype = dtype
 
+    def copy_prefix(self, source: int, target: int, num_tokens: int) -> None:
+        """Copy the K/V of block ``source``'s first ``num_tokens`` slots, every layer, into block ``target``."""
+        if not 0 < num_tokens <= self.block_size or NULL_BLOCK in (source, target) or source == target:
+            raise ValueError(f"cannot copy {num_tokens} slots from block {source} to block {target}")
+        src = slice(source * self.block_size, source * self.block_size + num_tokens)
+        dst = slice(target * self.block_size, target * self.block_size + num_tokens)
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]
+
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes

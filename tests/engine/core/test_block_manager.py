@@ -89,3 +89,108 @@ def test_cannot_allocate_beyond_the_pool() -> None:
     assert not bm.can_allocate(seq, 12)
     with pytest.raises(ValueError):
         BlockManager(num_blocks=1, block_size=4)
+
+
+class _Copies:
+    """Stands in for the runner's KV pool: records each copy and checks its source still holds its tokens."""
+
+    def __init__(self, bm: BlockManager) -> None:
+        self.bm = bm
+        self.done: list[tuple[int, int, int, tuple[int, ...]]] = []
+
+    def __call__(self, source: int, target: int, num_tokens: int) -> None:
+        self.done.append((source, target, num_tokens, self.bm.blocks[source].token_ids))
+
+
+def _replied(bm: BlockManager, prompt: list[int], reply: list[int], rid: str) -> Sequence:
+    """A request whose prompt and reply were computed and freed: its full blocks stay cached."""
+    seq = _seq(prompt, rid)
+    bm.allocate(seq, len(prompt))
+    seq.token_ids += reply
+    bm.ensure_slots(seq, len(seq.token_ids))
+    _compute_all(bm, seq)
+    bm.free(seq)
+    return seq
+
+
+def test_a_prompt_sent_again_copies_the_start_of_the_block_its_reply_filled() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4)
+    bm.copy_kv = copies = _Copies(bm)
+    prompt = list(range(10))  # two full blocks, then 2 tokens that the reply's tokens 90, 91 fill up
+    _replied(bm, prompt, [90, 91, 92], "a")
+    registered = dict(bm._hash_to_block)
+    again = _seq(prompt, "b")
+    assert bm.can_allocate(again, 10)
+    bm.allocate(again, 0)
+    assert again.num_cached_tokens == again.num_computed_tokens == 9  # only the last token is computed
+    assert len(copies.done) == 1
+    source, target, num_tokens, tokens = copies.done[0]
+    assert (num_tokens, tokens) == (1, (8, 9, 90, 91))
+    assert again.block_table[2] == target != source
+    assert bm.blocks[source].ref_count == 0 and source in bm._cached  # still cached, unchanged
+    assert bm.blocks[target].hash is None  # the copy is the new request's own, hashed once it is full
+    assert again.num_hashed_blocks == 2
+    assert bm._hash_to_block == registered  # nothing was registered or dropped
+    again.token_ids += [77, 78]
+    bm.ensure_slots(again, 12)
+    _compute_all(bm, again)
+    assert bm.blocks[target].hash is not None and bm.blocks[target].token_ids == (8, 9, 77, 78)
+
+
+def test_the_longest_matching_block_is_copied_and_a_first_block_can_be_one() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4)
+    bm.copy_kv = copies = _Copies(bm)
+    _replied(bm, [5, 6], [7, 1], "a")  # first block (5, 6, 7, 1)
+    _replied(bm, [5, 6, 7], [8], "b")  # first block (5, 6, 7, 8), its first 2 tokens copied from the other
+    assert copies.done.pop()[2:] == (2, (5, 6, 7, 1))
+    again = _seq([5, 6, 7, 8, 9], "c")
+    bm.allocate(again, 0)
+    assert again.num_cached_tokens == 4 and copies.done == []  # a full block matches: shared, not copied
+    bm.free(again)
+    third = _seq([5, 6, 7, 3], "d")
+    bm.allocate(third, 0)
+    assert third.num_cached_tokens == 3 and len(copies.done) == 1
+    assert copies.done[0][2] == 3 and copies.done[0][3][:3] == (5, 6, 7)  # either block has the 3 tokens
+
+
+def test_copying_never_evicts_its_own_source() -> None:
+    bm = BlockManager(num_blocks=4, block_size=4)  # three usable blocks
+    bm.copy_kv = copies = _Copies(bm)
+    _replied(bm, [1, 2, 3], [4, 5, 6, 7, 8], "a")  # blocks (1, 2, 3, 4) and (5, 6, 7, 8) cached, one free
+    filler = _seq([9], "f")
+    bm.allocate(filler, 1)  # takes the free block: the copy must evict, and the source is the oldest
+    again = _seq([1, 2, 3], "b")
+    assert bm.can_allocate(again, 3)
+    bm.allocate(again, 0)
+    assert again.num_cached_tokens == 2
+    assert copies.done[0][3] == (1, 2, 3, 4)  # copied from intact tokens
+    assert bm.blocks[copies.done[0][0]].hash is not None  # and the source is still cached
+    bm.free(filler)
+    bm.free(again)  # the copy, never full, is free again; the source is the one cached block
+    late = _seq([1, 2, 3], "c")
+    filler = _seq([9, 9, 9, 9, 9], "f")
+    bm.allocate(filler, 5)  # takes the two free blocks
+    assert bm.num_free_blocks == 1 and bm.can_allocate(late, 3)
+    bm.allocate(late, 0)  # the source is the only block left: recomputed, not copied
+    assert late.num_cached_tokens == 0 and len(copies.done) == 1
+
+
+def test_without_a_copy_function_only_full_blocks_are_shared() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4)
+    _replied(bm, list(range(10)), [90, 91], "a")
+    again = _seq(list(range(10)), "b")
+    bm.allocate(again, 0)
+    assert again.num_cached_tokens == 8
+
+
+def test_an_evicted_block_is_no_longer_copied() -> None:
+    bm = BlockManager(num_blocks=3, block_size=4)  # two usable blocks
+    bm.copy_kv = copies = _Copies(bm)
+    _replied(bm, [1, 2], [3, 4], "a")
+    other = _seq([7, 7, 7, 7, 7], "x")
+    bm.allocate(other, 5)  # evicts (1, 2, 3, 4)
+    bm.free(other)
+    again = _seq([1, 2], "b")
+    bm.allocate(again, 0)
+    assert again.num_cached_tokens == 0 and copies.done == []
+    assert bm._children == {}

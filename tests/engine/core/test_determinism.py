@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -108,17 +109,23 @@ def llm(request: pytest.FixtureRequest, shared_default_llm: Callable[..., LLM]) 
 
 
 def _greedy(llm: LLM, messages: list[dict[str, str]], others: list[str] | None = None) -> list[int]:
+    return _greedy_output(llm, messages, others).token_ids
+
+
+def _greedy_output(llm: LLM, messages: list[dict[str, str]], others: list[str] | None = None) -> Any:
     handles = [llm.engine.submit(messages, GREEDY)]
     handles += [llm.engine.submit([SYSTEM, {"role": "user", "content": o}], GREEDY) for o in others or []]
     while not all(h.done() for h in handles):
         llm.engine.step()
-    return handles[0].result().token_ids
+    return handles[0].result()
 
 
 def test_greedy_repeats_after_a_prefix_cache_hit_and_inside_a_batch(llm: LLM) -> None:
     llm.engine.block_manager.reset_prefix_cache()
     first = _greedy(llm, QUESTION)  # nothing cached
-    assert _greedy(llm, QUESTION) == first  # the whole prompt's full blocks are cached now
+    again = _greedy_output(llm, QUESTION)  # the full blocks are shared, the start of the one the reply filled copied
+    assert again.token_ids == first
+    assert again.metrics.num_cached_tokens == again.metrics.num_prompt_tokens - 1
     llm.engine.block_manager.reset_prefix_cache()
     _greedy(llm, [SYSTEM, {"role": "user", "content": "Name three rivers in Europe."}])  # caches the system prefix
     assert _greedy(llm, QUESTION) == first

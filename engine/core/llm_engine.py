@@ -38,6 +38,7 @@ from engine.core.speculative import make_speculator
 from engine.model.grammar import GrammarCompiler
 from engine.model.runner import ModelRunner
 from engine.model.sampler import Sampler
+from engine.system.memory import trim_heap
 
 log = logging.getLogger("engine")
 
@@ -238,6 +239,8 @@ class LLMEngine:
             except Exception as exc:
                 log.exception("engine step failed; failing its %d requests", len(batch.seqs))
                 outputs += self.output.fail_seqs(batch.seqs, _failure(exc))
+            if not self.has_work():
+                trim_heap()  # the steps' temporaries, kept in the heap while they ran, go back to the system
             if self.controller is not None:
                 top_after = None if top_req is None else top_req.metrics.last_token_time
                 itl = None if top_before is None or top_after is None else top_after - top_before

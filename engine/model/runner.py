@@ -44,6 +44,7 @@ from engine.model.llama import FusedDecoder
 from engine.model.native import file_problem
 from engine.model.plan_cache import PlanCache
 from engine.model.quantization import DenseLinear, Linear, make_linear
+from engine.system.memory import keep_freed_heap, step_heap
 
 log = logging.getLogger("engine")
 
@@ -114,6 +115,7 @@ class ModelRunner:
         self.dtype = param.dtype
         self.block_size = block_size
         self.kv = KVCache(self.config, num_blocks, block_size, kv_dtype, self.device)
+        keep_freed_heap()  # a step's temporaries stay in the heap for the next layer (engine/system/memory.py)
         self.ctx: AttentionContext | None = None
         self.is_fused = execution_path(self.config) == "fused"
         #: "int8" or "int4"; None when the weights stay dense
@@ -412,13 +414,14 @@ class ModelRunner:
         if all_logits:
             rows, keep = list(range(ids.shape[0])), torch.arange(ids.shape[0], device=self.device)
         try:
-            if self._decoder is not None:
-                logits = self._decoder.forward(ids, pos, self.kv, ctx, keep if rows else None)
-            else:
-                with step_context(self.kv, ctx):
-                    logits = self._forward_hf(ids, pos, keep)
-                if not rows:
-                    logits = None
+            with step_heap():
+                if self._decoder is not None:
+                    logits = self._decoder.forward(ids, pos, self.kv, ctx, keep if rows else None)
+                else:
+                    with step_context(self.kv, ctx):
+                        logits = self._forward_hf(ids, pos, keep)
+                    if not rows:
+                        logits = None
         finally:
             self.ctx = None
         return logits, rows

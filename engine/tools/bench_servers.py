@@ -76,6 +76,9 @@ def bench_decode(port: int, prompts: list[list[int]], levels: list[int], max_tok
             binary, gguf, threads = llama
             try:
                 with llama_server.serving(binary, gguf, prompts, c, max_tokens, threads, no_repack) as run:
+                    # warmed again once llama.cpp has loaded: its load reads its whole file, which can push our
+                    # weights' pages out of the page cache, and its own warm-up ran after that load too
+                    bench_paths.bench_server(port, batch, 4)
                     for _ in range(repeats):
                         ours.setdefault(layout, []).append(bench_paths.bench_server(port, batch, max_tokens).row("hearth", c))
                         theirs.setdefault(layout, []).append(run().row("llama_server", c))
@@ -126,6 +129,7 @@ def bench_prefill(port: int, n: int, vocab: int, repeats: int, emit: Emit,
         try:
             with llama_server.running_server(binary, gguf, 1, threads, -(-(n + 64) // 256) * 256, no_repack) as server:
                 llama_server.prefill_seconds(server, fresh()[:64])  # warm
+                hearth_prefill_seconds(port, fresh()[:64])  # and ours again, after llama.cpp's load
                 for _ in range(rounds):
                     mine.setdefault(layout, []).append(n / hearth_prefill_seconds(port, fresh()))
                     theirs.setdefault(layout, []).append(n / llama_server.prefill_seconds(server, fresh()))

@@ -265,3 +265,27 @@ def test_a_looping_llm_loads_and_steps_on_its_own_thread(tiny_model_dirs: dict[s
         llm.close()
     with pytest.raises(ModelLoadError, match="No model found|not found|does not exist"):
         LLM(tmp_path / "missing")
+
+
+def test_steps_run_on_the_heap_and_the_engine_trims_it_once_idle(tiny_llm: Any, monkeypatch: Any) -> None:
+    """Each step's forward pass runs with glibc's mmap off (``engine.system.memory.step_heap``), and the heap is
+    trimmed after the step that leaves the engine without work, not after the others."""
+    from engine.core import llm_engine
+    from engine.model import runner
+    from engine.system import memory
+
+    engine = tiny_llm.engine
+    events: list[str] = []
+    real_heap = memory.step_heap
+
+    def heap() -> Any:
+        events.append("step")
+        return real_heap()
+
+    monkeypatch.setattr(runner, "step_heap", heap)
+    monkeypatch.setattr(llm_engine, "trim_heap", lambda: events.append(f"trim, work left: {engine.has_work()}"))
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    handle = engine.submit("one", params)
+    _drive(tiny_llm, [handle])
+    assert len(handle.result(timeout=0).token_ids) == 3
+    assert events == ["step", "step", "step", "trim, work left: False"]

@@ -11,12 +11,10 @@ raises :class:`~engine.api.ModelLoadError` saying what is wrong and what to do. 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import logging
 import os
 import pickle
-import sys
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,6 +38,7 @@ from engine.loading.validate import (
     resolve_path,
 )
 from engine.system import hardware
+from engine.system.memory import trim_heap
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -87,9 +86,7 @@ def _check_memory(needed: int, device: torch.device, info: HardwareInfo, cap: in
 def _release_memory() -> None:
     """Collect garbage and hand freed heap memory back to the OS where the C library allows it."""
     gc.collect()
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
+    trim_heap()
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ macOS, Windows) the allocator has no such call and returns large blocks on its o
 A prefill step's temporaries are large (a 512-token chunk's gate and up projections of an 8B model take 59 MB),
 and glibc serves each allocation over 32 MB with a fresh ``mmap`` that its ``free`` unmaps: every layer then
 faults in and zeroes its buffers again, both threads queueing on the kernel's lock of the address space. That cost
-a quarter of the 8B prefill (docs/BENCHMARKS.md). :func:`step_heap` turns ``mmap`` off while a step runs, so those
+up to a quarter of the 8B prefill (docs/BENCHMARKS.md). :func:`step_heap` turns ``mmap`` off while a step runs, so those
 buffers come from the heap and are reused by the next layer; :func:`keep_freed_heap` has glibc keep up to
 ``KEEP_FREED`` of freed memory at the top of its heaps, and :func:`trim_heap` gives it back once the engine is idle.
 """

@@ -278,6 +278,10 @@ class EngineConfig:
         max_waiting: most queued requests before ``submit`` raises ``CapacityError``.
         max_model_len: longest prompt plus reply; ``None`` takes the model's own limit.
         enable_prefix_caching: share full KV blocks between requests with the same prefix.
+        prefix_cache_bytes: KV memory that finished requests' prefixes keep for reuse. Once the pool's blocks ever
+            written reach it, a new block evicts the least recently used cached prefix instead of taking a block
+            never written; running requests may still use the whole pool (``kv_cache_bytes``). It bounds the pool's
+            resident size and reuses pages already in memory (``engine/core/block_manager.py``).
         adaptive_concurrency: let the concurrency controller (``engine/core/controller.py``) lower the running
             batch, the token budget and the batching window while the most urgent request's time between
             tokens exceeds twice its solo figure, or memory runs short; ``max_batch_size`` stays the ceiling.
@@ -309,6 +313,7 @@ class EngineConfig:
     max_waiting: int = 256
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
+    prefix_cache_bytes: int = 1 << 30
     adaptive_concurrency: bool = True
     deterministic: bool = False
     speculative: str | dict[str, str] = "off"
@@ -330,6 +335,8 @@ class EngineConfig:
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
             raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
+        if self.prefix_cache_bytes < 0:
+            raise ValueError(f"prefix_cache_bytes must be >= 0, got {self.prefix_cache_bytes}")
         if self.kv_dtype not in ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"):
             raise ValueError(f"kv_dtype must be auto, float32, bfloat16 or float16, got {self.kv_dtype!r}")
         if self.max_waiting < 1:

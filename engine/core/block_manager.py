@@ -7,6 +7,13 @@ Full blocks are shared by reference. A prompt whose next tokens match only the s
 prompt sent again, after its reply filled the block that held the prompt's last tokens) gets those tokens' KV
 copied into a block of its own, through the runner's ``copy_kv``: cached blocks are never written, so a copy is
 the only way to reuse part of one.
+
+Free blocks are handed out lowest id first, so the blocks ever written are the ids below a high-water mark
+(``num_touched_blocks``). Once that reaches ``resident_blocks``, a new block evicts the least recently used cached
+prefix rather than take a block never written; only when nothing is cached does the pool grow further. This bounds
+what finished requests' prefixes keep in memory (an 8B model's fp32 pool can reach 12 GB otherwise), and reuses
+pages that are already in memory: a block's first writes fault its pages in, which took 0.9-1.7 s per 256 MB of an
+8B prefill's KV on a 2-core EPYC VM (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -44,7 +51,8 @@ class BlockManager:
     #: The engine sets it to the runner's; without it only full blocks are shared.
     copy_kv: Callable[[int, int, int], None] | None = None
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 resident_blocks: int | None = None) -> None:
         if num_blocks < 2:
             raise ValueError(f"the KV cache needs at least 2 blocks, got {num_blocks}")
         self.block_size = block_size
@@ -53,6 +61,11 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.blocks[NULL_BLOCK].ref_count = 1  # never handed out
         self._free: list[int] = list(range(num_blocks - 1, 0, -1))  # pop() gives low ids first
+        # blocks below this id have been handed out (the null block is written at start): above the never-written
+        # ones in ``_free`` sit only blocks given back, so its top is never written exactly when it is >= this
+        self.num_touched_blocks = NULL_BLOCK + 1
+        #: blocks ever written beyond which a cached prefix is evicted rather than a never-written block taken
+        self.resident_blocks = num_blocks if resident_blocks is None else max(1, resident_blocks)
         self._cached: OrderedDict[int, None] = OrderedDict()  # unreferenced hashed blocks, LRU first
         self._hash_to_block: dict[int, int] = {}
         self._children: dict[int | None, set[int]] = {}  # parent hash -> registered blocks that follow it
@@ -196,7 +209,8 @@ class BlockManager:
             self._free.append(block_id)
 
     def _take_block(self) -> int:
-        if self._free:
+        fresh = bool(self._free) and self._free[-1] >= self.num_touched_blocks
+        if self._free and not (fresh and self._cached and self.num_touched_blocks >= self.resident_blocks):
             block_id = self._free.pop()
         elif self._cached:
             block_id, _ = self._cached.popitem(last=False)  # evict least recently used
@@ -204,6 +218,7 @@ class BlockManager:
         else:
             raise RuntimeError("KV cache exhausted: the scheduler must check can_grow/can_allocate first")
         self.blocks[block_id].ref_count = 1
+        self.num_touched_blocks = max(self.num_touched_blocks, block_id + 1)
         return block_id
 
     def register_full_blocks(self, seq: Sequence) -> None:

@@ -11,7 +11,8 @@ and glibc serves each allocation over 32 MB with a fresh ``mmap`` that its ``fre
 faults in and zeroes its buffers again, both threads queueing on the kernel's lock of the address space. That cost
 up to a quarter of the 8B prefill (docs/BENCHMARKS.md). :func:`step_heap` turns ``mmap`` off while a step runs, so those
 buffers come from the heap and are reused by the next layer; :func:`keep_freed_heap` has glibc keep up to
-``KEEP_FREED`` of freed memory at the top of its heaps, and :func:`trim_heap` gives it back once the engine is idle.
+``KEEP_FREED`` of freed memory at the top of its heaps, and :func:`trim_heap` gives it back once the engine has been
+idle for a while (``engine.core.llm_engine.HEAP_IDLE_TRIM_S``).
 """
 
 from __future__ import annotations

@@ -194,3 +194,44 @@ def test_an_evicted_block_is_no_longer_copied() -> None:
     bm.allocate(again, 0)
     assert again.num_cached_tokens == 0 and copies.done == []
     assert bm._children == {}
+
+
+def test_past_the_resident_blocks_a_cached_prefix_is_evicted_before_a_never_written_block_is_taken() -> None:
+    bm = BlockManager(num_blocks=32, block_size=4, resident_blocks=9)
+    first = _seq(list(range(16)), "a")  # blocks 1-4 full, block 5 for the next token
+    bm.allocate(first, 17)
+    _compute_all(bm, first)
+    bm.free(first)  # 1-4 cached (a prefix's last block is the least recently used), 5 free
+    assert bm.num_touched_blocks == 6 and bm.num_cached_blocks == 4
+    second = _seq(list(range(100, 116)), "b")
+    # 5 was written before; 6, 7, 8 were never written but are under the limit; then the LRU cached block
+    bm.allocate(second, 17)
+    assert second.block_table == [5, 6, 7, 8, 4]
+    assert bm.num_touched_blocks == 9 and bm.num_cached_blocks == 3
+    third = _seq(list(range(200, 240)), "c")  # 10 blocks: the 3 cached ones first, then never-written ones
+    bm.allocate(third, 40)
+    assert third.block_table == [3, 2, 1, *range(9, 16)]
+    assert bm.num_touched_blocks == 16 and bm.num_cached_blocks == 0
+
+
+def test_a_block_given_back_is_reused_before_a_never_written_one() -> None:
+    bm = BlockManager(num_blocks=32, block_size=4, enable_prefix_caching=False)
+    seq = _seq(list(range(10)))
+    bm.allocate(seq, 10)
+    assert seq.block_table == [1, 2, 3]
+    bm.free(seq)
+    again = _seq(list(range(10)), "b")
+    bm.allocate(again, 10)
+    assert sorted(again.block_table) == [1, 2, 3]
+    assert bm.num_touched_blocks == 4
+
+
+def test_without_a_limit_a_never_written_block_is_taken_before_a_cached_prefix_is_evicted() -> None:
+    bm = BlockManager(num_blocks=32, block_size=4)
+    first = _seq(list(range(16)), "a")
+    bm.allocate(first, 17)
+    _compute_all(bm, first)
+    bm.free(first)
+    second = _seq(list(range(100, 116)), "b")
+    bm.allocate(second, 17)
+    assert second.block_table == [5, 6, 7, 8, 9] and bm.num_cached_blocks == 4

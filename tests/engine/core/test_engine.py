@@ -267,9 +267,9 @@ def test_a_looping_llm_loads_and_steps_on_its_own_thread(tiny_model_dirs: dict[s
         LLM(tmp_path / "missing")
 
 
-def test_steps_run_on_the_heap_and_the_engine_trims_it_once_idle(tiny_llm: Any, monkeypatch: Any) -> None:
-    """Each step's forward pass runs with glibc's mmap off (``engine.system.memory.step_heap``), and the heap is
-    trimmed after the step that leaves the engine without work, not after the others."""
+def test_steps_run_on_the_heap_and_the_engine_trims_it_after_an_idle_while(tiny_llm: Any, monkeypatch: Any) -> None:
+    """Each step's forward pass runs with glibc's mmap off (``engine.system.memory.step_heap``). The heap is trimmed
+    by the idle wait once the engine has had no work for ``HEAP_IDLE_TRIM_S``, not by the steps, and only once."""
     from engine.core import llm_engine
     from engine.model import runner
     from engine.system import memory
@@ -284,8 +284,37 @@ def test_steps_run_on_the_heap_and_the_engine_trims_it_once_idle(tiny_llm: Any, 
 
     monkeypatch.setattr(runner, "step_heap", heap)
     monkeypatch.setattr(llm_engine, "trim_heap", lambda: events.append(f"trim, work left: {engine.has_work()}"))
+    monkeypatch.setattr(llm_engine, "HEAP_IDLE_TRIM_S", 3600.0)
     params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
     handle = engine.submit("one", params)
     _drive(tiny_llm, [handle])
     assert len(handle.result(timeout=0).token_ids) == 3
+    assert events == ["step", "step", "step"]
+    engine.wait_for_work(0.0)
+    assert events == ["step", "step", "step"]  # not yet
+    monkeypatch.setattr(llm_engine, "HEAP_IDLE_TRIM_S", 0.0)
+    engine.wait_for_work(0.0)
+    engine.wait_for_work(0.0)
     assert events == ["step", "step", "step", "trim, work left: False"]
+
+
+def test_finished_prefixes_keep_at_most_prefix_cache_bytes_of_the_pool(tiny_model_dirs: dict[str, Path]) -> None:
+    """Past ``prefix_cache_bytes`` of blocks ever written, new requests reuse cached blocks instead of growing into
+    the rest of the pool, and reply exactly as without the limit."""
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    prompts = [[(7 * i + j) % 200 + 3 for j in range(40)] for i in range(6)]  # with its reply, 2 full blocks cached
+    replies, touched, block_bytes = {}, {}, 0
+    for limit in (None, 6):
+        extra = {} if limit is None else {"prefix_cache_bytes": limit * block_bytes}
+        llm = LLM(tiny_model_dirs["llama"], dtype="float32", start_loop=False, kv_cache_bytes=4 << 20, **extra)
+        try:
+            bm = llm.engine.block_manager
+            block_bytes = llm.engine.runner.kv.nbytes // bm.num_blocks
+            assert bm.resident_blocks == (limit or bm.resident_blocks)
+            replies[limit] = [llm.generate([p], params)[0].token_ids for p in prompts]
+            touched[limit] = bm.num_touched_blocks
+        finally:
+            llm.close()
+    assert replies[6] == replies[None]
+    assert touched[None] > 6 * 2  # every prompt took blocks never written before
+    assert touched[6] <= 6 + 3  # the limit, plus what one request held while it ran past it

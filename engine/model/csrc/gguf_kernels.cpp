@@ -1866,6 +1866,293 @@ void tile_wide_q8_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, in
   for (int i = 0; i < MR; ++i) _mm256_storeu_ps(y + i * ldy, acc[i]);
 }
 
+// --- the prefill panels (VNNI build): a run of groups decoded once into the vectors VPDPBUSD takes -----------------
+// From kPanelRows activation rows, Q4_K and Q6_K groups are first decoded, a few at a time, into a per-thread panel:
+// the nibble or 6-bit vectors tile_z_q4_k and tile_z_q6_k build inside their loops, their scale vectors, and the
+// fp32 block scales. Every tile of activation rows then passes over that panel, two groups (16 weight rows) and up
+// to six activation rows at a time: each broadcast activation word feeds two VPDPBUSD and each weight vector six,
+// with no decoding in the loop. The tiles of z repeated the decoding for every tile of rows (at 512 rows, 64 times
+// per weight byte) and took a load per VPDPBUSD; the Q4_K pair tiles took 1.25. Each row still sums the z tiles'
+// integers and runs their fp32 code, so its bits are theirs.
+// Q4_K's panel block (one group, one super-block): the 32 nibble vectors (p, c), the 4 scale vectors (p), d and
+// dmin in fp32, and the 4 minimum vectors of tile_z_q4_k.
+struct PanelQ4K {
+  static constexpr int64_t kS = 32 * 64, kD = kS + 4 * 64, kDmin = kD + 32, kMins = kDmin + 32, kBytes = kMins + 4 * 32;
+};
+// Q6_K's: the 32 quant vectors (h, p, e, c), the 8 scale vectors (h, p, e) and d in fp32 (padded to 64 bytes).
+struct PanelQ6K {
+  static constexpr int64_t kS = 32 * 64, kD = kS + 8 * 64, kBytes = kD + 64;
+};
+
+inline void store64(uint8_t* p, __m512i v) { _mm512_storeu_si512(p, v); }
+inline __m512 pair_floats(const uint8_t* a, const uint8_t* b) {
+  return _mm512_castsi512_ps(pair_load(a, b));
+}
+// fold_lane_pairs of two groups' vectors: the first group's eight rows, then the second's.
+inline __m512i fold_two_groups(__m512i v0, __m512i v1) {
+  const __m512i evens = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  return _mm512_permutex2var_epi32(_mm512_add_epi32(v0, _mm512_maskz_shuffle_epi32(0xFFFF, v0, _MM_PERM_CDAB)), evens,
+                                   _mm512_add_epi32(v1, _mm512_maskz_shuffle_epi32(0xFFFF, v1, _MM_PERM_CDAB)));
+}
+inline __m512i load64(const uint8_t* p) { return _mm512_loadu_si512(p); }
+
+// One Q4_K group block (w) into its panel block (out): tile_z_q4_k's vectors.
+inline void unpack_panel_q4_k(const uint8_t* w, uint8_t* out) {
+  const __m512i low4z = _mm512_set1_epi8(0x0F);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), low6 = _mm256_set1_epi8(0x3F), low2 = _mm256_set1_epi8(3);
+  const __m256i even = _mm256_set1_epi16(0xFF);
+  const __m512i pick[2] = {_mm512_set4_epi32(static_cast<int>(0x80808009), static_cast<int>(0x80808008),
+                                             static_cast<int>(0x80808001), static_cast<int>(0x80808000)),
+                           _mm512_set4_epi32(static_cast<int>(0x8080800B), static_cast<int>(0x8080800A),
+                                             static_cast<int>(0x80808003), static_cast<int>(0x80808002))};
+  _mm256_storeu_ps(reinterpret_cast<float*>(out + PanelQ4K::kD), _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
+  _mm256_storeu_ps(reinterpret_cast<float*>(out + PanelQ4K::kDmin), _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16))));
+  const __m256i u0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32));
+  const __m256i u1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64));
+  const __m256i u2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 96));
+  const __m512i sc4[2] = {
+      _mm512_maskz_cvtepu32_epi64(0xFF, _mm256_and_si256(u0, low6)),
+      _mm512_maskz_cvtepu32_epi64(0xFF, _mm256_or_si256(
+          _mm256_and_si256(u2, low4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), low2), 4)))};
+  const __m256i mn_lo = _mm256_and_si256(u1, low6);
+  const __m256i mn_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), low4),
+                                        _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), low2), 4));
+  const __m256i mins[4] = {_mm256_and_si256(mn_lo, even), _mm256_srli_epi16(mn_lo, 8), _mm256_and_si256(mn_hi, even),
+                           _mm256_srli_epi16(mn_hi, 8)};
+  for (int j = 0; j < 4; ++j) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + PanelQ4K::kMins + 32 * j), mins[j]);
+  for (int p = 0; p < 4; ++p) {
+    store64(out + PanelQ4K::kS + 64 * p, _mm512_shuffle_epi8(sc4[p / 2], pick[p % 2]));
+    for (int c = 0; c < 8; ++c) {
+      const __m512i v = _mm512_maskz_cvtepu32_epi64(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 256 * p + 32 * c)));
+      store64(out + 64 * (8 * p + c), _mm512_ternarylogic_epi64(v, _mm512_maskz_slli_epi64(0xFF, v, 28), low4z, 0xA8));
+    }
+  }
+}
+
+// One Q6_K group block into its panel block: tile_z_q6_k's vectors.
+inline void unpack_panel_q6_k(const uint8_t* w, uint8_t* out) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+  const __m512i zip = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
+  const __m512i up[2] = {_mm512_mask_blend_epi16(0xFFFF0000, _mm512_set1_epi16(4), _mm512_set1_epi16(2)),
+                         _mm512_maskz_mov_epi16(0xFFFF0000, _mm512_set1_epi16(2))};
+  const __m512i pick[2] = {
+      _mm512_set4_epi32(0x0A808080, 0x08808080, 0x02808080, 0x00808080),
+      _mm512_set4_epi32(0x0B808080, 0x09808080, 0x03808080, 0x01808080)};
+  _mm256_storeu_ps(reinterpret_cast<float*>(out + PanelQ6K::kD), _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
+  for (int h = 0; h < 2; ++h) {
+    for (int p = 0; p < 2; ++p) {
+      const __m512i words = _mm512_maskz_cvtepu32_epi64(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * (2 * h + p))));
+      for (int e = 0; e < 2; ++e) {
+        const int run = (2 * h + p) * 2 + e;
+        store64(out + PanelQ6K::kS + 64 * run, _mm512_maskz_srai_epi32(0xFFFF, _mm512_shuffle_epi8(words, pick[e]), 24));
+        for (int c = 0; c < 4; ++c) {
+          const int l = 16 * e + 4 * c;
+          const __m512i v = avx2::pair512(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 144 + 32 * (16 * h + l / 4))),
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 144 + 32 * (16 * h + 8 + l / 4))));
+          const __m512i vh = _mm512_maskz_broadcast_i64x4(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 1168 + 32 * (8 * h + l / 4))));
+          const __m512i low = p == 0 ? v : _mm512_srli_epi16(v, 4);
+          const __m512i high = _mm512_and_si512(p == 0 ? _mm512_sllv_epi16(vh, up[0]) : _mm512_srlv_epi16(vh, up[1]), bits45);
+          store64(out + 64 * (4 * run + c), _mm512_maskz_permutexvar_epi32(0xFFFF, zip, _mm512_ternarylogic_epi32(low, low4, high, 0xEA)));
+        }
+      }
+    }
+  }
+}
+
+// MR activation rows from r0 against NG neighbouring groups of a Q4_K panel (pw: the first group's, ps apart).
+template <int MR, int NG>
+void panel_q4_k(const uint8_t* pw, int64_t ps, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+  const int64_t k = a.k, nb = a.nb;
+  const int8_t* xq = a.q.data() + r0 * k;
+  const float* xd = a.d.data() + r0 * nb;
+  const int16_t* xs = a.sums.data() + r0 * nb * 8;
+  alignas(64) float acc[MR][NG][8] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* wb[NG];
+    for (int g = 0; g < NG; ++g) wb[g] = pw + g * ps + b * PanelQ4K::kBytes;
+    __m512i sum[MR][NG];
+    for (int i = 0; i < MR; ++i) {
+      for (int g = 0; g < NG; ++g) sum[i][g] = _mm512_setzero_si512();
+    }
+    for (int p = 0; p < 4; ++p) {
+      __m512i dot[MR][NG];
+      for (int i = 0; i < MR; ++i) {
+        for (int g = 0; g < NG; ++g) dot[i][g] = _mm512_setzero_si512();
+      }
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        __m512i q[NG];
+        for (int g = 0; g < NG; ++g) q[g] = load64(wb[g] + 64 * (8 * p + c));
+        for (int i = 0; i < MR; ++i) {
+          int64_t x8;
+          std::memcpy(&x8, xq + i * k + 256 * b + 64 * p + 8 * c, sizeof x8);
+          const __m512i xb = _mm512_set1_epi64(x8);
+          for (int g = 0; g < NG; ++g) dot[i][g] = _mm512_dpbusd_epi32(dot[i][g], q[g], xb);
+        }
+      }
+      for (int g = 0; g < NG; ++g) {
+        const __m512i s = load64(wb[g] + PanelQ4K::kS + 64 * p);
+        for (int i = 0; i < MR; ++i) sum[i][g] = _mm512_add_epi32(sum[i][g], _mm512_mullo_epi32(dot[i][g], s));
+      }
+    }
+    if constexpr (NG == 2) {  // both groups' 16 rows a vector: each lane's operations are those below
+      const __m512 d = pair_floats(wb[0] + PanelQ4K::kD, wb[1] + PanelQ4K::kD);
+      const __m512 dmin = pair_floats(wb[0] + PanelQ4K::kDmin, wb[1] + PanelQ4K::kDmin);
+      __m512i mins[4];
+      for (int j = 0; j < 4; ++j) mins[j] = pair_load(wb[0] + PanelQ4K::kMins + 32 * j, wb[1] + PanelQ4K::kMins + 32 * j);
+      for (int i = 0; i < MR; ++i) {
+        const __m512i rows = fold_two_groups(sum[i][0], sum[i][1]);
+        const int16_t* bs = xs + (i * nb + b) * 8;
+        __m512i m = _mm512_madd_epi16(mins[0], bcast4w(bs));
+        m = _mm512_add_epi32(m, _mm512_madd_epi16(mins[1], bcast4w(bs + 2)));
+        m = _mm512_add_epi32(m, _mm512_madd_epi16(mins[2], bcast4w(bs + 4)));
+        m = _mm512_add_epi32(m, _mm512_madd_epi16(mins[3], bcast4w(bs + 6)));
+        const __m512 dx = _mm512_set1_ps(xd[i * nb + b]);
+        float* ai = acc[i][0];
+        const __m512 t = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_maskz_cvtepi32_ps(0xFFFF, rows), _mm512_load_ps(ai));
+        _mm512_store_ps(ai, _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_maskz_cvtepi32_ps(0xFFFF, m), t));
+      }
+      continue;
+    }
+    for (int g = 0; g < NG; ++g) {
+      const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(wb[g] + PanelQ4K::kD));
+      const __m256 dmin = _mm256_loadu_ps(reinterpret_cast<const float*>(wb[g] + PanelQ4K::kDmin));
+      const __m256i* mins = reinterpret_cast<const __m256i*>(wb[g] + PanelQ4K::kMins);
+      for (int i = 0; i < MR; ++i) {
+        const __m256i rows = avx2::fold_lane_pairs(sum[i][g]);
+        const int16_t* bs = xs + (i * nb + b) * 8;
+        __m256i m = _mm256_madd_epi16(_mm256_loadu_si256(mins), bcast4(bs));
+        m = _mm256_add_epi32(m, _mm256_madd_epi16(_mm256_loadu_si256(mins + 1), bcast4(bs + 2)));
+        m = _mm256_add_epi32(m, _mm256_madd_epi16(_mm256_loadu_si256(mins + 2), bcast4(bs + 4)));
+        m = _mm256_add_epi32(m, _mm256_madd_epi16(_mm256_loadu_si256(mins + 3), bcast4(bs + 6)));
+        const __m256 dx = _mm256_set1_ps(xd[i * nb + b]);
+        __m256 t = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(rows), _mm256_load_ps(acc[i][g]));
+        _mm256_store_ps(acc[i][g], _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(m), t));
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int g = 0; g < NG; ++g) _mm256_storeu_ps(y + i * ldy + kGroup * g, _mm256_load_ps(acc[i][g]));
+  }
+}
+
+// The same for a Q6_K panel.
+template <int MR, int NG>
+void panel_q6_k(const uint8_t* pw, int64_t ps, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+  const int64_t k = a.k, nb = a.nb;
+  const int8_t* xq = a.q.data() + r0 * k;
+  const float* xd = a.d.data() + r0 * nb;
+  const int32_t* xo = a.off.data() + r0 * nb * 16;
+  alignas(64) float acc[MR][NG][8] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* wb[NG];
+    for (int g = 0; g < NG; ++g) wb[g] = pw + g * ps + b * PanelQ6K::kBytes;
+    __m512i sum[MR][NG];
+    for (int i = 0; i < MR; ++i) {
+      for (int g = 0; g < NG; ++g) sum[i][g] = _mm512_setzero_si512();
+    }
+    for (int run = 0; run < 8; ++run) {  // (h, p, e): sub-blocks 8h + 4p + e and 8h + 4p + 2 + e
+      const int h = run / 4, p = run / 2 % 2, e = run % 2;
+      __m512i dot[MR][NG];
+      for (int i = 0; i < MR; ++i) {
+        int64_t o2;
+        std::memcpy(&o2, xo + (i * nb + b) * 16 + 8 * h + 4 * p + 2 * e, sizeof o2);
+        const __m512i ob = _mm512_set1_epi64(o2);
+        for (int g = 0; g < NG; ++g) dot[i][g] = ob;
+      }
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        __m512i q[NG];
+        for (int g = 0; g < NG; ++g) q[g] = load64(wb[g] + 64 * (4 * run + c));
+        for (int i = 0; i < MR; ++i) {
+          int64_t x8;
+          std::memcpy(&x8, xq + i * k + 256 * b + 128 * h + 64 * p + 32 * e + 8 * c, sizeof x8);
+          const __m512i xb = _mm512_set1_epi64(x8);
+          for (int g = 0; g < NG; ++g) dot[i][g] = _mm512_dpbusd_epi32(dot[i][g], q[g], xb);
+        }
+      }
+      for (int g = 0; g < NG; ++g) {
+        const __m512i s = load64(wb[g] + PanelQ6K::kS + 64 * run);
+        for (int i = 0; i < MR; ++i) sum[i][g] = _mm512_add_epi32(sum[i][g], _mm512_mullo_epi32(dot[i][g], s));
+      }
+    }
+    if constexpr (NG == 2) {
+      const __m512 d = pair_floats(wb[0] + PanelQ6K::kD, wb[1] + PanelQ6K::kD);
+      for (int i = 0; i < MR; ++i) {
+        const __m512i rows = fold_two_groups(sum[i][0], sum[i][1]);
+        float* ai = acc[i][0];
+        _mm512_store_ps(ai, _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xd[i * nb + b])), _mm512_maskz_cvtepi32_ps(0xFFFF, rows), _mm512_load_ps(ai)));
+      }
+      continue;
+    }
+    for (int g = 0; g < NG; ++g) {
+      const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(wb[g] + PanelQ6K::kD));
+      for (int i = 0; i < MR; ++i) {
+        const __m256i rows = avx2::fold_lane_pairs(sum[i][g]);
+        const __m256 t = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xd[i * nb + b])), _mm256_cvtepi32_ps(rows), _mm256_load_ps(acc[i][g]));
+        _mm256_store_ps(acc[i][g], t);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int g = 0; g < NG; ++g) _mm256_storeu_ps(y + i * ldy + kGroup * g, _mm256_load_ps(acc[i][g]));
+  }
+}
+
+constexpr int kPanelMR = 6;
+
+template <typename T, int NG>
+void panel_tile(int mr, const uint8_t* pw, int64_t ps, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+  const auto run = [&](auto rows) {
+    constexpr int MR = decltype(rows)::value;
+    if constexpr (std::is_same_v<T, Q4_K>) {
+      panel_q4_k<MR, NG>(pw, ps, a, r0, y, ldy);
+    } else {
+      panel_q6_k<MR, NG>(pw, ps, a, r0, y, ldy);
+    }
+  };
+  switch (mr) {
+    case 1: return run(std::integral_constant<int, 1>{});
+    case 2: return run(std::integral_constant<int, 2>{});
+    case 3: return run(std::integral_constant<int, 3>{});
+    case 4: return run(std::integral_constant<int, 4>{});
+    case 5: return run(std::integral_constant<int, 5>{});
+    default: return run(std::integral_constant<int, kPanelMR>{});
+  }
+}
+
+// The panel matmul over groups [g0, g1): runs of them decoded into this thread's panel, then every tile of rows.
+template <typename T>
+void panel_groups(int64_t g0, int64_t g1, const uint8_t* wp, int64_t group_bytes, const RowActs& a, float* yp, int64_t n) {
+  using P = std::conditional_t<std::is_same_v<T, Q4_K>, PanelQ4K, PanelQ6K>;
+  constexpr int64_t kBlock = kGroup * T::kBytes;
+  const int64_t nb = a.nb, ps = nb * P::kBytes, m = a.m;
+  // about 256 KB of panel a run, an even number of groups: it stays in L2 while every tile of rows passes over it
+  const int64_t run = std::max<int64_t>(2, 262144 / ps / 2 * 2);
+  thread_local std::vector<uint8_t> panel;
+  if (static_cast<int64_t>(panel.size()) < run * ps) panel.resize(static_cast<size_t>(run * ps));
+  for (int64_t c0 = g0; c0 < g1; c0 += run) {
+    const int64_t c1 = std::min(g1, c0 + run);
+    for (int64_t g = c0; g < c1; ++g) {
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* w = wp + g * group_bytes + b * kBlock;
+        uint8_t* out = panel.data() + (g - c0) * ps + b * P::kBytes;
+        if constexpr (std::is_same_v<T, Q4_K>) {
+          unpack_panel_q4_k(w, out);
+        } else {
+          unpack_panel_q6_k(w, out);
+        }
+      }
+    }
+    for (int64_t i0 = 0; i0 < m; i0 += kPanelMR) {
+      const int mr = static_cast<int>(std::min<int64_t>(kPanelMR, m - i0));
+      int64_t g = c0;
+      for (; g + 2 <= c1; g += 2) panel_tile<T, 2>(mr, panel.data() + (g - c0) * ps, ps, a, i0, yp + i0 * n + g * kGroup, n);
+      if (g < c1) panel_tile<T, 1>(mr, panel.data() + (g - c0) * ps, ps, a, i0, yp + i0 * n + g * kGroup, n);
+    }
+  }
+}
 template <typename T, int MR>
 void pair_mr(const uint8_t* w0, const uint8_t* w1, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
   if constexpr (std::is_same_v<T, Q4_0>) {
@@ -1971,6 +2258,7 @@ constexpr int64_t kMR = 4;
 // Q4_0 (1B layers, the same machine): at 8 rows 25.5-27 ms (tile_z_q4_0) against the pairs' 28-35, at 16 and 32
 // rows about even (55 and 105 ms against 58 and 97).
 constexpr int64_t kZRows = 48, kZRowsQ4_0 = 16;
+constexpr int64_t kPanelRows = 48;
 
 template <typename K, typename T>
 void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
@@ -1980,7 +2268,10 @@ void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   // Q6_K: tile_z_q6_k from 5 rows; at one row it ran 5-10 % slower than tile_wide_q6_k (1B Q4_K_M's Q6_K layers,
   // weights from memory), at 8 rows 7-9 % faster than the one-run-at-a-time eight-row tile it replaced
   constexpr bool kZ6 = K::kWide && std::is_same_v<T, Q6_K>;
-  const bool pairs = kPairs && m >= (std::is_same_v<T, Q4_0> ? kZRowsQ4_0 : kZRows);
+  // Q4_K and Q6_K: from kPanelRows rows, decoded into panels (see panel_groups)
+  constexpr bool kPanels = K::kWide && (std::is_same_v<T, Q4_K> || std::is_same_v<T, Q6_K>);
+  const bool panels = kPanels && m >= kPanelRows;
+  const bool pairs = kPairs && !panels && m >= (std::is_same_v<T, Q4_0> ? kZRowsQ4_0 : kZRows);
   RowActs acts(m, k, T::kActBlock, std::is_same_v<T, Q6_K>, std::is_same_v<T, Q8_0> ? 128 : 8,
                (kPairs && !pairs) || (kZ6 && m > 4));
   const int64_t mr_max = eight_rows<K>() && !pairs ? 8 : kMR;
@@ -2000,6 +2291,11 @@ void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   // groups per chunk: their blocks stay in cache while every tile of activation rows passes over them
   const int64_t chunk = std::max<int64_t>(1, 131072 / group_bytes);
   at::parallel_for(0, groups, m == 1 ? 8 : 2, [&](int64_t g0, int64_t g1) {
+#ifdef HEARTH_GGUF_AVX512
+    if constexpr (kPanels) {
+      if (panels) return panel_groups<T>(g0, g1, wp, group_bytes, acts, yp, n);
+    }
+#endif
     for (int64_t c0 = g0; c0 < g1; c0 += chunk) {
       const int64_t c1 = std::min(g1, c0 + chunk);
       for (int64_t i0 = 0; i0 < m; i0 += mr_max) {

@@ -6,7 +6,8 @@ Block 0 is reserved as an always-zero block that padded attention reads point at
 Full blocks are shared by reference. A prompt whose next tokens match only the start of a cached block (the same
 prompt sent again, after its reply filled the block that held the prompt's last tokens) gets those tokens' KV
 copied into a block of its own, through the runner's ``copy_kv``: cached blocks are never written, so a copy is
-the only way to reuse part of one.
+the only way to reuse part of one. A finished request's last block, never full, stays cached too, holding its
+tokens so far: the next turn of a chat copies them rather than computing up to a block's worth again.
 
 Free blocks are handed out lowest id first, so the blocks ever written are the ids below a high-water mark
 (``num_touched_blocks``). Once that reaches ``resident_blocks``, a new block evicts the least recently used cached
@@ -128,7 +129,7 @@ class BlockManager:
         for block_id in self._children.get(parent, ()):
             tokens = self.blocks[block_id].token_ids
             n = 0
-            while n < len(wanted) and tokens[n] == wanted[n]:
+            while n < min(len(wanted), len(tokens)) and tokens[n] == wanted[n]:
                 n += 1
             if n > best_len:
                 best, best_len = block_id, n
@@ -241,7 +242,9 @@ class BlockManager:
 
     # --- release -------------------------------------------------------------------------------------------
     def free(self, seq: Sequence) -> None:
-        """Drop ``seq``'s references at once; hashed blocks stay reusable until evicted."""
+        """Drop ``seq``'s references at once; hashed blocks stay reusable until evicted, and so does the block that
+        holds its last computed tokens (see ``_keep_partial``)."""
+        self._keep_partial(seq)
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]
             block.ref_count -= 1
@@ -256,6 +259,31 @@ class BlockManager:
         seq.num_hashed_blocks = 0
         seq.num_computed_tokens = 0
         seq.num_draft_computed = 0  # a draft model's KV lived in these blocks' slots too
+
+    def _keep_partial(self, seq: Sequence) -> None:
+        """Register the block past ``seq``'s last full one, which holds its last computed tokens, as a cached block
+        of that many tokens, so that a later prompt starting with them copies them (``_match_partial``) instead of
+        computing them again: the next turn of a chat, or a prompt sent again after a reply shorter than the rest of
+        its block. It is never shared by reference (``_match_prefix`` takes only full blocks), and it is skipped where
+        a registered block after the same prefix already starts with its tokens."""
+        if self.copy_kv is None or not self.enable_prefix_caching:
+            return
+        i, n = divmod(seq.num_computed_tokens, self.block_size)
+        if not n or i >= len(seq.block_table) or seq.num_hashed_blocks != i:
+            return
+        block = self.blocks[seq.block_table[i]]
+        if block.ref_count != 1 or block.hash is not None:
+            return
+        parent = seq.block_hashes[i - 1] if i else None
+        tokens = tuple(seq.token_ids[i * self.block_size : i * self.block_size + n])
+        if any(self.blocks[b].token_ids[:n] == tokens for b in self._children.get(parent, ())):
+            return
+        h = chain_hash(parent, tokens)
+        if h in self._hash_to_block:
+            return
+        block.hash, block.token_ids, block.parent = h, tokens, parent
+        self._hash_to_block[h] = block.block_id
+        self._children.setdefault(parent, set()).add(block.block_id)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (for example after the KV dtype changes)."""

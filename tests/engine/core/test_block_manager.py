@@ -235,3 +235,36 @@ def test_without_a_limit_a_never_written_block_is_taken_before_a_cached_prefix_i
     second = _seq(list(range(100, 116)), "b")
     bm.allocate(second, 17)
     assert second.block_table == [5, 6, 7, 8, 9] and bm.num_cached_blocks == 4
+
+
+def test_a_finished_requests_last_partial_block_is_copied_by_the_next_turn() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4)
+    bm.copy_kv = copies = _Copies(bm)
+    _replied(bm, [1, 2, 3, 4, 5], [6, 7], "a")  # one full block, then (5, 6, 7) never filled
+    kept = [b for b in bm._cached if bm.blocks[b].token_ids == (5, 6, 7)]
+    assert len(kept) == 1 and bm.blocks[kept[0]].parent is not None
+    nxt = _seq([1, 2, 3, 4, 5, 6, 7, 8, 9], "b")  # the next turn: the whole first exchange, then more
+    bm.allocate(nxt, 0)
+    assert nxt.num_cached_tokens == 7 and copies.done[-1][:3] == (kept[0], nxt.block_table[1], 3)
+    assert nxt.block_table[1] != kept[0]  # copied, never shared: the next turn writes the rest of its block
+    assert nxt.num_hashed_blocks == 1
+    short = _seq([1, 2, 3, 4, 5, 9], "c")
+    bm.allocate(short, 0)
+    assert short.num_cached_tokens == 5  # the start of the kept block that matches
+
+
+def test_a_partial_block_is_not_kept_where_a_registered_block_already_starts_with_its_tokens() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4)
+    bm.copy_kv = _Copies(bm)
+    _replied(bm, [1, 2], [3, 4, 5], "a")  # (1, 2, 3, 4) full, then (5,) kept
+    before = dict(bm._hash_to_block)
+    _replied(bm, [1], [2], "b")  # (1, 2) is the start of the full block: nothing new is registered
+    assert bm._hash_to_block == before
+    assert sorted(len(bm.blocks[b].token_ids) for b in bm._cached) == [1, 4]
+
+
+def test_without_a_copy_function_no_partial_block_is_kept() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4)
+    _replied(bm, [1, 2, 3, 4, 5], [6], "a")
+    assert [bm.blocks[b].token_ids for b in bm._cached] == [(1, 2, 3, 4)]
+    assert bm.num_free_blocks == 15

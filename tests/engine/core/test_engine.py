@@ -318,3 +318,26 @@ def test_finished_prefixes_keep_at_most_prefix_cache_bytes_of_the_pool(tiny_mode
     assert replies[6] == replies[None]
     assert touched[None] > 6 * 2  # every prompt took blocks never written before
     assert touched[6] <= 6 + 3  # the limit, plus what one request held while it ran past it
+
+
+def test_the_next_turn_copies_the_last_partial_block_and_replies_as_without_the_cache(
+        tiny_model_dirs: dict[str, Path]) -> None:
+    """A finished request's last block, never full, is kept: the next turn (its prompt, its reply, then more) copies
+    those tokens' KV instead of computing them, and replies exactly as an engine without prefix caching does."""
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    prompt = [(5 * j) % 200 + 3 for j in range(21)]  # one full block of 16, then 5 tokens
+    replies, hits = {}, {}
+    for caching in (True, False):
+        llm = LLM(tiny_model_dirs["llama"], dtype="float32", start_loop=False, enable_prefix_caching=caching)
+        try:
+            first = llm.generate([prompt], params)[0].token_ids
+            bm = llm.engine.block_manager
+            before = bm.num_prefix_hit_tokens
+            turn = prompt + first + [9, 8, 7]
+            replies[caching] = (first, llm.generate([turn], params)[0].token_ids)
+            hits[caching] = bm.num_prefix_hit_tokens - before
+        finally:
+            llm.close()
+    assert replies[True] == replies[False]
+    # the first request computed its prompt and 5 of its 6 reply tokens: 26, one full block and 10 more
+    assert hits[True] == 26 and hits[False] == 0

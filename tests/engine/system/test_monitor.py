@@ -191,8 +191,9 @@ def test_kv_occupancy_and_throughput_during_a_real_generation(default_model_dir:
     occupancy = [u + c for u, c in zip(used, cached, strict=True)]  # blocks holding KV, live or cached
     assert used[0] == 0
     assert max(used) > 0, "KV occupancy never rose during generation"
-    assert max(occupancy) > cached[-1]
-    # Afterwards no sequence holds a block; the full blocks stay behind as cached prefixes.
+    assert max(occupancy) >= cached[-1]
+    # Afterwards no sequence holds a block; the full blocks, and each request's last block (never full), stay behind
+    # as cached prefixes (engine/core/block_manager.py).
     assert used[-1] == 0 and occupancy[-1] == cached[-1] > 0
     assert max(throughput) > 0
     print(f"KV blocks used peak {max(used):.0f}, cached after {cached[-1]:.0f}; "

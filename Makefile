@@ -53,10 +53,10 @@ run: install ## open the app
 	$(PY) -m app
 
 .PHONY: check
-check: $(STAMP) ## ruff, import-linter layer contracts, mypy on engine/, app/ and the app's engine fake
+check: $(STAMP) ## ruff, import-linter layer contracts, mypy on engine/, app/, the app's engine fake and its UI flows
 	$(PY) -m ruff check app engine tests
 	$(VENV)/bin/lint-imports
-	$(PY) -m mypy engine app tests/app/fake_engine.py
+	$(PY) -m mypy engine app tests/app/fake_engine.py tests/app/ui_flows.py
 
 .PHONY: test
 test: ## the setup and the checks, then the whole suite offscreen

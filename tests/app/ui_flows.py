@@ -134,6 +134,7 @@ def flow_two_conversations(qtbot: Any, win: MainWindow, timeouts: Timeouts = Tim
     load_model(qtbot, win, timeouts=timeouts)
     first = send(qtbot, win, LONG_PROMPT)
     first_conversation = win.chat_pane.current_conversation
+    assert first_conversation is not None
     qtbot.mouseClick(child(win, QPushButton, "newChatButton"), Qt.MouseButton.LeftButton)
     assert win.chat_pane.current_conversation is not first_conversation
     second = send(qtbot, win, LONG_PROMPT)
@@ -221,6 +222,7 @@ def flow_edit_and_regenerate_branch(qtbot: Any, win: MainWindow, timeouts: Timeo
     assert first.status == STATUS_DONE and "Paris" in first.content
     pane = win.chat_pane
     conversation = pane.current_conversation
+    assert conversation is not None
     click_message_action(win, "hearth:regenerate/1")
     second = conversation.messages[1]
     assert second is not first and second.is_streaming

@@ -270,7 +270,8 @@ class EngineConfig:
     Attributes:
         max_batch_size: most sequences in one step (running batch).
         max_wait_ms: longest time admission waits to gather a batch when the engine is idle. The scheduler
-            shrinks the actual wait below this when requests arrive slowly (see ``Scheduler.batch_window_s``).
+            waits only while requests come in bursts, and not at all when they come one at a time (see
+            ``Scheduler.batch_window_s``).
         max_num_batched_tokens: token budget of one step; longer prompts are prefilled in chunks.
         block_size: tokens per KV-cache block.
         kv_cache_bytes: memory for the KV-cache pool; ``None`` sizes it from free memory.

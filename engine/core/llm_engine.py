@@ -235,10 +235,11 @@ class LLMEngine:
             outputs: list[StepOutput] = []
             self._drain_inbox(outputs)
             delay = self.scheduler.admission_delay_s()
-            if delay > 0:
+            while delay > 0:  # until the window from the oldest arrival ends, or the batch is full
                 with self._cv:
                     self._cv.wait(delay)  # an arrival wakes us early; then gather it into this batch
                 self._drain_inbox(outputs)
+                delay = self.scheduler.admission_delay_s()
             if self.speculator is not None:
                 self.speculator.plan(self.scheduler.running, self._can_speculate, self.scheduler.token_budget)
             batch = self.scheduler.schedule()

@@ -14,6 +14,9 @@ from engine.api import EngineConfig
 from engine.core.block_manager import BlockManager
 from engine.core.sequence import Sequence, SequenceStatus
 
+#: the share of recent arrivals within the window of the one before from which an idle engine waits to batch
+BURST_SHARE = 1 / 3
+
 
 @dataclass(slots=True)
 class ScheduledBatch:
@@ -54,15 +57,16 @@ class Scheduler:
         self.max_running = config.max_batch_size
         self.token_budget = config.max_num_batched_tokens
         self.window_scale = 1.0
-        self._mean_gap_s: float | None = None  # moving average of the time between arrivals
+        #: moving share of arrivals that came within ``max_wait_ms`` of the one before (see ``batch_window_s``)
+        self._burst_share = 0.0
         self._last_arrival: float | None = None
 
     # --- queue -----------------------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         now = time.monotonic()
         if self._last_arrival is not None:
-            gap = now - self._last_arrival
-            self._mean_gap_s = gap if self._mean_gap_s is None else 0.8 * self._mean_gap_s + 0.2 * gap
+            close = now - self._last_arrival <= self.config.max_wait_ms / 1000.0
+            self._burst_share = 0.8 * self._burst_share + 0.2 * close
         self._last_arrival = now
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
@@ -95,13 +99,16 @@ class Scheduler:
     def batch_window_s(self) -> float:
         """How long an idle engine waits to gather a batch.
 
-        Adaptive: when requests arrive in bursts (mean gap below the configured window), waiting lets them
-        share the first step; when they arrive slowly, waiting only adds latency, so the window shrinks to 0.
+        Adaptive: when requests come in bursts (a third or more of recent arrivals within ``max_wait_ms`` of the
+        one before, as when several clients send at once, however long the pauses between bursts), the first of a
+        burst waits up to that long, so that the rest share its first step instead of waiting a whole step for the
+        next one. When they come one at a time, waiting would only add latency, so the window is 0. (A moving
+        average of the gaps themselves, used before, let each pause between bursts close the window for the next
+        burst: eight streams' first tokens at 8B took one step more.)
         """
-        max_wait = self.window_scale * self.config.max_wait_ms / 1000.0
-        if self._mean_gap_s is None or self._mean_gap_s > max_wait:
+        if self._burst_share < BURST_SHARE:
             return 0.0
-        return min(max_wait, 2.0 * self._mean_gap_s)
+        return self.window_scale * self.config.max_wait_ms / 1000.0
 
     def admission_delay_s(self, now: float | None = None) -> float:
         """Seconds to hold back admission now (0 means admit)."""

@@ -61,14 +61,36 @@ def test_preemption_frees_blocks_and_requeues() -> None:
     assert b in sched.waiting and b.block_table == [] and b.num_computed_tokens == 0
 
 
+def _arrive_after(sched: Scheduler, seconds: float, rid: str) -> None:
+    """An arrival ``seconds`` after the one before (the last arrival's time moved back instead of sleeping)."""
+    if sched._last_arrival is not None:
+        sched._last_arrival -= seconds
+    sched.add(_seq(3, rid))
+
+
 def test_batch_window_adapts_to_arrival_rate() -> None:
     sched = _scheduler(max_wait_ms=50)
     assert sched.batch_window_s() == 0.0  # a lone request is not held back
     for i in range(4):
         sched.add(_seq(3, f"burst{i}"))  # arrivals microseconds apart
-    assert 0 < sched.batch_window_s() <= 0.05
-    sched._mean_gap_s = 1.0  # slow arrivals: waiting would only add latency
+    assert sched.batch_window_s() == 0.05
+    for i in range(6):
+        _arrive_after(sched, 1.0, f"slow{i}")  # one at a time: waiting would only add latency
     assert sched.batch_window_s() == 0.0
+
+
+def test_a_pause_between_bursts_keeps_the_window_for_the_next_burst() -> None:
+    """Eight clients that send at once, then pause for seconds, then send at once again: the first of the next
+    burst waits for the others (a moving average of the gaps let each pause close the window)."""
+    sched = _scheduler(max_wait_ms=5, max_batch_size=8)
+    for burst in range(3):
+        _arrive_after(sched, 5.0, f"b{burst}-0")
+        if burst:
+            assert sched.batch_window_s() == 0.005  # the first of this burst waits
+        for i in range(1, 8):
+            sched.add(_seq(3, f"b{burst}-{i}"))
+        sched.waiting.clear()
+    assert sched.batch_window_s() == 0.005
 
 
 def test_full_batch_is_admitted_without_waiting() -> None:

@@ -1620,17 +1620,44 @@ void tile_z_q4_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64
 // call took about the tile's arithmetic plus the memory's time, not the larger of the two (a 1B file's Q4_K layers
 // at 8 rows: 38-40 ms without, 21-22 ms at 4-8 blocks ahead, 22-27 ms at 16; AVX512 EPYC, two threads)
 constexpr int64_t kPrefetchZ = 6;
-template <int MR>
-void tile_z_q4_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
-  constexpr int64_t kBlock = kGroup * Q4_K::kBytes;
-  const __m512i low4z = _mm512_set1_epi8(0x0F);
+// The decoding tile_z_q4_k does and the panels store (unpack_panel_q4_k), in one place. A Q4_K group block's scales:
+// the 6-bit scales of each row, widened to qwords (sc4[0]: sub-blocks 0-3, sc4[1]: 4-7), and its four minimum
+// vectors (mins[j]: the minimums of sub-blocks 2j' and 2j' + 1 side by side, in the order of the activations' sums).
+inline void z_scales_q4_k(const uint8_t* w, __m512i sc4[2], __m256i mins[4]) {
   const __m256i low4 = _mm256_set1_epi8(0x0F), low6 = _mm256_set1_epi8(0x3F), low2 = _mm256_set1_epi8(3);
   const __m256i even = _mm256_set1_epi16(0xFF);
+  const __m256i u0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32));
+  const __m256i u1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64));
+  const __m256i u2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 96));
+  sc4[0] = _mm512_maskz_cvtepu32_epi64(0xFF, _mm256_and_si256(u0, low6));
+  sc4[1] = _mm512_maskz_cvtepu32_epi64(0xFF, _mm256_or_si256(
+      _mm256_and_si256(u2, low4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), low2), 4)));
+  const __m256i mn_lo = _mm256_and_si256(u1, low6);
+  const __m256i mn_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), low4),
+                                        _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), low2), 4));
+  mins[0] = _mm256_and_si256(mn_lo, even);
+  mins[1] = _mm256_srli_epi16(mn_lo, 8);
+  mins[2] = _mm256_and_si256(mn_hi, even);
+  mins[3] = _mm256_srli_epi16(mn_hi, 8);
+}
+// The scales of sub-blocks 2p (lane 2r) and 2p + 1 (lane 2r + 1) of each row r, from z_scales_q4_k's sc4.
+inline __m512i z_scale_q4_k(const __m512i sc4[2], int p) {
   // byte 2(p % 2) of each row's scale word to lane 2r, byte 2(p % 2) + 1 to lane 2r + 1 (VPSHUFB in 128-bit lanes)
   const __m512i pick[2] = {_mm512_set4_epi32(static_cast<int>(0x80808009), static_cast<int>(0x80808008),
                                              static_cast<int>(0x80808001), static_cast<int>(0x80808000)),
                            _mm512_set4_epi32(static_cast<int>(0x8080800B), static_cast<int>(0x8080800A),
                                              static_cast<int>(0x80808003), static_cast<int>(0x80808002))};
+  return _mm512_shuffle_epi8(sc4[p / 2], pick[p % 2]);
+}
+// Chunk c of part p of a Q4_K group block: row r's 4 bytes in the low half of qword r, shifted by 28 into its high
+// half as well, so the low nibbles stay in the low dword and the high ones land in the high dword.
+inline __m512i z_quants_q4_k(const uint8_t* w, int p, int c) {
+  const __m512i v = _mm512_maskz_cvtepu32_epi64(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 256 * p + 32 * c)));
+  return _mm512_ternarylogic_epi64(v, _mm512_maskz_slli_epi64(0xFF, v, 28), _mm512_set1_epi8(0x0F), 0xA8);  // (v | v << 28) & 0x0F
+}
+template <int MR>
+void tile_z_q4_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+  constexpr int64_t kBlock = kGroup * Q4_K::kBytes;
   const int64_t k = a.k, nb = a.nb;
   const int8_t* xq = a.q.data() + r0 * k;
   const float* xd = a.d.data() + r0 * nb;
@@ -1642,30 +1669,20 @@ void tile_z_q4_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64
     avx2::prefetch_ahead(w, kBlock, kPrefetchZ);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
     const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)));
-    const __m256i u0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32));
-    const __m256i u1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64));
-    const __m256i u2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 96));
-    const __m512i sc4[2] = {
-        _mm512_maskz_cvtepu32_epi64(0xFF, _mm256_and_si256(u0, low6)),
-        _mm512_maskz_cvtepu32_epi64(0xFF, _mm256_or_si256(
-            _mm256_and_si256(u2, low4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), low2), 4)))};
-    const __m256i mn_lo = _mm256_and_si256(u1, low6);
-    const __m256i mn_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), low4),
-                                          _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), low2), 4));
+    __m512i sc4[2];
+    __m256i mins[4];
+    z_scales_q4_k(w, sc4, mins);
     __m512i sum[MR];
     for (int i = 0; i < MR; ++i) sum[i] = _mm512_setzero_si512();
     for (int p = 0; p < 4; ++p) {
-      const __m512i s = _mm512_shuffle_epi8(sc4[p / 2], pick[p % 2]);
+      const __m512i s = z_scale_q4_k(sc4, p);
       __m512i dot[MR];
       for (int i = 0; i < MR; ++i) dot[i] = _mm512_setzero_si512();
       // unrolled: rolled, GCC copied each dot product out and back around its VPDPBUSD (8 rows from memory: 17-24
       // ms against 22-34 rolled, in alternating runs)
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {
-        // row r's 4 bytes in the low half of qword r, shifted by 28 into its high half as well: the low nibbles
-        // stay in the low dword, the high ones land in the high dword
-        const __m512i v = _mm512_maskz_cvtepu32_epi64(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 256 * p + 32 * c)));
-        const __m512i q = _mm512_ternarylogic_epi64(v, _mm512_maskz_slli_epi64(0xFF, v, 28), low4z, 0xA8);  // (v | v << 28) & 0x0F
+        const __m512i q = z_quants_q4_k(w, p, c);
         for (int i = 0; i < MR; ++i) {
           int64_t x8;
           std::memcpy(&x8, xq + i * k + 256 * b + 64 * p + 8 * c, sizeof x8);
@@ -1674,8 +1691,6 @@ void tile_z_q4_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64
       }
       for (int i = 0; i < MR; ++i) sum[i] = _mm512_add_epi32(sum[i], _mm512_mullo_epi32(dot[i], s));
     }
-    const __m256i mins[4] = {_mm256_and_si256(mn_lo, even), _mm256_srli_epi16(mn_lo, 8), _mm256_and_si256(mn_hi, even),
-                             _mm256_srli_epi16(mn_hi, 8)};
     for (int i = 0; i < MR; ++i) {
       const __m256i rows = avx2::fold_lane_pairs(sum[i]);
       const int16_t* bs = xs + (i * nb + b) * 8;
@@ -1760,6 +1775,35 @@ void tile_wide_q6_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, in
   for (int i = 0; i < MR; ++i) _mm256_storeu_ps(y + i * ldy, acc[i]);
 }
 
+// The decoding tile_z_q6_k does and the panels store (unpack_panel_q6_k), in one place. The quants of chunk c of
+// sub-blocks 8h + 4p + e (lane 2r) and 8h + 4p + 2 + e (lane 2r + 1) of each row r, 0..63: sub-block g's low bits
+// (v0) in the lower half, g + 2's (v1) in the upper; their high bits, vh shifted into bits 4-5 by a per-half count;
+// then row r's dword of each half to lanes 2r and 2r + 1.
+inline __m512i z_quants_q6_k(const uint8_t* w, int h, int p, int e, int c) {
+  const __m512i zip = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
+  // the high bits' shifts, per 16-bit lane of each half: p = 0 left by 4 (g) and 2 (g + 2), p = 1 right by 0 and 2
+  const __m512i up[2] = {_mm512_mask_blend_epi16(0xFFFF0000, _mm512_set1_epi16(4), _mm512_set1_epi16(2)),
+                         _mm512_maskz_mov_epi16(0xFFFF0000, _mm512_set1_epi16(2))};
+  const int l = 16 * e + 4 * c;
+  const __m512i v = avx2::pair512(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 144 + 32 * (16 * h + l / 4))),
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 144 + 32 * (16 * h + 8 + l / 4))));
+  const __m512i vh = _mm512_maskz_broadcast_i64x4(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 1168 + 32 * (8 * h + l / 4))));
+  const __m512i low = p == 0 ? v : _mm512_srli_epi16(v, 4);
+  const __m512i high = _mm512_and_si512(p == 0 ? _mm512_sllv_epi16(vh, up[0]) : _mm512_srlv_epi16(vh, up[1]),
+                                        _mm512_set1_epi8(0x30));
+  return _mm512_maskz_permutexvar_epi32(0xFFFF, zip, _mm512_ternarylogic_epi32(low, _mm512_set1_epi8(0x0F), high, 0xEA));  // (low & 0x0F) | high
+}
+// The scales of those two sub-blocks of each row, in lanes 2r and 2r + 1.
+inline __m512i z_scale_q6_k(const uint8_t* w, int h, int p, int e) {
+  // byte e of row r's scale word to the top byte of lane 2r, byte e + 2 to that of lane 2r + 1 (then >> 24)
+  const __m512i pick[2] = {
+      _mm512_set4_epi32(0x0A808080, 0x08808080, 0x02808080, 0x00808080),
+      _mm512_set4_epi32(0x0B808080, 0x09808080, 0x03808080, 0x01808080)};
+  const __m512i words = _mm512_maskz_cvtepu32_epi64(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * (2 * h + p))));
+  return _mm512_maskz_srai_epi32(0xFFFF, _mm512_shuffle_epi8(words, pick[e]), 24);
+}
+
 // Q6_K in the VNNI build, one group, up to eight activation rows: each 512-bit vector holds 4 quant bytes of the
 // eight rows for two sub-blocks, g (run 2p of a half) in lane 2r and g + 2 (run 2p + 1) in lane 2r + 1, against 8
 // activation bytes (paired as Q4_K's) broadcast to every lane pair. Each lane starts from -32 times its sub-block's
@@ -1769,15 +1813,6 @@ void tile_wide_q6_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, in
 template <int MR>
 void tile_z_q6_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
   constexpr int64_t kBlock = kGroup * Q6_K::kBytes;
-  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
-  const __m512i zip = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
-  // the high bits' shifts, per 16-bit lane of each half: p = 0 left by 4 (g) and 2 (g + 2), p = 1 right by 0 and 2
-  const __m512i up[2] = {_mm512_mask_blend_epi16(0xFFFF0000, _mm512_set1_epi16(4), _mm512_set1_epi16(2)),
-                         _mm512_maskz_mov_epi16(0xFFFF0000, _mm512_set1_epi16(2))};
-  // byte e of row r's scale word to the top byte of lane 2r, byte e + 2 to that of lane 2r + 1 (then >> 24)
-  const __m512i pick[2] = {
-      _mm512_set4_epi32(0x0A808080, 0x08808080, 0x02808080, 0x00808080),
-      _mm512_set4_epi32(0x0B808080, 0x09808080, 0x03808080, 0x01808080)};
   const int64_t k = a.k, nb = a.nb;
   const int8_t* xq = a.q.data() + r0 * k;
   const float* xd = a.d.data() + r0 * nb;
@@ -1799,24 +1834,14 @@ void tile_z_q6_k(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64
           }
 #pragma GCC unroll 4
           for (int c = 0; c < 4; ++c) {
-            const int l = 16 * e + 4 * c;
-            // sub-block g's low bits (v0) in the lower half, g + 2's (v1) in the upper; their high bits, vh shifted
-            // into bits 4-5 by a per-half count; then row r's dword of each half to lanes 2r and 2r + 1
-            const __m512i v = avx2::pair512(
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 144 + 32 * (16 * h + l / 4))),
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 144 + 32 * (16 * h + 8 + l / 4))));
-            const __m512i vh = _mm512_maskz_broadcast_i64x4(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 1168 + 32 * (8 * h + l / 4))));
-            const __m512i low = p == 0 ? v : _mm512_srli_epi16(v, 4);
-            const __m512i high = _mm512_and_si512(p == 0 ? _mm512_sllv_epi16(vh, up[0]) : _mm512_srlv_epi16(vh, up[1]), bits45);
-            const __m512i q = _mm512_maskz_permutexvar_epi32(0xFFFF, zip, _mm512_ternarylogic_epi32(low, low4, high, 0xEA));  // (low & 0x0F) | high
+            const __m512i q = z_quants_q6_k(w, h, p, e, c);
             for (int i = 0; i < MR; ++i) {
               int64_t x8;
-              std::memcpy(&x8, xq + i * k + 256 * b + 128 * h + 64 * p + 2 * l, sizeof x8);
+              std::memcpy(&x8, xq + i * k + 256 * b + 128 * h + 64 * p + 32 * e + 8 * c, sizeof x8);
               dot[i] = _mm512_dpbusd_epi32(dot[i], q, _mm512_set1_epi64(x8));
             }
           }
-          const __m512i words = _mm512_maskz_cvtepu32_epi64(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * (2 * h + p))));
-          const __m512i sc = _mm512_maskz_srai_epi32(0xFFFF, _mm512_shuffle_epi8(words, pick[e]), 24);
+          const __m512i sc = z_scale_q6_k(w, h, p, e);
           for (int i = 0; i < MR; ++i) sum[i] = _mm512_add_epi32(sum[i], _mm512_mullo_epi32(dot[i], sc));
         }
       }
@@ -1898,65 +1923,25 @@ inline __m512i load64(const uint8_t* p) { return _mm512_loadu_si512(p); }
 
 // One Q4_K group block (w) into its panel block (out): tile_z_q4_k's vectors.
 inline void unpack_panel_q4_k(const uint8_t* w, uint8_t* out) {
-  const __m512i low4z = _mm512_set1_epi8(0x0F);
-  const __m256i low4 = _mm256_set1_epi8(0x0F), low6 = _mm256_set1_epi8(0x3F), low2 = _mm256_set1_epi8(3);
-  const __m256i even = _mm256_set1_epi16(0xFF);
-  const __m512i pick[2] = {_mm512_set4_epi32(static_cast<int>(0x80808009), static_cast<int>(0x80808008),
-                                             static_cast<int>(0x80808001), static_cast<int>(0x80808000)),
-                           _mm512_set4_epi32(static_cast<int>(0x8080800B), static_cast<int>(0x8080800A),
-                                             static_cast<int>(0x80808003), static_cast<int>(0x80808002))};
   _mm256_storeu_ps(reinterpret_cast<float*>(out + PanelQ4K::kD), _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
   _mm256_storeu_ps(reinterpret_cast<float*>(out + PanelQ4K::kDmin), _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16))));
-  const __m256i u0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32));
-  const __m256i u1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64));
-  const __m256i u2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 96));
-  const __m512i sc4[2] = {
-      _mm512_maskz_cvtepu32_epi64(0xFF, _mm256_and_si256(u0, low6)),
-      _mm512_maskz_cvtepu32_epi64(0xFF, _mm256_or_si256(
-          _mm256_and_si256(u2, low4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), low2), 4)))};
-  const __m256i mn_lo = _mm256_and_si256(u1, low6);
-  const __m256i mn_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), low4),
-                                        _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), low2), 4));
-  const __m256i mins[4] = {_mm256_and_si256(mn_lo, even), _mm256_srli_epi16(mn_lo, 8), _mm256_and_si256(mn_hi, even),
-                           _mm256_srli_epi16(mn_hi, 8)};
+  __m512i sc4[2];
+  __m256i mins[4];
+  z_scales_q4_k(w, sc4, mins);
   for (int j = 0; j < 4; ++j) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + PanelQ4K::kMins + 32 * j), mins[j]);
   for (int p = 0; p < 4; ++p) {
-    store64(out + PanelQ4K::kS + 64 * p, _mm512_shuffle_epi8(sc4[p / 2], pick[p % 2]));
-    for (int c = 0; c < 8; ++c) {
-      const __m512i v = _mm512_maskz_cvtepu32_epi64(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 256 * p + 32 * c)));
-      store64(out + 64 * (8 * p + c), _mm512_ternarylogic_epi64(v, _mm512_maskz_slli_epi64(0xFF, v, 28), low4z, 0xA8));
-    }
+    store64(out + PanelQ4K::kS + 64 * p, z_scale_q4_k(sc4, p));
+    for (int c = 0; c < 8; ++c) store64(out + 64 * (8 * p + c), z_quants_q4_k(w, p, c));
   }
 }
 
 // One Q6_K group block into its panel block: tile_z_q6_k's vectors.
 inline void unpack_panel_q6_k(const uint8_t* w, uint8_t* out) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
-  const __m512i zip = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
-  const __m512i up[2] = {_mm512_mask_blend_epi16(0xFFFF0000, _mm512_set1_epi16(4), _mm512_set1_epi16(2)),
-                         _mm512_maskz_mov_epi16(0xFFFF0000, _mm512_set1_epi16(2))};
-  const __m512i pick[2] = {
-      _mm512_set4_epi32(0x0A808080, 0x08808080, 0x02808080, 0x00808080),
-      _mm512_set4_epi32(0x0B808080, 0x09808080, 0x03808080, 0x01808080)};
   _mm256_storeu_ps(reinterpret_cast<float*>(out + PanelQ6K::kD), _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
-  for (int h = 0; h < 2; ++h) {
-    for (int p = 0; p < 2; ++p) {
-      const __m512i words = _mm512_maskz_cvtepu32_epi64(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * (2 * h + p))));
-      for (int e = 0; e < 2; ++e) {
-        const int run = (2 * h + p) * 2 + e;
-        store64(out + PanelQ6K::kS + 64 * run, _mm512_maskz_srai_epi32(0xFFFF, _mm512_shuffle_epi8(words, pick[e]), 24));
-        for (int c = 0; c < 4; ++c) {
-          const int l = 16 * e + 4 * c;
-          const __m512i v = avx2::pair512(
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 144 + 32 * (16 * h + l / 4))),
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 144 + 32 * (16 * h + 8 + l / 4))));
-          const __m512i vh = _mm512_maskz_broadcast_i64x4(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 1168 + 32 * (8 * h + l / 4))));
-          const __m512i low = p == 0 ? v : _mm512_srli_epi16(v, 4);
-          const __m512i high = _mm512_and_si512(p == 0 ? _mm512_sllv_epi16(vh, up[0]) : _mm512_srlv_epi16(vh, up[1]), bits45);
-          store64(out + 64 * (4 * run + c), _mm512_maskz_permutexvar_epi32(0xFFFF, zip, _mm512_ternarylogic_epi32(low, low4, high, 0xEA)));
-        }
-      }
-    }
+  for (int run = 0; run < 8; ++run) {  // (h, p, e), as panel_q6_k reads them
+    const int h = run / 4, p = run / 2 % 2, e = run % 2;
+    store64(out + PanelQ6K::kS + 64 * run, z_scale_q6_k(w, h, p, e));
+    for (int c = 0; c < 4; ++c) store64(out + 64 * (4 * run + c), z_quants_q6_k(w, h, p, e, c));
   }
 }
 

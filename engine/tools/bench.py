@@ -239,6 +239,15 @@ def _gguf_of(args: argparse.Namespace) -> Path | None:
     return None
 
 
+def _emit_bounds(gguf: Path, levels: list[int], results: dict[tuple[str, int], dict[str, Any]]) -> None:
+    """The machine's bounds for ``gguf`` and the ceilings they leave this run (``engine/tools/machine_bounds.py``)."""
+    from engine.model import native
+    from engine.tools.machine_bounds import bounds_row
+
+    if native.EXTENSION.start(wait=True) is None:
+        _emit(bounds_row(gguf, levels, results))
+
+
 def _emit(row: dict[str, Any]) -> None:
     print(json.dumps(row), flush=True)
 
@@ -393,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
             if not cached:
                 run.close()
 
+    if args.llama_server and (gguf := _gguf_of(args)) is not None:
+        _emit_bounds(gguf, levels, results)
     summary: dict[str, Any] = {"system": "summary"}
     single = results.get(("hearth", 1))
     hf_single = results.get((f"hf_sequential_{args.dtype}", 1))

@@ -194,6 +194,7 @@ TORCH_LIBRARY(hearth, m) {
   m.def("gguf_mm_avx2(Tensor x, Tensor w, int type) -> Tensor", &hearth::gguf_mm_avx2);
   m.def("gguf_kernel_family() -> str", &hearth::gguf_kernel_family);
   m.def("gguf_dequantize(Tensor w, int type) -> Tensor", &hearth::gguf_dequantize);
+  m.def("int8_peak_gmacs(int iterations) -> float", &hearth::int8_peak_gmacs);
   m.def(
       "decode_layers(int handle, Tensor x, Tensor cos, Tensor sin, Tensor(a!) k_pool, Tensor(b!) v_pool, "
       "Tensor slot_mapping, Tensor slots, Tensor lens, float eps, float scale, int num_heads) -> Tensor",

@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -494,6 +495,46 @@ at::Tensor int8_vnni_mm(const at::Tensor& x_in, const at::Tensor& w_in, const at
   with_activation_type(x.scalar_type(), run);
 #endif
   return y;
+}
+
+// --- the machine's int8 rate (engine/tools/machine_bounds.py) -------------------------------------------------------
+// What the VNNI tiles work against: independent chains of VPDPBUSD on 512-bit vectors on every thread, the
+// instruction they are built on, with nothing else in the loop. A decode step of many rows cannot run faster than
+// its multiplies at this rate.
+double int8_peak_gmacs(int64_t iterations) {
+#ifdef HEARTH_VNNI
+  constexpr int kChains = 12;
+  const int64_t threads = at::get_num_threads();
+  std::vector<int32_t> sink(threads * 16 * kChains);
+  auto pass = [&] {
+    at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        __m512i acc[kChains];
+        __m512i a = _mm512_set1_epi8(static_cast<char>(t + 1)), b = _mm512_set1_epi8(2);
+        for (int j = 0; j < kChains; ++j) acc[j] = _mm512_set1_epi32(j);
+        for (int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 12
+          for (int j = 0; j < kChains; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], a, b);
+          __asm__ volatile("" : "+v"(a));  // a fresh operand each round: the loop cannot be folded away
+        }
+        for (int j = 0; j < kChains; ++j) _mm512_storeu_si512(sink.data() + (t * kChains + j) * 16, acc[j]);
+      }
+    });
+  };
+  double best = 0.0;
+  for (int round = 0; round < 5; ++round) {
+    const auto start = std::chrono::steady_clock::now();
+    pass();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = std::max(best, static_cast<double>(threads) * iterations * kChains * 64 / s / 1e9);
+  }
+  volatile int32_t keep = 0;  // the chains' results are used: the loop cannot be left out
+  for (int32_t v : sink) keep = keep + v;
+  return best;
+#else
+  (void)iterations;
+  return 0.0;
+#endif
 }
 
 }  // namespace hearth

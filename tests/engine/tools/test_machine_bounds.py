@@ -1,0 +1,96 @@
+"""The machine's bounds for a GGUF file's decode steps (``engine/tools/machine_bounds.py``) and the native int8
+probe they use (``torch.ops.hearth.int8_peak_gmacs``, ``engine/model/csrc/vnni.cpp``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from gguf import GGUFReader
+
+from engine.model import native
+from engine.tools import machine_bounds
+from engine.tools.make_gguf import write_gguf
+from engine.tools.timings import Timings
+
+
+@pytest.fixture(scope="module")
+def kernels() -> None:
+    problem = native.EXTENSION.start(wait=True)
+    if problem is not None:
+        pytest.skip(f"no native kernels here: {problem}")
+
+
+@pytest.fixture(scope="module")
+def untied(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("bounds") / "llama-8b-1layer-Q4_K_M.gguf"  # its own output matrix, as 8B has
+    write_gguf(path, "llama-8b", "Q4_K_M", layers=1, vocab=512)
+    return path
+
+
+def _matrices(path: Path) -> list[tuple[str, int, int]]:
+    """(name, bytes, elements) of every 2-D tensor, read by gguf's own reader."""
+    return [(t.name, int(t.n_bytes), int(t.n_elements)) for t in GGUFReader(str(path)).tensors if len(t.shape) == 2]
+
+
+def test_a_step_reads_every_matrix_but_the_embedding_unless_the_embedding_is_the_head(
+    tmp_path: Path, untied: Path
+) -> None:
+    tied = tmp_path / "tiny-Q4_0.gguf"
+    write_gguf(tied, "tiny", "Q4_0", vocab=512)
+    tied_matrices = _matrices(tied)
+    assert "output.weight" not in {name for name, _, _ in tied_matrices}
+    assert machine_bounds.file_work(tied) == (sum(b for _, b, _ in tied_matrices), sum(e for _, _, e in tied_matrices))
+
+    read = [(name, b, e) for name, b, e in _matrices(untied) if name != "token_embd.weight"]
+    assert "output.weight" in {name for name, _, _ in read}
+    assert machine_bounds.file_work(untied) == (sum(b for _, b, _ in read), sum(e for _, _, e in read))
+
+
+def test_the_int8_probe_measures_a_rate_where_the_build_has_vnni(kernels: None) -> None:
+    peak = torch.ops.hearth.int8_peak_gmacs(10_000)
+    assert (peak > 0) == bool(torch.ops.hearth.vnni_available())
+    # a chain of VPDPBUSD per cycle on each thread at 1 GHz is 64 GMAC/s per thread: far below any CPU with VNNI
+    assert peak == 0 or 10 < peak / torch.get_num_threads() < 2000
+
+
+def test_each_floor_is_the_bytes_at_the_read_rate_or_the_multiplies_at_the_int8_rate(
+    kernels: None, untied: Path
+) -> None:
+    row = machine_bounds.bounds(untied, [1, 8, 64])
+    nbytes, macs = machine_bounds.file_work(untied)
+    assert (row["bytes_per_token"], row["macs_per_token"]) == (nbytes, macs)
+    read, int8 = row["read_gb_s"], row["int8_gmac_s"]
+    assert read > 0 and (int8 is None) == (not torch.ops.hearth.vnni_available())
+    for rows, floor in row["floor_ms"].items():
+        memory = nbytes / read / 1e6
+        arithmetic = int(rows) * macs / int8 / 1e6 if int8 else 0.0
+        # the row holds the rates rounded to 0.1
+        assert floor == pytest.approx(max(memory, arithmetic), rel=0.02, abs=0.01)
+    assert row["floor_ms"]["1"] <= row["floor_ms"]["8"] <= row["floor_ms"]["64"]
+
+
+def _row(system: str, streams: int, gap_s: float) -> dict[str, object]:
+    """A bench row (engine/tools/timings.py) of ``streams`` streams whose tokens come ``gap_s`` apart."""
+    timings = Timings(starts=[0.0] * streams, token_times=[[0.1 + gap_s * i for i in range(8)]] * streams, wall_s=1.0)
+    return timings.row(system, streams)
+
+
+def test_a_runs_ceilings_are_its_times_between_tokens_over_the_floors(kernels: None, untied: Path) -> None:
+    results = {("hearth", 1): _row("hearth", 1, 0.004), ("llama_server", 1): _row("llama_server", 1, 0.005),
+               ("hearth", 8): _row("hearth", 8, 0.006)}
+    row = machine_bounds.bounds_row(untied, [1, 8], results)
+    floors = row["floor_ms"]
+    assert row["one_stream_ratio_ceiling"] == round(5.0 / floors["1"], 2)
+    assert row["share_ceiling"] == {"8": round(min(1.0, 4.0 / floors["8"]), 2)}
+    # without llama.cpp's rows there is no ratio to bound
+    assert "one_stream_ratio_ceiling" not in machine_bounds.bounds_row(untied, [1, 8], {("hearth", 1): results[("hearth", 1)]})
+
+
+def test_the_command_prints_one_json_object(kernels: None, untied: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert machine_bounds.main([str(untied), "--rows", "1,4"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["system"] == "machine_bounds" and report["gguf"] == untied.name
+    assert set(report["floor_ms"]) == {"1", "4"} and report["threads"] == torch.get_num_threads()

@@ -1006,19 +1006,20 @@ void unpack(const uint8_t* src, uint8_t* dst, int64_t n, int64_t row_bytes) {
 // that one 32-bit broadcast pairs sub-blocks 2t and 2t + 2 against the minimums' byte pairs, see tile_k); for Q6_K
 // (sixteenths) -32 times the sum of each 16 [m][nb][16] in off (the weights are q - 32); for Q8_0 128 * sum(q)
 // (offset 128: the VNNI tile's weights are w + 128, unsigned).
+constexpr int32_t kQ4Offset = 8, kQ8Offset = 128;
 struct RowActs {
   int64_t m, k, size, nb;
   bool sixteenths;
   int32_t offset;
-  bool paired;  // Q4_0, Q4_K and Q6_K in the VNNI build's 512-bit tiles: quants in pairs of 4 (see quantize_row)
+  bool paired;  // the VNNI build's 512-bit tiles: Q4_0, Q4_K and Q6_K quants in pairs of 4, Q4_0 and Q8_0 d2/off2
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<int32_t> off;
   std::vector<int16_t> sums;
-  // Q4_0 paired: d and off of rows 2t and 2t + 1 side by side per block, [m / 2][nb][2] (see tile_z_q4_0)
+  // Q4_0 and Q8_0 paired: d and off of rows 2t and 2t + 1 side by side per block, [m / 2][nb][2] (see pair_block)
   std::vector<float> d2;
   std::vector<int32_t> off2;
-  RowActs(int64_t m_, int64_t k_, int64_t size_, bool sixteenths_ = false, int32_t offset_ = 8, bool paired_ = false)
+  RowActs(int64_t m_, int64_t k_, int64_t size_, bool sixteenths_ = false, int32_t offset_ = kQ4Offset, bool paired_ = false)
       : m(m_), k(k_), size(size_), nb(k_ / size_), sixteenths(sixteenths_), offset(offset_), paired(paired_), q(static_cast<size_t>(m_ * k_)),
         d(static_cast<size_t>(m_ * nb)),
         off(size_ == 32 ? static_cast<size_t>(m_ * nb) : sixteenths_ ? static_cast<size_t>(m_ * nb * 16) : 0),
@@ -1048,10 +1049,12 @@ struct RowActs {
 #endif
       if (size == 32) {
         off[static_cast<size_t>(r * nb + b)] = offset * sum;
-        if (paired) {  // in pairs of 4: 4c.. of the first 16, then 4c.. of the second (see tile_z_q4_0)
+        if (paired) {  // the scales and offsets of rows 2t and 2t + 1 side by side (see pair_block)
           const size_t pair = static_cast<size_t>(((r / 2) * nb + b) * 2 + r % 2);
           d2[pair] = *db;
           off2[pair] = offset * sum;
+        }
+        if (paired && offset == kQ4Offset) {  // Q4_0's in pairs of 4: 4c.. of the first 16, then 4c.. of the second
           int8_t block[32];
           std::memcpy(block, qb, 32);
           for (int c = 0; c < 4; ++c) {
@@ -1539,6 +1542,48 @@ void tile_pair_q4_k(const uint8_t* w0, const uint8_t* w1, const RowActs& a, int6
   for (int i = 0; i < MR; ++i) _mm512_storeu_ps(y + i * ldy, acc[i]);
 }
 
+// The fp32 work of a block for two activation rows at once (tile_z_q4_0, tile_z_q8_0): u holds row i's integers,
+// v row i + 1's, each row's sum for weight row j split over lanes 2j and 2j + 1. They are folded into one vector
+// (lane 2j: row i's sum for weight row j, lane 2j + 1: row i + 1's), the pair's offsets (xo2) are taken off, and it
+// is scaled by the pair's block scales (xd2) times dw2 (weight row j's scale in lanes 2j and 2j + 1) into acc. Every
+// lane takes the one-row tiles' integer and fp32 code.
+inline __m512 pair_block(__m512i u, __m512i v, const int32_t* xo2, const float* xd2, __m512 dw2, __m512 acc) {
+  const __m512i sum = _mm512_add_epi32(_mm512_mask_shuffle_epi32(u, 0xAAAA, v, _MM_PERM_CDAB),
+                                       _mm512_mask_shuffle_epi32(v, 0x5555, u, _MM_PERM_CDAB));
+  int64_t o2, d2;
+  std::memcpy(&o2, xo2, sizeof o2);
+  std::memcpy(&d2, xd2, sizeof d2);
+  const __m512i s = _mm512_sub_epi32(sum, _mm512_set1_epi64(o2));
+  const __m512 dx = _mm512_castsi512_ps(_mm512_set1_epi64(d2));
+  return _mm512_fmadd_ps(_mm512_mul_ps(dw2, dx), _mm512_maskz_cvtepi32_ps(0xFFFF, s), acc);
+}
+
+// The eight fp16 scales of a group block's weight rows, each in both lanes of its pair (see pair_block).
+inline __m512 pair_scales(const uint8_t* w) {
+  const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  return _mm512_maskz_permutexvar_ps(0xFFFF, twice, _mm512_castsi512_ps(avx2::zext512(_mm256_castps_si256(dw))));
+}
+
+// One row's fp32 work of a block (an odd last row): its lane pairs folded, its offset taken off, scaled into acc.
+inline __m256 row_block(__m512i dot, int32_t xo, float xd, const uint8_t* w, __m256 acc) {
+  const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  const __m256i sum = _mm256_sub_epi32(avx2::fold_lane_pairs(dot), _mm256_set1_epi32(xo));
+  return _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd)), _mm256_cvtepi32_ps(sum), acc);
+}
+
+// The pairs' accumulators (see pair_block) back to rows of eight outputs, then an odd last row's.
+template <int MR>
+inline void store_pairs(const __m512 (&acc2)[MR / 2 > 0 ? MR / 2 : 1], __m256 acc1, float* y, int64_t ldy) {
+  const __m512i rows_apart = _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0);
+  for (int t = 0; t < MR / 2; ++t) {
+    const __m512i rows = _mm512_castps_si512(_mm512_maskz_permutexvar_ps(0xFFFF, rows_apart, acc2[t]));
+    _mm256_storeu_ps(y + 2 * t * ldy, _mm256_castsi256_ps(_mm512_maskz_extracti64x4_epi64(0xF, rows, 0)));
+    _mm256_storeu_ps(y + (2 * t + 1) * ldy, _mm256_castsi256_ps(_mm512_maskz_extracti64x4_epi64(0xF, rows, 1)));
+  }
+  if constexpr (MR % 2 == 1) _mm256_storeu_ps(y + (MR - 1) * ldy, acc1);
+}
+
 // Q4_0 in the VNNI build, as tile_z_q4_k: each 512-bit vector holds 4 nibble bytes of the eight rows twice, the low
 // nibbles (weights 4c..) in lane 2r and the high ones (16 + 4c..) in lane 2r + 1, against 8 activation bytes (the
 // paired layout) broadcast to every lane pair: one VPDPBUSD per row takes what two 256-bit ones took in
@@ -1551,9 +1596,6 @@ void tile_z_q4_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64
   constexpr int64_t kBlock = kGroup * Q4_0::kBytes;
   constexpr int kPairs = MR / 2;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  // fp16 scale j to both halves of lane pair j; lanes 2j (row i) then 2j + 1 (row i + 1) back to two rows of 8
-  const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-  const __m512i rows_apart = _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0);
   const int64_t k = a.k, nb = a.nb;
   const int8_t* xq = a.q.data() + r0 * k;
   const float* xd = a.d.data() + r0 * nb;
@@ -1565,7 +1607,6 @@ void tile_z_q4_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64
   __m256 acc1 = _mm256_setzero_ps();  // an odd last row
   for (int64_t b = 0; b < nb; ++b, w += kBlock) {
     avx2::prefetch_ahead(w, kBlock, 48);
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
     __m512i dot[MR];
     for (int i = 0; i < MR; ++i) dot[i] = _mm512_setzero_si512();
 #pragma GCC unroll 4
@@ -1579,33 +1620,13 @@ void tile_z_q4_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64
       }
     }
     if constexpr (kPairs > 0) {
-      const __m512 dw2 = _mm512_maskz_permutexvar_ps(0xFFFF, twice, _mm512_castsi512_ps(avx2::zext512(_mm256_castps_si256(dw))));
-      for (int t = 0; t < kPairs; ++t) {
-        const __m512i u = dot[2 * t], v = dot[2 * t + 1];
-        // lane 2j: u[2j] + u[2j + 1]; lane 2j + 1: v[2j] + v[2j + 1]
-        const __m512i sum = _mm512_add_epi32(_mm512_mask_shuffle_epi32(u, 0xAAAA, v, _MM_PERM_CDAB),
-                                             _mm512_mask_shuffle_epi32(v, 0x5555, u, _MM_PERM_CDAB));
-        int64_t o2, d2;
-        std::memcpy(&o2, xo2 + (t * nb + b) * 2, sizeof o2);
-        std::memcpy(&d2, xd2 + (t * nb + b) * 2, sizeof d2);
-        const __m512i s = _mm512_sub_epi32(sum, _mm512_set1_epi64(o2));
-        const __m512 dx = _mm512_castsi512_ps(_mm512_set1_epi64(d2));
-        acc2[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw2, dx), _mm512_maskz_cvtepi32_ps(0xFFFF, s), acc2[t]);
-      }
+      const __m512 dw2 = pair_scales(w);
+      for (int t = 0; t < kPairs; ++t)
+        acc2[t] = pair_block(dot[2 * t], dot[2 * t + 1], xo2 + (t * nb + b) * 2, xd2 + (t * nb + b) * 2, dw2, acc2[t]);
     }
-    if constexpr (MR % 2 == 1) {
-      constexpr int i = MR - 1;
-      __m256i sum = avx2::fold_lane_pairs(dot[i]);
-      sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(xo[i * nb + b]));
-      acc1 = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd[i * nb + b])), _mm256_cvtepi32_ps(sum), acc1);
-    }
+    if constexpr (MR % 2 == 1) acc1 = row_block(dot[MR - 1], xo[(MR - 1) * nb + b], xd[(MR - 1) * nb + b], w, acc1);
   }
-  for (int t = 0; t < kPairs; ++t) {
-    const __m512i rows = _mm512_castps_si512(_mm512_maskz_permutexvar_ps(0xFFFF, rows_apart, acc2[t]));
-    _mm256_storeu_ps(y + 2 * t * ldy, _mm256_castsi256_ps(_mm512_maskz_extracti64x4_epi64(0xF, rows, 0)));
-    _mm256_storeu_ps(y + (2 * t + 1) * ldy, _mm256_castsi256_ps(_mm512_maskz_extracti64x4_epi64(0xF, rows, 1)));
-  }
-  if constexpr (MR % 2 == 1) _mm256_storeu_ps(y + (MR - 1) * ldy, acc1);
+  store_pairs<MR>(acc2, acc1, y, ldy);
 }
 
 // Q4_K in the VNNI build, one group, up to eight activation rows at once: each 512-bit vector holds 4 nibble bytes
@@ -1889,6 +1910,48 @@ void tile_wide_q8_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, in
     }
   }
   for (int i = 0; i < MR; ++i) _mm256_storeu_ps(y + i * ldy, acc[i]);
+}
+
+// Q8_0 in the VNNI build from two activation rows: tile_wide_q8_0's integers, with tile_z_q4_0's fp32 work, two
+// rows at once (pair_block). With the one-row code per block (fold, convert, scale, accumulate), eight rows took
+// about as many other instructions as VPDPBUSD, and Q8_0 ran eight rows at 0.7x Q4_0's rate.
+template <int MR>
+void tile_z_q8_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+  constexpr int64_t kBlock = kGroup * Q8_0::kBytes;
+  constexpr int kPairs = MR / 2;
+  const __m512i interleave = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const int64_t k = a.k, nb = a.nb;
+  const int8_t* xq = a.q.data() + r0 * k;
+  const float* xd = a.d.data() + r0 * nb;
+  const int32_t* xo = a.off.data() + r0 * nb;
+  const float* xd2 = a.d2.data() + r0 * nb;  // r0 is even: pair t of this tile is rows r0 + 2t, r0 + 2t + 1
+  const int32_t* xo2 = a.off2.data() + r0 * nb;
+  __m512 acc2[kPairs > 0 ? kPairs : 1];
+  for (int t = 0; t < kPairs; ++t) acc2[t] = _mm512_setzero_ps();
+  __m256 acc1 = _mm256_setzero_ps();  // an odd last row
+  for (int64_t b = 0; b < nb; ++b, w += kBlock) {
+    avx2::prefetch_ahead(w, kBlock, 24);
+    __m512i dot[MR];
+    for (int i = 0; i < MR; ++i) dot[i] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int c = 0; c < 8; c += 2) {
+      const __m512i v = _mm512_xor_si512(
+          _mm512_maskz_permutexvar_epi32(0xFFFF, interleave, _mm512_loadu_si512(w + 16 + 32 * c)), flip);
+      for (int i = 0; i < MR; ++i) {
+        int64_t x8;
+        std::memcpy(&x8, xq + i * k + 32 * b + 4 * c, sizeof x8);
+        dot[i] = _mm512_dpbusd_epi32(dot[i], v, _mm512_set1_epi64(x8));
+      }
+    }
+    if constexpr (kPairs > 0) {
+      const __m512 dw2 = pair_scales(w);
+      for (int t = 0; t < kPairs; ++t)
+        acc2[t] = pair_block(dot[2 * t], dot[2 * t + 1], xo2 + (t * nb + b) * 2, xd2 + (t * nb + b) * 2, dw2, acc2[t]);
+    }
+    if constexpr (MR % 2 == 1) acc1 = row_block(dot[MR - 1], xo[(MR - 1) * nb + b], xd[(MR - 1) * nb + b], w, acc1);
+  }
+  store_pairs<MR>(acc2, acc1, y, ldy);
 }
 
 // --- the prefill panels (VNNI build): a run of groups decoded once into the vectors VPDPBUSD takes -----------------
@@ -2175,7 +2238,10 @@ void tile_mr(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t l
   if constexpr (!K::kPlain) {
     if constexpr (std::is_same_v<T, Q8_0>) {
 #ifdef HEARTH_GGUF_AVX512
-      if constexpr (K::kWide) return tile_wide_q8_0<MR>(w, a, r0, y, ldy);
+      if constexpr (K::kWide) {
+        if (a.paired) return tile_z_q8_0<MR>(w, a, r0, y, ldy);
+        return tile_wide_q8_0<MR>(w, a, r0, y, ldy);
+      }
 #endif
       return tile_avx_q8_0<MR>(w, a, r0, y, ldy);
     } else if constexpr (std::is_same_v<T, Q6_K>) {
@@ -2253,12 +2319,14 @@ void matmul(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   // Q6_K: tile_z_q6_k from 5 rows; at one row it ran 5-10 % slower than tile_wide_q6_k (1B Q4_K_M's Q6_K layers,
   // weights from memory), at 8 rows 7-9 % faster than the one-run-at-a-time eight-row tile it replaced
   constexpr bool kZ6 = K::kWide && std::is_same_v<T, Q6_K>;
+  // Q8_0: tile_z_q8_0 from 2 rows (its fp32 work two rows at once); one row keeps tile_wide_q8_0
+  constexpr bool kZ8 = K::kWide && std::is_same_v<T, Q8_0>;
   // Q4_K and Q6_K: from kPanelRows rows, decoded into panels (see panel_groups)
   constexpr bool kPanels = K::kWide && (std::is_same_v<T, Q4_K> || std::is_same_v<T, Q6_K>);
   const bool panels = kPanels && m >= kPanelRows;
   const bool pairs = kPairs && !panels && m >= (std::is_same_v<T, Q4_0> ? kZRowsQ4_0 : kZRows);
-  RowActs acts(m, k, T::kActBlock, std::is_same_v<T, Q6_K>, std::is_same_v<T, Q8_0> ? 128 : 8,
-               (kPairs && !pairs) || (kZ6 && m > 4));
+  RowActs acts(m, k, T::kActBlock, std::is_same_v<T, Q6_K>, std::is_same_v<T, Q8_0> ? kQ8Offset : kQ4Offset,
+               (kPairs && !pairs) || (kZ6 && m > 4) || (kZ8 && m > 1));
   const int64_t mr_max = eight_rows<K>() && !pairs ? 8 : kMR;
   const auto quantize = [&](auto* xp) {
     at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {

@@ -1,7 +1,7 @@
 """What no engine can beat on this machine: a GGUF file's decode step against the CPU's read and int8 rates.
 
 ``python -m engine.tools.machine_bounds FILE [--rows 1,8]`` prints one JSON object, and ``python -m engine.bench
---llama-server`` adds it as its ``machine_bounds`` row, with the run's own times beside the bounds:
+--llama-server`` adds it as its ``machine_bounds`` row, with a ceiling from the run's own times:
 
 * ``read_gb_s``: every thread reading 512 MiB at once (the fastest of five sums over a float32 buffer);
 * ``int8_gmac_s``: every thread's rate of VPDPBUSD on 512-bit vectors with nothing else in the loop
@@ -10,15 +10,16 @@
 * ``bytes_per_token`` and ``macs_per_token``: the file's matrices that one row of a decode step reads and multiplies
   (every 2-D tensor but the token embedding, of which a step reads one row, unless the file has no output matrix and
   the embedding is also the head);
-* ``floor_ms`` {rows: ms}: a step of that many rows takes at least the larger of its bytes at the read rate and its
-  multiplies at the int8 rate. Attention, norms and sampling come on top.
+* ``read_floor_ms``: one step of any row count reads the matrices once: their bytes at the read rate;
+* ``int8_floor_ms`` {rows: ms}: a step of that many rows multiplies them that many times: at the int8 rate.
 
-With a bench run's rows (:func:`bounds_row`), two ceilings follow from them:
+A step takes at least the larger of the two; attention, norms and sampling come on top. The int8 rate holds still
+from minute to minute, the read rate does not: on the shared development machine it moved between 29 and 62 GB/s
+within an hour, so ``read_floor_ms`` holds for the moment it was measured only.
 
-* ``one_stream_ratio_ceiling``: llama-server's one-stream time between tokens over our one-row floor, the most that
-  the one-stream ratio can reach in that run, however fast our step;
-* ``share_ceiling`` {streams: share}: our one-stream time between tokens over the floor at that many rows, the most
-  that each of that many streams can keep of one stream's speed, however fast our step.
+With a bench run's rows (:func:`bounds_row`), ``share_ceiling`` {streams: share} follows: our one-stream time
+between tokens over the int8 floor at that many rows, the most that each of that many streams can keep of one
+stream's speed in that run, however fast the step's kernels.
 """
 
 from __future__ import annotations
@@ -73,25 +74,17 @@ def bounds(path: Path, rows: list[int]) -> dict[str, Any]:
     """The machine's rates and ``path``'s floors at each row count (see the module's docstring)."""
     nbytes, macs = file_work(path)
     read, int8 = machine_rates()
-    floors = {}
-    for r in rows:
-        floor = nbytes / read / 1e6
-        if int8:
-            floor = max(floor, r * macs / int8 / 1e6)
-        floors[str(r)] = round(floor, 3)
     return {"system": "machine_bounds", "gguf": path.name, "threads": torch.get_num_threads(),
             "read_gb_s": round(read, 1), "int8_gmac_s": None if int8 is None else round(int8, 1),
-            "bytes_per_token": nbytes, "macs_per_token": macs, "floor_ms": floors}
+            "bytes_per_token": nbytes, "macs_per_token": macs, "read_floor_ms": round(nbytes / read / 1e6, 3),
+            "int8_floor_ms": {str(r): round(r * macs / int8 / 1e6, 3) for r in rows} if int8 else None}
 
 
 def bounds_row(path: Path, levels: list[int], results: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
-    """:func:`bounds` with the ceilings that a bench run's rows (``results[(system, streams)]``) leave."""
+    """:func:`bounds` with the share ceiling that a bench run's rows (``results[(system, streams)]``) leave."""
     row = bounds(path, levels)
-    floors = row["floor_ms"]
-    mine, theirs = results.get(("hearth", 1)), results.get(("llama_server", 1))
-    if theirs and theirs.get("itl_p50_ms") and floors.get("1"):
-        row["one_stream_ratio_ceiling"] = round(theirs["itl_p50_ms"] / floors["1"], 2)
-    if mine and mine.get("itl_p50_ms"):
+    floors, mine = row["int8_floor_ms"], results.get(("hearth", 1))
+    if floors and mine and mine.get("itl_p50_ms"):
         row["share_ceiling"] = {str(c): round(min(1.0, mine["itl_p50_ms"] / floors[str(c)]), 2)
                                 for c in levels if c > 1 and floors[str(c)] > 0}
     return row

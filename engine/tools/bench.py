@@ -10,7 +10,8 @@ against server: ours is then ``python -m engine.serve``, both over HTTP, in roun
 (``--repeats``, the median round of each side; llama.cpp in both its weight layouts,
 ``engine/tools/bench_servers.py``), and
 ``--level`` runs our engine at a quantization level instead of ``--dtype`` (e.g. ``--level int4`` beside the Q4_1
-GGUF llama.cpp runs).
+GGUF llama.cpp runs). A run with ``--llama-server`` ends with a ``machine_bounds`` row: the machine's read and int8
+rates against the GGUF's bytes and multiplies per token (``engine/tools/machine_bounds.py``).
 """
 
 from __future__ import annotations

@@ -1584,18 +1584,12 @@ inline void store_pairs(const __m512 (&acc2)[MR / 2 > 0 ? MR / 2 : 1], __m256 ac
   if constexpr (MR % 2 == 1) _mm256_storeu_ps(y + (MR - 1) * ldy, acc1);
 }
 
-// Q4_0 in the VNNI build, as tile_z_q4_k: each 512-bit vector holds 4 nibble bytes of the eight rows twice, the low
-// nibbles (weights 4c..) in lane 2r and the high ones (16 + 4c..) in lane 2r + 1, against 8 activation bytes (the
-// paired layout) broadcast to every lane pair: one VPDPBUSD per row takes what two 256-bit ones took in
-// tile_avx_q4_0. Each block's fp32 work is done for two activation rows at once: the lanes of rows i and i + 1 are
-// folded into one vector (lane 2j: row i's sum for weight row j, lane 2j + 1: row i + 1's), so the offsets, the
-// scales and the accumulators take one 512-bit operation per two rows (with eight rows, the per-row 256-bit code
-// took more instructions than the dot products). Every lane still takes tile_avx_q4_0's integer and fp32 code.
-template <int MR>
-void tile_z_q4_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
-  constexpr int64_t kBlock = kGroup * Q4_0::kBytes;
+// The loop of tile_z_q4_0 and tile_z_q8_0 over a group's blocks: for each block, dots(w, xb, dot) adds each
+// activation row's integers to dot[i] (xb: the block's first activation byte of row 0, rows k apart), then the
+// fp32 work follows, two rows at once (pair_block) and an odd last row alone (row_block).
+template <int MR, int64_t kBlock, int64_t kAhead, typename Dots>
+inline void tile_z_pairs(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy, Dots&& dots) {
   constexpr int kPairs = MR / 2;
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
   const int64_t k = a.k, nb = a.nb;
   const int8_t* xq = a.q.data() + r0 * k;
   const float* xd = a.d.data() + r0 * nb;
@@ -1606,19 +1600,10 @@ void tile_z_q4_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64
   for (int t = 0; t < kPairs; ++t) acc2[t] = _mm512_setzero_ps();
   __m256 acc1 = _mm256_setzero_ps();  // an odd last row
   for (int64_t b = 0; b < nb; ++b, w += kBlock) {
-    avx2::prefetch_ahead(w, kBlock, 48);
+    avx2::prefetch_ahead(w, kBlock, kAhead);
     __m512i dot[MR];
     for (int i = 0; i < MR; ++i) dot[i] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {
-      const __m512i v = _mm512_maskz_cvtepu32_epi64(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * c)));
-      const __m512i q = _mm512_ternarylogic_epi64(v, _mm512_maskz_slli_epi64(0xFF, v, 28), low4, 0xA8);  // (v | v << 28) & 0x0F
-      for (int i = 0; i < MR; ++i) {
-        int64_t x8;
-        std::memcpy(&x8, xq + i * k + 32 * b + 8 * c, sizeof x8);
-        dot[i] = _mm512_dpbusd_epi32(dot[i], q, _mm512_set1_epi64(x8));
-      }
-    }
+    dots(w, xq + 32 * b, dot);
     if constexpr (kPairs > 0) {
       const __m512 dw2 = pair_scales(w);
       for (int t = 0; t < kPairs; ++t)
@@ -1627,6 +1612,31 @@ void tile_z_q4_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64
     if constexpr (MR % 2 == 1) acc1 = row_block(dot[MR - 1], xo[(MR - 1) * nb + b], xd[(MR - 1) * nb + b], w, acc1);
   }
   store_pairs<MR>(acc2, acc1, y, ldy);
+}
+
+// Q4_0 in the VNNI build, as tile_z_q4_k: each 512-bit vector holds 4 nibble bytes of the eight rows twice, the low
+// nibbles (weights 4c..) in lane 2r and the high ones (16 + 4c..) in lane 2r + 1, against 8 activation bytes (the
+// paired layout) broadcast to every lane pair: one VPDPBUSD per row takes what two 256-bit ones took in
+// tile_avx_q4_0. Each block's fp32 work is done for two activation rows at once: the lanes of rows i and i + 1 are
+// folded into one vector (lane 2j: row i's sum for weight row j, lane 2j + 1: row i + 1's), so the offsets, the
+// scales and the accumulators take one 512-bit operation per two rows (with eight rows, the per-row 256-bit code
+// took more instructions than the dot products). Every lane still takes tile_avx_q4_0's integer and fp32 code.
+template <int MR>
+void tile_z_q4_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const int64_t k = a.k;
+  tile_z_pairs<MR, kGroup * Q4_0::kBytes, 48>(w, a, r0, y, ldy, [&](const uint8_t* wb, const int8_t* xb, __m512i* dot) {
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_maskz_cvtepu32_epi64(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 16 + 32 * c)));
+      const __m512i q = _mm512_ternarylogic_epi64(v, _mm512_maskz_slli_epi64(0xFF, v, 28), low4, 0xA8);  // (v | v << 28) & 0x0F
+      for (int i = 0; i < MR; ++i) {
+        int64_t x8;
+        std::memcpy(&x8, xb + i * k + 8 * c, sizeof x8);
+        dot[i] = _mm512_dpbusd_epi32(dot[i], q, _mm512_set1_epi64(x8));
+      }
+    }
+  });
 }
 
 // Q4_K in the VNNI build, one group, up to eight activation rows at once: each 512-bit vector holds 4 nibble bytes
@@ -1917,41 +1927,21 @@ void tile_wide_q8_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, in
 // about as many other instructions as VPDPBUSD, and Q8_0 ran eight rows at 0.7x Q4_0's rate.
 template <int MR>
 void tile_z_q8_0(const uint8_t* w, const RowActs& a, int64_t r0, float* y, int64_t ldy) {
-  constexpr int64_t kBlock = kGroup * Q8_0::kBytes;
-  constexpr int kPairs = MR / 2;
   const __m512i interleave = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  const int64_t k = a.k, nb = a.nb;
-  const int8_t* xq = a.q.data() + r0 * k;
-  const float* xd = a.d.data() + r0 * nb;
-  const int32_t* xo = a.off.data() + r0 * nb;
-  const float* xd2 = a.d2.data() + r0 * nb;  // r0 is even: pair t of this tile is rows r0 + 2t, r0 + 2t + 1
-  const int32_t* xo2 = a.off2.data() + r0 * nb;
-  __m512 acc2[kPairs > 0 ? kPairs : 1];
-  for (int t = 0; t < kPairs; ++t) acc2[t] = _mm512_setzero_ps();
-  __m256 acc1 = _mm256_setzero_ps();  // an odd last row
-  for (int64_t b = 0; b < nb; ++b, w += kBlock) {
-    avx2::prefetch_ahead(w, kBlock, 24);
-    __m512i dot[MR];
-    for (int i = 0; i < MR; ++i) dot[i] = _mm512_setzero_si512();
+  const int64_t k = a.k;
+  tile_z_pairs<MR, kGroup * Q8_0::kBytes, 24>(w, a, r0, y, ldy, [&](const uint8_t* wb, const int8_t* xb, __m512i* dot) {
 #pragma GCC unroll 4
     for (int c = 0; c < 8; c += 2) {
       const __m512i v = _mm512_xor_si512(
-          _mm512_maskz_permutexvar_epi32(0xFFFF, interleave, _mm512_loadu_si512(w + 16 + 32 * c)), flip);
+          _mm512_maskz_permutexvar_epi32(0xFFFF, interleave, _mm512_loadu_si512(wb + 16 + 32 * c)), flip);
       for (int i = 0; i < MR; ++i) {
         int64_t x8;
-        std::memcpy(&x8, xq + i * k + 32 * b + 4 * c, sizeof x8);
+        std::memcpy(&x8, xb + i * k + 4 * c, sizeof x8);
         dot[i] = _mm512_dpbusd_epi32(dot[i], v, _mm512_set1_epi64(x8));
       }
     }
-    if constexpr (kPairs > 0) {
-      const __m512 dw2 = pair_scales(w);
-      for (int t = 0; t < kPairs; ++t)
-        acc2[t] = pair_block(dot[2 * t], dot[2 * t + 1], xo2 + (t * nb + b) * 2, xd2 + (t * nb + b) * 2, dw2, acc2[t]);
-    }
-    if constexpr (MR % 2 == 1) acc1 = row_block(dot[MR - 1], xo[(MR - 1) * nb + b], xd[(MR - 1) * nb + b], w, acc1);
-  }
-  store_pairs<MR>(acc2, acc1, y, ldy);
+  });
 }
 
 // --- the prefill panels (VNNI build): a run of groups decoded once into the vectors VPDPBUSD takes -----------------

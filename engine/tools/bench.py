@@ -241,7 +241,7 @@ def _gguf_of(args: argparse.Namespace) -> Path | None:
 
 
 def _emit_bounds(gguf: Path, levels: list[int], results: dict[tuple[str, int], dict[str, Any]]) -> None:
-    """The machine's bounds for ``gguf`` and the ceilings they leave this run (``engine/tools/machine_bounds.py``)."""
+    """The machine's bounds for ``gguf`` and the share ceiling they leave this run (``engine/tools/machine_bounds.py``)."""
     from engine.model import native
     from engine.tools.machine_bounds import bounds_row
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from engine.api import ModelLoadError
 from engine.loading.gguf_reader import read_tensor_table
 
 _READ_BYTES = 512 << 20
@@ -102,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     problem = native.EXTENSION.start(wait=True)
     if problem:
         raise SystemExit(f"the native extension is needed to measure the machine: {problem}")
-    print(json.dumps(bounds(args.gguf, [int(r) for r in args.rows.split(",")])), flush=True)
+    try:
+        report = bounds(args.gguf, [int(r) for r in args.rows.split(",")])
+    except ModelLoadError as exc:  # a missing, truncated or corrupt file: its message says which and what to do
+        raise SystemExit(str(exc)) from None
+    print(json.dumps(report), flush=True)
     return 0
 
 

@@ -52,8 +52,9 @@ def test_a_step_reads_every_matrix_but_the_embedding_unless_the_embedding_is_the
 def test_the_int8_probe_measures_a_rate_where_the_build_has_vnni(kernels: None) -> None:
     peak = torch.ops.hearth.int8_peak_gmacs(10_000)
     assert (peak > 0) == bool(torch.ops.hearth.vnni_available())
-    # a chain of VPDPBUSD per cycle on each thread at 1 GHz is 64 GMAC/s per thread: far below any CPU with VNNI
-    assert peak == 0 or 10 < peak / torch.get_num_threads() < 2000
+    # the chains really run: two 512-bit VPDPBUSD per cycle at 6 GHz would be 768 GMAC/s a thread, and a loop the
+    # compiler had left out would report far more (a busy machine only lowers the rate, so no lower bound)
+    assert peak / torch.get_num_threads() < 800
 
 
 def test_the_floors_are_the_bytes_at_the_read_rate_and_the_multiplies_at_the_int8_rate(
@@ -63,7 +64,7 @@ def test_the_floors_are_the_bytes_at_the_read_rate_and_the_multiplies_at_the_int
     nbytes, macs = machine_bounds.file_work(untied)
     assert (row["bytes_per_token"], row["macs_per_token"]) == (nbytes, macs)
     read, int8 = row["read_gb_s"], row["int8_gmac_s"]
-    assert read > 0 and row["read_floor_ms"] == pytest.approx(nbytes / read / 1e6, rel=0.01)  # read_gb_s is rounded
+    assert read > 0 and row["read_floor_ms"] == pytest.approx(nbytes / read / 1e6, rel=0.05)  # read_gb_s is rounded
     if not torch.ops.hearth.vnni_available():
         assert int8 is None and row["int8_floor_ms"] is None
         return
@@ -100,3 +101,12 @@ def test_the_command_prints_one_json_object(kernels: None, untied: Path, capsys:
     assert report["system"] == "machine_bounds" and report["gguf"] == untied.name
     assert report["threads"] == torch.get_num_threads() and report["read_floor_ms"] > 0
     assert report["int8_floor_ms"] is None or set(report["int8_floor_ms"]) == {"1", "4"}
+
+
+def test_a_file_that_is_not_a_gguf_gets_its_reason_not_a_traceback(kernels: None, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(10))
+    with pytest.raises(SystemExit, match="broken.gguf"):
+        machine_bounds.main([str(broken)])
+    with pytest.raises(SystemExit, match="missing.gguf"):
+        machine_bounds.main([str(tmp_path / "missing.gguf")])
